@@ -1,0 +1,3 @@
+from cao.cli import main
+
+main()

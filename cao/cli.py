@@ -1,0 +1,397 @@
+"""``cao``: the command line (thin: call the HTTP API, format with rich).
+
+Exit codes: 0 success, 1 a handled failure (the message says what to do), 2 usage error.
+Every read command takes ``--json`` (stable keys; ``[]`` when empty).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, NoReturn
+
+import click
+import httpx
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+import cao
+from cao.errors import CaoError
+from cao.settings import Settings
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+console = Console()
+err_console = Console(stderr=True)
+
+
+class Client:
+    """A small httpx client for cao-server; errors become ClickException (exit 1)."""
+
+    def __init__(self, base_url: str, *, http: httpx.Client | None = None, timeout: float = 60.0):
+        self.base_url = base_url
+        self.http = http or httpx.Client(base_url=base_url, timeout=timeout)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = self.http.request(method, path, **kwargs)
+        except httpx.TransportError:
+            raise click.ClickException(
+                f"cao-server is not reachable at {self.base_url}; start it with `cao-server` "
+                "(or set CAO_SERVER_URL)"
+            ) from None
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("detail", resp.text)
+            except ValueError:
+                detail = resp.text
+            if isinstance(detail, list):  # FastAPI validation errors
+                detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
+            raise click.ClickException(f"{detail} (HTTP {resp.status_code})")
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return resp.json()
+        return resp.text
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.request("DELETE", path, **kw)
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except CaoError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+def _client(ctx: click.Context) -> Client:
+    obj = ctx.ensure_object(dict)
+    if "client" not in obj:
+        obj["client"] = Client(_settings().server_url)
+    client: Client = obj["client"]
+    return client
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _age(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    secs = max(0.0, time.time() - ts)
+    if secs < 1:
+        return f"{secs * 1000:.0f}ms"
+    if secs < 120:
+        return f"{secs:.0f}s"
+    if secs < 7200:
+        return f"{secs / 60:.0f}m"
+    return f"{secs / 3600:.0f}h"
+
+
+STATUS_STYLE = {
+    "idle": "green",
+    "completed": "cyan",
+    "processing": "yellow",
+    "waiting_user_answer": "magenta",
+    "error": "red",
+    "gone": "dim",
+    "pending": "yellow",
+    "delivering": "blue",
+    "delivered": "green",
+    "failed": "red",
+    "cancelled": "dim",
+}
+
+
+def _styled(value: str) -> str:
+    style = STATUS_STYLE.get(value)
+    return f"[{style}]{value}[/{style}]" if style else value
+
+
+@click.group(context_settings=CONTEXT, epilog="Example:\n\n\b\n  cao launch --headless && cao status")
+@click.version_option(cao.__version__, "--version", prog_name="cao")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Run CLI coding agents side by side in tmux and let them message each other.
+
+    Commands talk to a running cao-server (CAO_SERVER_URL, default http://127.0.0.1:9889).
+    """
+    ctx.ensure_object(dict)
+
+
+# -- terminals -----------------------------------------------------------------------------------
+@cli.command(
+    epilog="\b\nExamples:\n  cao launch --headless\n  cao launch --agents reviewer --session-name review"
+)
+@click.option("--provider", default=None, help="Agent CLI provider (default: scripted).")
+@click.option("--agents", "agent_profile", default="developer", show_default=True, help="Agent profile name.")
+@click.option("--session-name", default=None, help="Session name (tmux session cao-NAME); random if omitted.")
+@click.option(
+    "--working-directory", "-w", default=None, help="Directory the agent starts in (default: here)."
+)
+@click.option("--headless", is_flag=True, help="Don't attach to the tmux session.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new terminal as JSON.")
+@click.pass_context
+def launch(
+    ctx: click.Context,
+    provider: str | None,
+    agent_profile: str,
+    session_name: str | None,
+    working_directory: str | None,
+    headless: bool,
+    as_json: bool,
+) -> None:
+    """Create a session with one agent and attach to it (unless --headless)."""
+    client = _client(ctx)
+    body = {
+        "provider": provider,
+        "agent_profile": agent_profile,
+        "session_name": session_name,
+        "working_directory": os.path.abspath(working_directory or os.getcwd()),
+    }
+    term = client.post("/sessions", json={k: v for k, v in body.items() if v is not None})
+    if as_json:
+        _print_json(term)
+    else:
+        console.print(
+            f"terminal [bold]{term['id']}[/] ({term['provider']}, {term['agent_profile']}) "
+            f"in session [bold]{term['session_name']}[/]: {_styled(term['status'])}"
+        )
+    if not headless:
+        from cao.tmux import Tmux
+
+        argv = Tmux(_settings().tmux_socket).attach_argv(term["session_name"])
+        os.execvp(argv[0], argv)
+
+
+@cli.command(epilog="\b\nExamples:\n  cao status\n  cao status --json | jq '.[].status'")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of terminals.")
+@click.option("--session", default=None, help="Only this session.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
+    """Show sessions, their terminals and each agent's live status."""
+    client = _client(ctx)
+    path = f"/sessions/{session}/terminals" if session else "/terminals"
+    terms = client.get(path)
+    if as_json:
+        _print_json(terms)
+        return
+    if not terms:
+        console.print("no terminals; start one with `cao launch --headless`")
+        return
+    table = Table(title="cao terminals")
+    for col in ("session", "terminal", "profile", "provider", "status", "last active"):
+        table.add_column(col)
+    for t in terms:
+        table.add_row(
+            t["session_name"],
+            t["id"],
+            t["agent_profile"],
+            t["provider"],
+            _styled(t["status"]),
+            t["last_active"] or "-",
+        )
+    console.print(table)
+
+
+@cli.command("send-input", epilog="Example:\n\n\b\n  cao send-input 1a2b3c4d 'summarise the README'")
+@click.argument("terminal_id")
+@click.argument("text")
+@click.pass_context
+def send_input(ctx: click.Context, terminal_id: str, text: str) -> None:
+    """Type TEXT into a terminal now (bracketed paste + Enter), whatever its status."""
+    _client(ctx).post(f"/terminals/{terminal_id}/input", json={"message": text})
+    console.print(f"sent to {terminal_id}")
+
+
+@cli.command(epilog="\b\nExamples:\n  cao output 1a2b3c4d --mode last\n  cao output 1a2b3c4d --json")
+@click.argument("terminal_id")
+@click.option(
+    "--mode",
+    type=click.Choice(["full", "last"]),
+    default="full",
+    show_default=True,
+    help="full = the whole scrollback; last = the agent's last answer.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print {output, mode} as JSON.")
+@click.pass_context
+def output(ctx: click.Context, terminal_id: str, mode: str, as_json: bool) -> None:
+    """Print a terminal's output."""
+    data = _client(ctx).get(f"/terminals/{terminal_id}/output", params={"mode": mode})
+    if as_json:
+        _print_json(data)
+    else:
+        click.echo(data["output"])
+
+
+@cli.command(epilog="\b\nExamples:\n  cao shutdown --session demo\n  cao shutdown --all")
+@click.option("--all", "all_", is_flag=True, help="Every cao session.")
+@click.option("--session", default=None, help="One session (name with or without the cao- prefix).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
+@click.pass_context
+def shutdown(ctx: click.Context, all_: bool, session: str | None, as_json: bool) -> None:
+    """Stop agents: kill their panes and processes, keep their history in the database."""
+    if all_ == bool(session):
+        raise click.UsageError("give exactly one of --all or --session NAME")
+    client = _client(ctx)
+    names = [s["name"] for s in client.get("/sessions")] if all_ else [session]
+    removed: dict[str, list[str]] = {}
+    for name in names:
+        removed[str(name)] = client.delete(f"/sessions/{name}")["deleted_terminals"]
+    if as_json:
+        _print_json(removed)
+        return
+    if not removed:
+        console.print("nothing to shut down")
+    for name, ids in removed.items():
+        console.print(f"session {name}: removed {len(ids)} terminal(s)")
+
+
+@cli.command(epilog="\b\nExamples:\n  cao info\n  cao info --json")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_context
+def info(ctx: click.Context, as_json: bool) -> None:
+    """Show where cao keeps its data, which tmux server it drives, and inbox counters."""
+    data = _client(ctx).get("/info")
+    data["server_url"] = _client(ctx).base_url
+    if as_json:
+        _print_json(data)
+        return
+    table = Table(show_header=False, title="cao info")
+    for key, value in data.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, dict | list) else str(value))
+    console.print(table)
+
+
+# -- inbox ---------------------------------------------------------------------------------------
+@cli.command(
+    epilog="\b\nExamples:\n  cao send 1a2b3c4d 'please review PR 12'\n"
+    "  cao send 1a2b3c4d 'deploy' --from 9f8e7d6c --key deploy-1"
+)
+@click.argument("receiver_id")
+@click.argument("message")
+@click.option("--from", "sender", default="cli", show_default=True, help="Sender id shown to the receiver.")
+@click.option("--key", default=None, help="Idempotency key: a retry with the same key sends nothing new.")
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as JSON.")
+@click.pass_context
+def send(
+    ctx: click.Context, receiver_id: str, message: str, sender: str, key: str | None, as_json: bool
+) -> None:
+    """Put MESSAGE in a terminal's inbox; it is pasted as soon as the agent is ready."""
+    body: dict[str, Any] = {"sender_id": sender, "message": message}
+    if key:
+        body["idempotency_key"] = key
+    receipt = _client(ctx).post(f"/terminals/{receiver_id}/inbox/messages", json=body)
+    if as_json:
+        _print_json(receipt)
+    else:
+        dup = " (duplicate: already sent with this key)" if receipt["duplicate"] else ""
+        console.print(f"message #{receipt['message_id']} queued for {receiver_id}{dup}")
+
+
+@cli.command(epilog="\b\nExamples:\n  cao inbox\n  cao inbox 1a2b3c4d --status pending --json")
+@click.argument("terminal_id", required=False)
+@click.option(
+    "--status", default=None, type=click.Choice(["pending", "delivering", "delivered", "failed", "cancelled"])
+)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.pass_context
+def inbox(ctx: click.Context, terminal_id: str | None, status: str | None, limit: int, as_json: bool) -> None:
+    """List messages (of one terminal, or all) with status, age, attempts and why still pending."""
+    params: dict[str, Any] = {"limit": limit}
+    if status:
+        params["status"] = status
+    path = f"/terminals/{terminal_id}/inbox/messages" if terminal_id else "/messages"
+    rows = _client(ctx).get(path, params=params)
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        console.print("no messages")
+        return
+    table = Table(title=f"inbox {terminal_id}" if terminal_id else "all messages")
+    for col in ("id", "from", "to", "status", "age", "attempts", "why / last error", "message"):
+        table.add_column(col, overflow="fold")
+    for m in rows:
+        why = m.get("waiting_reason") or m.get("last_error") or ""
+        preview = m["message"].replace("\n", " ")
+        table.add_row(
+            str(m["id"]),
+            m["sender_id"],
+            m["receiver_id"],
+            _styled(m["status"]),
+            _age(m["created_at"]),
+            str(m["attempts"]),
+            escape(why),
+            escape(preview[:60] + ("…" if len(preview) > 60 else "")),
+        )
+    console.print(table)
+
+
+@cli.command(epilog="\b\nExamples:\n  cao message 42\n  cao message 42 --json")
+@click.argument("message_id")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_context
+def message(ctx: click.Context, message_id: str, as_json: bool) -> None:
+    """Show one message's whole lifecycle."""
+    data = _client(ctx).get(f"/messages/{message_id}")
+    if as_json:
+        _print_json(data)
+        return
+    table = Table(show_header=False, title=f"message #{data['id']}")
+    for key in (
+        "status",
+        "sender_id",
+        "receiver_id",
+        "created_at",
+        "claimed_at",
+        "delivered_at",
+        "attempts",
+        "last_error",
+        "waiting_reason",
+        "idempotency_key",
+    ):
+        value = data.get(key)
+        if key.endswith("_at") and value is not None:
+            value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) + f" ({_age(value)} ago)"
+        table.add_row(
+            key, _styled(str(value)) if key == "status" else str(value if value is not None else "-")
+        )
+    table.add_row("message", escape(data["message"]))
+    console.print(table)
+
+
+@cli.command(epilog="Example:\n\n\b\n  cao cancel 42")
+@click.argument("message_id")
+@click.pass_context
+def cancel(ctx: click.Context, message_id: str) -> None:
+    """Cancel a pending message (it will not be delivered)."""
+    data = _client(ctx).post(f"/messages/{message_id}/cancel")
+    console.print(f"message #{data['id']} {data['status']}")
+
+
+def _register_demo() -> None:
+    from cao.demo import demo
+
+    cli.add_command(demo)
+
+
+_register_demo()
+
+
+def main() -> NoReturn:
+    try:
+        cli.main(prog_name="cao", standalone_mode=True)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(1)
+    sys.exit(0)

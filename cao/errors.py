@@ -1,0 +1,76 @@
+"""One exception tree for cao.
+
+    CaoError                     base; ``status_code`` is the HTTP code the API answers with
+    ├── InvalidInput             400/422: a value the caller sent is wrong (names the field and the fix)
+    ├── NotFound                 404: terminal, session or message unknown
+    │   └── ReceiverGone         404: the receiver was deleted
+    ├── Conflict                 409: idempotency key reused with another intent, bad state change
+    ├── PayloadTooLarge          413: message body over the limit (nothing stored)
+    ├── StoreBusy                503: SQLite stayed locked past the busy timeout (nothing written, retry)
+    ├── SchemaTooNew             the database was written by a newer cao
+    ├── TmuxError                tmux failed or is missing
+    │   ├── PaneGone             the terminal's pane no longer exists
+    │   └── TmuxServerDown       no tmux server answers on the socket
+    ├── ProviderError            unknown provider or a provider could not start
+    └── ServerUnavailable        the CLI could not reach cao-server
+
+Every message says what is wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class CaoError(Exception):
+    status_code = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(CaoError):
+    status_code = 422
+
+
+class NotFound(CaoError):
+    status_code = 404
+
+
+class ReceiverGone(NotFound):
+    pass
+
+
+class Conflict(CaoError):
+    status_code = 409
+
+
+class PayloadTooLarge(CaoError):
+    status_code = 413
+
+
+class StoreBusy(CaoError):
+    status_code = 503
+
+
+class SchemaTooNew(CaoError):
+    status_code = 500
+
+
+class TmuxError(CaoError):
+    status_code = 502
+
+
+class PaneGone(TmuxError):
+    status_code = 410
+
+
+class TmuxServerDown(TmuxError):
+    status_code = 503
+
+
+class ProviderError(CaoError):
+    status_code = 422
+
+
+class ServerUnavailable(CaoError):
+    status_code = 503

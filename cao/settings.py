@@ -1,0 +1,127 @@
+"""Every knob of cao, read once from an injectable environment mapping.
+
+``Settings.from_env(environ)`` is the only place that reads ``CAO_*`` variables; everything else
+takes a ``Settings`` object, so tests pass ``environ={...}`` instead of patching ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from cao.errors import InvalidInput
+
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off", ""}
+
+
+def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise InvalidInput(f"{name}={raw!r} is not a boolean; use true or false")
+
+
+def _number(environ: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(f"{name}={raw!r} is not a number; use e.g. {name}={default}") from None
+    if value < minimum:
+        raise InvalidInput(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    tmux_socket: str | None = None
+    api_host: str = "127.0.0.1"
+    api_port: int = 9889
+    server_url: str = "http://127.0.0.1:9889"
+    eager_delivery: bool = False
+    # delivery engine
+    watch_interval: float = 0.05
+    sweep_interval: float = 30.0
+    sweep_grace: float = 30.0
+    max_attempts: int = 5
+    lease_seconds: float = 60.0
+    delivery_workers: int = 32
+    batch_max_messages: int = 20
+    # tmux / logs
+    log_cap_bytes: int = 8 * 1024 * 1024
+    pane_width: int = 200
+    pane_height: int = 50
+    history_limit: int = 50000
+    # store
+    busy_timeout: float = 5.0
+    # testing only: os._exit(1) at a named point of the delivery path
+    fault_point: str | None = None
+    # bundled scripted agent
+    scripted_record: bool = False
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / "cao.db"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs" / "terminal"
+
+    @property
+    def server_log(self) -> Path:
+        return self.home / "logs" / "server.log"
+
+    @property
+    def scripted_dir(self) -> Path:
+        return self.home / "scripted"
+
+    @property
+    def profiles_dir(self) -> Path:
+        return self.home / "agent-store"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        home_env = env.get("CAO_HOME")
+        home = Path(home_env).expanduser() if home_env else Path(env.get("HOME") or Path.home()) / ".cao"
+        host = env.get("CAO_API_HOST") or "127.0.0.1"
+        port = int(_number(env, "CAO_API_PORT", 9889, minimum=0))
+        if port > 65535:
+            raise InvalidInput(f"CAO_API_PORT={port} is not a TCP port; use 1-65535")
+        url = env.get("CAO_SERVER_URL") or f"http://{host}:{port}"
+        return cls(
+            home=home,
+            tmux_socket=env.get("CAO_TMUX_SOCKET") or None,
+            api_host=host,
+            api_port=port,
+            server_url=url.rstrip("/"),
+            eager_delivery=_flag(env, "CAO_EAGER_INBOX_DELIVERY", False),
+            watch_interval=_number(env, "CAO_WATCH_INTERVAL", 0.05, minimum=0.005),
+            sweep_interval=_number(env, "CAO_INBOX_RECONCILE_INTERVAL", 30.0, minimum=0.05),
+            sweep_grace=_number(env, "CAO_INBOX_RECONCILE_GRACE_SECONDS", 30.0),
+            max_attempts=int(_number(env, "CAO_DELIVERY_MAX_ATTEMPTS", 5, minimum=1)),
+            lease_seconds=_number(env, "CAO_DELIVERY_LEASE_SECONDS", 60.0, minimum=1),
+            delivery_workers=int(_number(env, "CAO_DELIVERY_WORKERS", 32, minimum=1)),
+            log_cap_bytes=int(_number(env, "CAO_LOG_CAP_BYTES", 8 * 1024 * 1024, minimum=4096)),
+            busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
+            fault_point=env.get("CAO_FAULT_POINT") or None,
+            scripted_record=_flag(env, "CAO_SCRIPTED_RECORD", False),
+        )
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def ensure_dirs(self) -> None:
+        for path in (self.home, self.logs_dir, self.scripted_dir, self.profiles_dir):
+            path.mkdir(parents=True, exist_ok=True)

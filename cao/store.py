@@ -1,0 +1,516 @@
+"""SQLite persistence: terminals and inbox messages. The only module that writes SQL.
+
+Tables are sqlmodel classes (typed rows for the rest of the code); the schema itself is created by
+explicit, numbered migrations so an existing database can move forward (``PRAGMA user_version``
+holds the version; a database newer than this code is refused with a clear error).
+
+Concurrency model (see docs/inbox-delivery.md):
+- WAL journal, ``busy_timeout`` on every connection; every write is one short ``BEGIN IMMEDIATE``
+  transaction; nothing else (no tmux call) ever runs inside it.
+- A delivery *claim* is a conditional UPDATE that only one caller can win, across threads and
+  processes: pending rows of one receiver move to ``delivering`` only while no other row of that
+  receiver is ``delivering`` (a per-receiver lease), so messages to one receiver are pasted one
+  batch at a time, in commit order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Field, SQLModel
+
+from cao.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    ReceiverGone,
+    SchemaTooNew,
+    StoreBusy,
+)
+
+SCHEMA_VERSION = 1
+
+TerminalState = Literal["live", "gone", "deleted"]
+MessageStatus = Literal["pending", "delivering", "delivered", "failed", "cancelled"]
+MESSAGE_STATUSES: tuple[str, ...] = ("pending", "delivering", "delivered", "failed", "cancelled")
+MAX_BODY_BYTES = 256 * 1024
+
+
+class Terminal(SQLModel, table=True):
+    __tablename__ = "terminal"
+    id: str = Field(primary_key=True)
+    name: str
+    session_name: str
+    provider: str
+    agent_profile: str
+    working_directory: str
+    pane_id: str | None = None
+    pane_pid: int | None = None
+    state: str = "live"
+    status: str = "processing"
+    supervisor_id: str | None = None
+    created_at: float
+    last_active: float
+    ready_at: float | None = None
+
+
+class Message(SQLModel, table=True):
+    __tablename__ = "message"
+    id: int | None = Field(default=None, primary_key=True)
+    sender_id: str
+    receiver_id: str
+    body: str
+    body_sha256: str
+    idempotency_key: str | None = None
+    status: str = "pending"
+    created_at: float
+    claimed_at: float | None = None
+    delivered_at: float | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    claim: str | None = None
+
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE terminal (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            session_name TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            agent_profile TEXT NOT NULL,
+            working_directory TEXT NOT NULL,
+            pane_id TEXT,
+            pane_pid INTEGER,
+            state TEXT NOT NULL DEFAULT 'live',
+            status TEXT NOT NULL DEFAULT 'processing',
+            supervisor_id TEXT,
+            created_at REAL NOT NULL,
+            last_active REAL NOT NULL,
+            ready_at REAL
+        )""",
+        "CREATE INDEX ix_terminal_session ON terminal (session_name)",
+        """CREATE TABLE message (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            sender_id TEXT NOT NULL,
+            receiver_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            body_sha256 TEXT NOT NULL,
+            idempotency_key TEXT,
+            status TEXT NOT NULL DEFAULT 'pending',
+            created_at REAL NOT NULL,
+            claimed_at REAL,
+            delivered_at REAL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            claim TEXT
+        )""",
+        "CREATE INDEX ix_message_receiver_status ON message (receiver_id, status, id)",
+        "CREATE INDEX ix_message_status_created ON message (status, created_at)",
+        "CREATE UNIQUE INDEX ux_message_idempotency ON message (sender_id, idempotency_key)",
+    ),
+}
+
+T = TypeVar("T")
+
+
+def body_digest(receiver_id: str, body: str) -> str:
+    """The *intent* of a send, for idempotency: receiver and body."""
+    return hashlib.sha256(f"{receiver_id}\n{body}".encode()).hexdigest()
+
+
+class Store:
+    """All reads and writes of the cao database. Thread-safe; many processes may share the file."""
+
+    def __init__(self, path: Path, *, busy_timeout: float = 5.0, clock: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self.clock = clock
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine: Engine = create_engine(
+            f"sqlite:///{self.path}",
+            connect_args={"check_same_thread": False, "timeout": busy_timeout},
+            pool_size=8,
+            max_overflow=64,
+            pool_timeout=busy_timeout + 30,
+        )
+        event.listen(self.engine, "connect", self._on_connect)
+        self._local = threading.local()
+        self.migrate()
+
+    # -- connection plumbing -------------------------------------------------------------------
+    def _on_connect(self, dbapi_conn: sqlite3.Connection, _record: object) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN IMMEDIATE ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except OperationalError as exc:
+            raise self._busy(exc) from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """One short BEGIN IMMEDIATE transaction. Never call tmux inside it."""
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.exec_driver_sql("ROLLBACK")
+                    raise
+                conn.exec_driver_sql("COMMIT")
+        except OperationalError as exc:
+            raise self._busy(exc) from exc
+
+    @staticmethod
+    def _busy(exc: OperationalError) -> Exception:
+        text = str(exc.orig) if exc.orig is not None else str(exc)
+        if "locked" in text or "busy" in text:
+            return StoreBusy(
+                "the database stayed locked past the busy timeout; nothing was written, "
+                "retry the same request"
+            )
+        return exc
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- schema ----------------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        with self._read() as conn:
+            return int(conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+
+    def migrate(self) -> None:
+        current = self.schema_version()
+        if current > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"{self.path} has schema version {current} but this cao understands up to "
+                f"{SCHEMA_VERSION}; upgrade cao (pip install -U cao) or point CAO_HOME elsewhere"
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            with self._write() as conn:
+                for statement in MIGRATIONS[version]:
+                    conn.exec_driver_sql(statement)
+                conn.exec_driver_sql(f"PRAGMA user_version = {version}")
+
+    # -- terminals -------------------------------------------------------------------------------
+    def add_terminal(self, terminal: Terminal) -> Terminal:
+        row = terminal.model_dump()
+        cols = ", ".join(row)
+        marks = ", ".join(f":{k}" for k in row)
+        with self._write() as conn:
+            conn.exec_driver_sql(f"INSERT INTO terminal ({cols}) VALUES ({marks})", row)
+        return terminal
+
+    def get_terminal(self, terminal_id: str, *, include_deleted: bool = False) -> Terminal:
+        with self._read() as conn:
+            row = (
+                conn.exec_driver_sql("SELECT * FROM terminal WHERE id = ?", (terminal_id,)).mappings().first()
+            )
+        if row is None or (row["state"] == "deleted" and not include_deleted):
+            raise NotFound(f"terminal {terminal_id} not found; list terminals with `cao status`")
+        return Terminal.model_validate(dict(row))
+
+    def list_terminals(
+        self, *, session_name: str | None = None, include_deleted: bool = False
+    ) -> list[Terminal]:
+        sql = "SELECT * FROM terminal WHERE 1=1"
+        args: list[Any] = []
+        if not include_deleted:
+            sql += " AND state != 'deleted'"
+        if session_name is not None:
+            sql += " AND session_name = ?"
+            args.append(session_name)
+        sql += " ORDER BY created_at, id"
+        with self._read() as conn:
+            rows = conn.exec_driver_sql(sql, tuple(args)).mappings().all()
+        return [Terminal.model_validate(dict(r)) for r in rows]
+
+    def update_terminal(self, terminal_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        sets = ", ".join(f"{k} = :{k}" for k in fields)
+        with self._write() as conn:
+            conn.exec_driver_sql(
+                f"UPDATE terminal SET {sets} WHERE id = :_id", {**fields, "_id": terminal_id}
+            )
+
+    def delete_terminal(self, terminal_id: str, *, reason: str = "receiver_gone") -> int:
+        """Mark a terminal deleted and fail its undelivered messages. Returns how many failed."""
+        now = self.clock()
+        with self._write() as conn:
+            conn.exec_driver_sql(
+                "UPDATE terminal SET state = 'deleted', status = 'gone', last_active = ? WHERE id = ?",
+                (now, terminal_id),
+            )
+            cur = conn.exec_driver_sql(
+                "UPDATE message SET status = 'failed', last_error = ?, claim = NULL "
+                "WHERE receiver_id = ? AND status IN ('pending', 'delivering')",
+                (reason, terminal_id),
+            )
+            return int(cur.rowcount)
+
+    # -- messages: send --------------------------------------------------------------------------
+    def add_message(
+        self,
+        *,
+        sender_id: str,
+        receiver_id: str,
+        body: str,
+        idempotency_key: str | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> tuple[Message, bool]:
+        """Commit one message. Returns ``(message, duplicate)``.
+
+        Checks the receiver inside the same transaction, so a send can't race a delete.
+        """
+        if not body:
+            raise InvalidInput("message is empty; send some text")
+        size = len(body.encode("utf-8", "surrogatepass"))
+        if size > MAX_BODY_BYTES:
+            raise PayloadTooLarge(
+                f"message body is {size} bytes, over the {MAX_BODY_BYTES}-byte (256 KiB) limit; nothing was "
+                "stored; split it into several messages or send a file path instead"
+            )
+        digest = body_digest(receiver_id, body)
+        now = self.clock()
+        with self._write() as conn:
+            if idempotency_key is not None:
+                prior = (
+                    conn.exec_driver_sql(
+                        "SELECT * FROM message WHERE sender_id = ? AND idempotency_key = ?",
+                        (sender_id, idempotency_key),
+                    )
+                    .mappings()
+                    .first()
+                )
+                if prior is not None:
+                    if prior["body_sha256"] != digest or prior["receiver_id"] != receiver_id:
+                        raise Conflict(
+                            f"idempotency key {idempotency_key!r} was already used by {sender_id} for a "
+                            f"different message (#{prior['id']}); use a new key for a new message"
+                        )
+                    return Message.model_validate(dict(prior)), True
+            recv = conn.exec_driver_sql("SELECT state FROM terminal WHERE id = ?", (receiver_id,)).first()
+            if recv is None:
+                raise NotFound(f"receiver terminal {receiver_id} not found; list terminals with `cao status`")
+            if recv[0] == "deleted":
+                raise ReceiverGone(
+                    f"receiver terminal {receiver_id} was deleted; send to a live terminal (`cao status`)"
+                )
+            cur = conn.exec_driver_sql(
+                "INSERT INTO message (sender_id, receiver_id, body, body_sha256, idempotency_key, status, "
+                "created_at, attempts) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0)",
+                (sender_id, receiver_id, body, digest, idempotency_key, now),
+            )
+            msg_id = cur.lastrowid
+            if before_commit is not None:
+                before_commit()
+        return (
+            Message(
+                id=msg_id,
+                sender_id=sender_id,
+                receiver_id=receiver_id,
+                body=body,
+                body_sha256=digest,
+                idempotency_key=idempotency_key,
+                created_at=now,
+            ),
+            False,
+        )
+
+    # -- messages: read --------------------------------------------------------------------------
+    def get_message(self, message_id: int) -> Message:
+        with self._read() as conn:
+            row = conn.exec_driver_sql("SELECT * FROM message WHERE id = ?", (message_id,)).mappings().first()
+        if row is None:
+            raise NotFound(f"message {message_id} not found; list messages with `cao inbox`")
+        return Message.model_validate(dict(row))
+
+    def list_messages(
+        self,
+        *,
+        receiver_id: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> list[Message]:
+        sql = "SELECT * FROM message WHERE 1=1"
+        args: list[Any] = []
+        if receiver_id is not None:
+            sql += " AND receiver_id = ?"
+            args.append(receiver_id)
+        if status is not None:
+            sql += " AND status = ?"
+            args.append(status)
+        sql += f" ORDER BY id {'ASC' if order == 'asc' else 'DESC'} LIMIT ?"
+        args.append(limit)
+        with self._read() as conn:
+            rows = conn.exec_driver_sql(sql, tuple(args)).mappings().all()
+        return [Message.model_validate(dict(r)) for r in rows]
+
+    def has_pending(self, receiver_id: str) -> bool:
+        with self._read() as conn:
+            row = conn.exec_driver_sql(
+                "SELECT 1 FROM message WHERE receiver_id = ? AND status = 'pending' LIMIT 1", (receiver_id,)
+            ).first()
+        return row is not None
+
+    def receivers_with_pending(self, *, older_than: float | None = None) -> list[str]:
+        """Receivers with pending messages (created before ``older_than`` if given)."""
+        sql = "SELECT DISTINCT receiver_id FROM message WHERE status = 'pending'"
+        args: tuple[Any, ...] = ()
+        if older_than is not None:
+            sql += " AND created_at <= ?"
+            args = (older_than,)
+        with self._read() as conn:
+            return [r[0] for r in conn.exec_driver_sql(sql, args).all()]
+
+    def counts_by_status(self) -> dict[str, int]:
+        with self._read() as conn:
+            rows = conn.exec_driver_sql("SELECT status, COUNT(*) FROM message GROUP BY status").all()
+        return {status: 0 for status in MESSAGE_STATUSES} | {r[0]: int(r[1]) for r in rows}
+
+    # -- messages: the delivery lifecycle -------------------------------------------------------
+    def claim(
+        self, receiver_id: str, *, limit: int = 20, max_bytes: int = MAX_BODY_BYTES
+    ) -> tuple[str, list[Message]]:
+        """Atomically move the oldest pending messages of one receiver to ``delivering``.
+
+        Wins only if no other claim on this receiver is outstanding; returns ``(claim, [])`` when it
+        lost or there was nothing to claim. The batch stops before ``max_bytes`` of bodies (the
+        first message is always taken).
+        """
+        token = uuid.uuid4().hex
+        now = self.clock()
+        with self._write() as conn:
+            busy = conn.exec_driver_sql(
+                "SELECT 1 FROM message WHERE receiver_id = ? AND status = 'delivering' LIMIT 1",
+                (receiver_id,),
+            ).first()
+            if busy is not None:
+                return token, []
+            rows = conn.exec_driver_sql(
+                "SELECT id, length(CAST(body AS BLOB)) FROM message "
+                "WHERE receiver_id = ? AND status = 'pending' ORDER BY id LIMIT ?",
+                (receiver_id, limit),
+            ).all()
+            ids: list[int] = []
+            total = 0
+            for msg_id, size in rows:
+                if ids and total + int(size) > max_bytes:
+                    break
+                ids.append(int(msg_id))
+                total += int(size)
+            if not ids:
+                return token, []
+            marks = ",".join("?" * len(ids))
+            conn.exec_driver_sql(
+                f"UPDATE message SET status = 'delivering', claim = ?, claimed_at = ? "
+                f"WHERE status = 'pending' AND id IN ({marks})",
+                (token, now, *ids),
+            )
+            rows2 = (
+                conn.exec_driver_sql("SELECT * FROM message WHERE claim = ? ORDER BY id", (token,))
+                .mappings()
+                .all()
+            )
+        return token, [Message.model_validate(dict(r)) for r in rows2]
+
+    def mark_delivered(self, claim: str) -> int:
+        now = self.clock()
+        with self._write() as conn:
+            cur = conn.exec_driver_sql(
+                "UPDATE message SET status = 'delivered', delivered_at = ?, attempts = attempts + 1, "
+                "last_error = NULL WHERE claim = ? AND status = 'delivering'",
+                (now, claim),
+            )
+            return int(cur.rowcount)
+
+    def release(
+        self, claim: str, error: str, *, max_attempts: int, count_attempt: bool = True
+    ) -> dict[str, int]:
+        """Return a failed claim to ``pending`` (attempts+1), or ``failed`` past the retry limit."""
+        inc = 1 if count_attempt else 0
+        with self._write() as conn:
+            failed = conn.exec_driver_sql(
+                "UPDATE message SET status = 'failed', attempts = attempts + ?, last_error = ?, claim = NULL "
+                "WHERE claim = ? AND status = 'delivering' AND attempts + ? >= ?",
+                (inc, error, claim, inc, max_attempts),
+            ).rowcount
+            pending = conn.exec_driver_sql(
+                "UPDATE message SET status = 'pending', attempts = attempts + ?, last_error = ?, "
+                "claim = NULL, claimed_at = NULL WHERE claim = ? AND status = 'delivering'",
+                (inc, error, claim),
+            ).rowcount
+        return {"failed": int(failed), "pending": int(pending)}
+
+    def note_pending(self, receiver_id: str, reason: str) -> None:
+        """Record why a receiver's pending messages are still waiting (shown by `cao inbox`)."""
+        with self._write() as conn:
+            conn.exec_driver_sql(
+                "UPDATE message SET last_error = ? WHERE receiver_id = ? AND status = 'pending' "
+                "AND (last_error IS NULL OR last_error != ?)",
+                (reason, receiver_id, reason),
+            )
+
+    def stale_claims(self, *, older_than: float | None = None) -> list[tuple[str, list[Message]]]:
+        """Outstanding claims (``delivering`` rows), grouped by claim, oldest first."""
+        sql = "SELECT * FROM message WHERE status = 'delivering'"
+        args: tuple[Any, ...] = ()
+        if older_than is not None:
+            sql += " AND claimed_at <= ?"
+            args = (older_than,)
+        sql += " ORDER BY id"
+        with self._read() as conn:
+            rows = conn.exec_driver_sql(sql, args).mappings().all()
+        groups: dict[str, list[Message]] = {}
+        for r in rows:
+            groups.setdefault(str(r["claim"]), []).append(Message.model_validate(dict(r)))
+        return list(groups.items())
+
+    def cancel(self, message_id: int) -> Message:
+        with self._write() as conn:
+            row = conn.exec_driver_sql("SELECT status FROM message WHERE id = ?", (message_id,)).first()
+            if row is None:
+                raise NotFound(f"message {message_id} not found; list messages with `cao inbox`")
+            if row[0] != "pending":
+                raise Conflict(f"message {message_id} is {row[0]}; only a pending message can be cancelled")
+            conn.exec_driver_sql(
+                "UPDATE message SET status = 'cancelled', last_error = 'cancelled by operator' WHERE id = ?",
+                (message_id,),
+            )
+        return self.get_message(message_id)
+
+    def fail_all_pending(self, receiver_ids: Sequence[str], reason: str) -> int:
+        if not receiver_ids:
+            return 0
+        marks = ",".join("?" * len(receiver_ids))
+        with self._write() as conn:
+            cur = conn.exec_driver_sql(
+                f"UPDATE message SET status = 'failed', last_error = ? "
+                f"WHERE status = 'pending' AND receiver_id IN ({marks})",
+                (reason, *receiver_ids),
+            )
+            return int(cur.rowcount)

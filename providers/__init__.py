@@ -1,0 +1,40 @@
+"""Agent CLI providers. ``get(name)`` returns one, ``names()`` lists them.
+
+Each module holds one small provider class (see ``providers/base.py`` for the contract).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+
+__all__ = ["LaunchContext", "LaunchSpec", "Provider", "TerminalStatus", "default_name", "get", "names"]
+
+# name -> "module:Class"; imported lazily so a provider's imports cost nothing until it is used.
+_REGISTRY: dict[str, str] = {
+    "scripted": "providers.scripted:ScriptedProvider",
+    "scripted_eager": "providers.scripted:EagerScriptedProvider",
+}
+_CACHE: dict[str, Provider] = {}
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Provider:
+    if name not in _REGISTRY:
+        from cao.errors import ProviderError
+
+        raise ProviderError(f"unknown provider {name!r}; choose one of: {', '.join(names())}")
+    if name not in _CACHE:
+        module_name, _, cls_name = _REGISTRY[name].partition(":")
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        _CACHE[name] = cls()
+    return _CACHE[name]
+
+
+def default_name() -> str:
+    """The provider used when none is given: the bundled scripted agent (always available)."""
+    return "scripted"

@@ -1,0 +1,92 @@
+"""The provider contract: what cao needs to know about one agent CLI.
+
+A provider is a small class of data plus pure functions over captured screen text. It never
+touches tmux, the database or the network; the terminal layer feeds it screens and runs what it
+describes (:class:`LaunchSpec`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import ClassVar
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+class TerminalStatus(StrEnum):
+    IDLE = "idle"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    WAITING_USER_ANSWER = "waiting_user_answer"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """Everything a provider may use to build its launch command."""
+
+    terminal_id: str
+    agent_profile: str
+    working_directory: Path
+    cao_home: Path
+    server_url: str
+    terminal_home: Path  # a throwaway directory owned by this terminal (config homes go here)
+    base_env: Mapping[str, str]  # the allow-listed environment (PATH, LANG, TERM, CAO_* ids...)
+    settings_env: Mapping[str, str] = field(default_factory=dict)  # provider-specific CAO_* knobs
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    command: list[str]
+    env: dict[str, str]
+    files: dict[Path, str] = field(default_factory=dict)  # written before launch
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI_RE.sub("", text)
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a raw log tail (handles CR redraws and ANSI)."""
+    for line in reversed(re.split(r"[\r\n]", strip_ansi(text))):
+        if line.strip():
+            return line
+    return ""
+
+
+class Provider:
+    """Base class. Subclasses set the class attributes and implement the three screen functions."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    # A message pasted mid-turn is queued as its own turn (never merged into the running one).
+    accepts_input_while_processing: ClassVar[bool] = False
+    # Seconds between the paste and Enter, and how many Enters submit.
+    paste_enter_delay: ClassVar[float] = 0.0
+    enter_count: ClassVar[int] = 1
+    # How long to wait for proof that a submit took (the pane left idle / the box emptied).
+    submit_timeout: ClassVar[float] = 2.0
+    # Typed (then Enter) to leave the CLI politely.
+    exit_command: ClassVar[str] = "/exit"
+    # Cheap check on the last line of the raw pane log: could the agent be idle now?
+    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"$^")
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        raise NotImplementedError
+
+    def detect_status(self, screen: str) -> TerminalStatus:
+        raise NotImplementedError
+
+    def extract_last_message(self, screen: str) -> str:
+        raise NotImplementedError
+
+    def input_text(self, screen: str) -> str | None:
+        """Text in the input box, ``""`` when empty, ``None`` when no input box is showing."""
+        raise NotImplementedError
+
+    def tail_looks_idle(self, tail: str) -> bool:
+        return bool(self.idle_tail_pattern.search(last_line(tail)))

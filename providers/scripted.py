@@ -1,0 +1,113 @@
+"""Provider for the bundled scripted agent (``providers/scripted_agent.py``).
+
+The default provider: it needs nothing installed and no API key, so cao runs (and its whole test
+suite runs) on a fresh machine. ``scripted_eager`` is the same program declared as accepting input
+while it is busy (it queues such input as its own turn, as Claude Code and Gemini CLI do).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+
+AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
+
+SPINNER_RE = re.compile(r"^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] thinking… \(")
+QUESTION_RE = re.compile(r"^\? .* \(y/n\)")
+PROMPT = "❯ "
+USER = "› "
+REPLY = "● "
+ERROR = "✗ "
+
+
+def _lines(screen: str) -> list[str]:
+    lines = screen.rstrip("\n").split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def _last_turn(lines: list[str]) -> list[str] | None:
+    """Lines after the last user echo (its continuation lines skipped), or None if no echo shows."""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(USER):
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("  "):
+                j += 1
+            return lines[j:]
+    return None
+
+
+class ScriptedProvider(Provider):
+    name: ClassVar[str] = "scripted"
+    description: ClassVar[str] = "bundled scripted agent (no API key; rules from a JSON file)"
+    accepts_input_while_processing: ClassVar[bool] = False
+    paste_enter_delay: ClassVar[float] = 0.0
+    submit_timeout: ClassVar[float] = 2.0
+    exit_command: ClassVar[str] = "/exit"
+    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^❯ ")
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        env = dict(ctx.base_env)
+        env["CAO_SCRIPTED_DIR"] = str(ctx.cao_home / "scripted")
+        for key in ("CAO_SCRIPTED_RULES", "CAO_SCRIPTED_RECORD"):
+            if ctx.settings_env.get(key):
+                env[key] = ctx.settings_env[key]
+        command = [sys.executable, "-I", "-S", str(AGENT_PATH), "--terminal-id", ctx.terminal_id]
+        return LaunchSpec(command=command, env=env)
+
+    def detect_status(self, screen: str) -> TerminalStatus:
+        lines = _lines(screen)
+        if not lines:
+            return TerminalStatus.PROCESSING
+        last = lines[-1]
+        if SPINNER_RE.match(last):
+            return TerminalStatus.PROCESSING
+        if QUESTION_RE.match(last):
+            return TerminalStatus.WAITING_USER_ANSWER
+        if not last.startswith("❯"):
+            return TerminalStatus.PROCESSING  # starting up, or drawing
+        turn = _last_turn(lines[:-1])
+        if turn is None:
+            return TerminalStatus.IDLE
+        marks = [line[:2] for line in turn if line[:2] in (REPLY, ERROR)]
+        if marks and marks[-1] == ERROR:
+            return TerminalStatus.ERROR
+        return TerminalStatus.COMPLETED
+
+    def extract_last_message(self, screen: str) -> str:
+        lines = _lines(screen)
+        if lines and lines[-1].startswith("❯"):
+            lines = lines[:-1]
+        turn = _last_turn(lines)
+        if turn is None:
+            turn = lines
+        out: list[str] = []
+        collecting = False
+        for line in turn:
+            if line.startswith((REPLY, ERROR)):
+                if not collecting:
+                    out = []
+                collecting = True
+                out.append(line[2:])
+            elif collecting and line.startswith("  "):
+                out.append(line[2:])
+            elif collecting and not line.strip():
+                collecting = False
+        return "\n".join(out).strip()
+
+    def input_text(self, screen: str) -> str | None:
+        lines = _lines(screen)
+        if not lines or not lines[-1].startswith("❯"):
+            return None
+        return lines[-1][2:].rstrip()
+
+
+class EagerScriptedProvider(ScriptedProvider):
+    name: ClassVar[str] = "scripted_eager"
+    description: ClassVar[str] = "scripted agent that queues input while busy (eager delivery allowed)"
+    accepts_input_while_processing: ClassVar[bool] = True

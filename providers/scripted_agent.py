@@ -1,0 +1,410 @@
+"""The bundled scripted agent: a real interactive terminal program that behaves like an agent CLI.
+
+It runs in a tmux pane like Claude Code or Codex would: it switches the terminal to raw mode,
+enables bracketed-paste mode (one paste = one input, newlines included), shows an idle prompt,
+a spinner while "thinking", a reply, then the prompt again. It can ask a permission question,
+show an error, and send messages to other terminals through the cao HTTP API. Standard library
+only, so it starts in a few tens of milliseconds.
+
+Screen (what ``providers/scripted.py`` recognises)::
+
+    cao scripted agent · terminal 1a2b3c4d · profile developer
+    › first line of a user turn            (continuation lines are indented two spaces)
+    ● first line of the reply
+    ✗ error text                           (an error turn)
+    ? Allow tool deploy? (y/n)             (waiting for the user's answer)
+    ⠹ thinking… (2s · esc to interrupt)    (busy; "· 1 queued" when input waits)
+    ❯ text being typed                     (idle prompt = input box)
+
+Rules (JSON; ``$CAO_SCRIPTED_RULES`` or ``$CAO_SCRIPTED_DIR/<profile>.json``, else the defaults)::
+
+    {"startup_delay": 0.0,
+     "record": true,                 # or a path; default $CAO_SCRIPTED_DIR/received/<id>.jsonl
+     "rules": [
+       {"match": "regex", "reply": "text {first_line} {sender} {group}", "delay": 1.5,
+        "send": [{"to": "{sender}", "message": "done: {task}"}],
+        "ask": "Allow tool deploy?",  "error": "API Error: 500 overloaded"}],
+     "default": {"reply": "ok: {first_line}"}}
+
+The first rule whose ``match`` is found in a message applies (to every match of it in that
+message, so ``^delegate (?P<to>\\w+) (?P<task>.*)$`` with re.MULTILINE delegates each line).
+Inbox messages arrive as ``[cao message #ID from SENDER]`` headers followed by the body; several
+in one paste are split and answered one by one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import select
+import signal
+import sys
+import termios
+import time
+import tty
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, NamedTuple
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+PASTE_START = b"\x1b[200~"
+PASTE_END = b"\x1b[201~"
+HEADER_RE = re.compile(r"^\[cao message #(?P<id>\d+) from (?P<sender>[^\]\s]+)\]$", re.M)
+DEFAULT_RULES: dict[str, Any] = {"rules": [], "default": {"reply": "ok: {first_line}"}}
+
+
+class Plan(NamedTuple):
+    msg: dict[str, Any]
+    rule: dict[str, Any]
+    groups: list[dict[str, str]]
+
+
+class _Defaults(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def split_messages(text: str) -> list[dict[str, Any]]:
+    """Split one submitted turn into the inbox messages it carries (or one plain message)."""
+    heads = list(HEADER_RE.finditer(text))
+    if not heads:
+        return [{"id": None, "sender": None, "body": text}]
+    out: list[dict[str, Any]] = []
+    for i, head in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        body = text[head.end() : end].strip("\n")
+        out.append({"id": int(head["id"]), "sender": head["sender"], "body": body})
+    return out
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.tid = args.terminal_id or os.environ.get("CAO_TERMINAL_ID", "local")
+        self.profile = os.environ.get("CAO_AGENT_PROFILE", "developer")
+        self.server = (args.server or os.environ.get("CAO_SERVER_URL", "http://127.0.0.1:9889")).rstrip("/")
+        self.config = self._load_rules(args.rules)
+        self.record_path = self._record_path(args.record)
+        self.input = ""
+        self.queue: list[str] = []
+        self.busy = False
+        self.busy_started = 0.0
+        self.busy_until = 0.0
+        self.pending_turn: list[Plan] | None = None
+        self.waiting_answer: list[Plan] | None = None
+        self.in_paste = False
+        self.paste_buf = b""
+        self.raw_buf = b""
+        self.spin = 0
+        self.last_spin = 0.0
+        self.running = True
+
+    # -- configuration -------------------------------------------------------------------------
+    def _load_rules(self, path_arg: str | None) -> dict[str, Any]:
+        candidates = [path_arg, os.environ.get("CAO_SCRIPTED_RULES")]
+        rules_dir = os.environ.get("CAO_SCRIPTED_DIR")
+        if rules_dir:
+            candidates.append(str(Path(rules_dir) / f"{self.profile}.json"))
+        for cand in candidates:
+            if cand and Path(cand).is_file():
+                data = json.loads(Path(cand).read_text())
+                return {**DEFAULT_RULES, **data}
+        return dict(DEFAULT_RULES)
+
+    def _record_path(self, arg: str | None) -> Path | None:
+        want = arg or os.environ.get("CAO_SCRIPTED_RECORD") or self.config.get("record")
+        if not want or want in ("0", "false", False):
+            return None
+        if want in ("1", "true", True):
+            base = Path(os.environ.get("CAO_SCRIPTED_DIR") or ".") / "received"
+            base.mkdir(parents=True, exist_ok=True)
+            return base / f"{self.tid}.jsonl"
+        path = Path(str(want))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- output ---------------------------------------------------------------------------------
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8", "replace")
+        while data:
+            n = os.write(1, data)
+            data = data[n:]
+
+    def prompt(self) -> None:
+        lines = self.input.split("\n")
+        shown = lines[0][:150]
+        if len(lines) > 1:
+            shown += f" [+{len(lines) - 1} lines]"
+        self.write("\r\x1b[K❯ " + shown)
+
+    def spinner(self) -> None:
+        secs = int(time.monotonic() - self.busy_started)
+        queued = f" · {len(self.queue)} queued" if self.queue else ""
+        frame = SPINNER[self.spin % len(SPINNER)]
+        self.write(f"\r\x1b[K{frame} thinking… ({secs}s{queued} · esc to interrupt)")
+
+    def block(self, mark: str, text: str) -> None:
+        lines = text.split("\n") or [""]
+        out = [f"{mark} {lines[0]}"] + [f"  {line}" for line in lines[1:]]
+        self.write("\r\x1b[K" + "\n".join(out) + "\n")
+
+    # -- input parsing --------------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        self.raw_buf += data
+        while self.raw_buf:
+            if self.in_paste:
+                end = self.raw_buf.find(PASTE_END)
+                if end < 0:
+                    keep = len(PASTE_END) - 1
+                    self.paste_buf += self.raw_buf[:-keep] if len(self.raw_buf) > keep else b""
+                    self.raw_buf = self.raw_buf[-keep:] if len(self.raw_buf) > keep else self.raw_buf
+                    return
+                self.paste_buf += self.raw_buf[:end]
+                self.raw_buf = self.raw_buf[end + len(PASTE_END) :]
+                self.in_paste = False
+                text = self.paste_buf.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+                self.paste_buf = b""
+                self.type_text(text)
+                continue
+            start = self.raw_buf.find(PASTE_START)
+            chunk = self.raw_buf if start < 0 else self.raw_buf[:start]
+            if start < 0 and self.raw_buf.endswith(b"\x1b"):
+                chunk = self.raw_buf[:-1]  # maybe the start of a paste marker; wait for more
+            consumed = self.keys(chunk)
+            self.raw_buf = self.raw_buf[consumed:]
+            if start >= 0 and consumed == start:
+                self.raw_buf = self.raw_buf[len(PASTE_START) :]
+                self.in_paste = True
+                continue
+            return
+
+    def keys(self, chunk: bytes) -> int:
+        """Handle typed keys; returns how many bytes were consumed."""
+        i = 0
+        while i < len(chunk):
+            b = chunk[i : i + 1]
+            if b == b"\x1b":
+                m = re.match(rb"\x1b(\[[0-9;?]*[ -/]*[@-~]|O.|.)", chunk[i:], re.S)
+                if m is None:
+                    return i  # incomplete escape sequence
+                i += m.end()
+                continue
+            i += 1
+            if b in (b"\r", b"\n"):
+                self.submit()
+            elif b in (b"\x7f", b"\x08"):
+                self.input = self.input[:-1]
+                self.redraw()
+            elif b == b"\x03":
+                self.input = ""
+                self.redraw()
+            elif b == b"\x04" and not self.input and not self.busy:
+                self.running = False
+            else:
+                # decode multi-byte UTF-8 typed characters
+                j = i
+                while j < len(chunk) and 0x80 <= chunk[j] < 0xC0:
+                    j += 1
+                self.type_text(chunk[i - 1 : j].decode("utf-8", "replace"))
+                i = j
+        return i
+
+    def type_text(self, text: str) -> None:
+        self.input += text
+        self.redraw()
+
+    def redraw(self) -> None:
+        if self.busy:
+            self.spinner()
+        elif self.waiting_answer is None:
+            self.prompt()
+
+    # -- turns ----------------------------------------------------------------------------------
+    def submit(self) -> None:
+        text, self.input = self.input, ""
+        if self.waiting_answer is not None:
+            self.answer(text.strip().lower())
+            return
+        if not text.strip():
+            self.redraw()
+            return
+        if text.strip() in ("/exit", "/quit"):
+            self.write("\r\x1b[Kbye\n")
+            self.running = False
+            return
+        # Recorded on arrival (before it runs), so a queued message shows it came in mid-turn.
+        self.record(text, split_messages(text), arrived_busy=self.busy)
+        if self.busy:
+            self.queue.append(text)
+            self.spinner()
+            return
+        self.start_turn(text)
+
+    def record(self, text: str, messages: list[dict[str, Any]], arrived_busy: bool) -> None:
+        if self.record_path is None:
+            return
+        entry = {
+            "t": time.time(),
+            "terminal": self.tid,
+            "arrived_busy": arrived_busy,
+            "text": text,
+            "messages": messages,
+        }
+        with self.record_path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+    def start_turn(self, text: str) -> None:
+        messages = split_messages(text)
+        self.write("\r\x1b[K")
+        self.block("›", text)
+        plans = [Plan(msg, *self.match(msg["body"])) for msg in messages]
+        delay = max(float(p.rule.get("delay", 0)) for p in plans)
+        ask = next((p.rule["ask"] for p in plans if p.rule.get("ask")), None)
+        self.busy = True
+        self.busy_started = time.monotonic()
+        self.busy_until = self.busy_started + delay
+        self.pending_turn = plans
+        if ask:
+            self.busy = False
+            self.waiting_answer = self.pending_turn
+            self.pending_turn = None
+            self.write(f"\r\x1b[K? {ask} (y/n)")
+            return
+        if delay <= 0:
+            self.finish_turn()
+        else:
+            self.spinner()
+
+    def answer(self, text: str) -> None:
+        turn, self.waiting_answer = self.waiting_answer, None
+        assert turn is not None
+        self.write("\n")
+        if text.startswith("y"):
+            self.pending_turn = turn
+            self.busy = True
+            self.finish_turn()
+        else:
+            self.block("●", "permission denied; nothing was done")
+            self.write("\n")
+            self.end_turn()
+
+    def match(self, body: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
+        for rule in self.config.get("rules", []):
+            pattern = re.compile(rule.get("match", ""), re.M | re.S if rule.get("dotall") else re.M)
+            found = [m.groupdict() for m in pattern.finditer(body)]
+            if found:
+                return rule, found
+        return self.config.get("default", DEFAULT_RULES["default"]), [{}]
+
+    def finish_turn(self) -> None:
+        assert self.pending_turn is not None
+        plans, self.pending_turn = self.pending_turn, None
+        self.write("\r\x1b[K")
+        for plan in plans:
+            rule, groups, msg = plan.rule, plan.groups, plan.msg
+            body = msg["body"]
+            first = body.strip().split("\n", 1)[0][:80] if body.strip() else ""
+            base = {
+                "first_line": first,
+                "message": body,
+                "sender": msg["sender"] or "",
+                "message_id": str(msg["id"] or ""),
+                "terminal_id": self.tid,
+            }
+            notes: list[str] = []
+            for groupdict in groups:
+                values = _Defaults({**base, **{k: v or "" for k, v in groupdict.items()}})
+                for send in rule.get("send", []):
+                    notes.append(self.send(send["to"].format_map(values), send["message"].format_map(values)))
+            values = _Defaults({**base, **{k: v or "" for k, v in groups[0].items()}})
+            if rule.get("error"):
+                self.block("✗", str(rule["error"]).format_map(values))
+                continue
+            reply = str(rule.get("reply", "")).format_map(values)
+            text = "\n".join([reply, *notes]) if reply else "\n".join(notes)
+            if text:
+                self.block("●", text)
+        self.write("\n")
+        self.end_turn()
+
+    def end_turn(self) -> None:
+        self.busy = False
+        if self.queue:
+            self.start_turn(self.queue.pop(0))
+        else:
+            self.prompt()
+
+    def send(self, to: str, message: str) -> str:
+        data = json.dumps({"sender_id": self.tid, "message": message}).encode()
+        req = urllib.request.Request(
+            f"{self.server}/terminals/{to}/inbox/messages",
+            data=data,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                receipt = json.loads(resp.read())
+            return f"sent message #{receipt.get('message_id')} to {to}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return f"could not send to {to}: {exc}"
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> int:
+        fd = sys.stdin.fileno()
+        old = termios.tcgetattr(fd) if os.isatty(fd) else None
+        if old is not None:
+            tty.setraw(fd)
+            attrs = termios.tcgetattr(fd)
+            attrs[1] |= termios.OPOST | termios.ONLCR
+            termios.tcsetattr(fd, termios.TCSANOW, attrs)
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
+        try:
+            self.write("\x1b[?2004h")
+            self.write(f"cao scripted agent · terminal {self.tid} · profile {self.profile}\n")
+            delay = float(self.config.get("startup_delay", 0))
+            if delay > 0:
+                self.write("starting…")
+                time.sleep(delay)
+                self.write("\r\x1b[K")
+            self.write("\n")
+            self.prompt()
+            while self.running:
+                timeout = None
+                if self.busy:
+                    now = time.monotonic()
+                    timeout = max(0.0, min(self.busy_until - now, self.last_spin + 0.1 - now))
+                ready, _, _ = select.select([fd], [], [], timeout)
+                if ready:
+                    data = os.read(fd, 65536)
+                    if not data:
+                        break
+                    self.feed(data)
+                if self.busy and self.pending_turn is not None:
+                    now = time.monotonic()
+                    if now >= self.busy_until:
+                        self.finish_turn()
+                    elif now >= self.last_spin + 0.1:
+                        self.spin += 1
+                        self.last_spin = now
+                        self.spinner()
+        finally:
+            self.write("\x1b[?2004l\r\n")
+            if old is not None:
+                termios.tcsetattr(fd, termios.TCSADRAIN, old)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cao-scripted-agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--terminal-id")
+    parser.add_argument("--rules", help="rules JSON file")
+    parser.add_argument("--record", help="append every received message to this JSONL file")
+    parser.add_argument("--server", help="cao-server URL for sending messages")
+    return Agent(parser.parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""The store on a real SQLite file: schema, idempotency, claims across threads and processes."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cao.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    ReceiverGone,
+    SchemaTooNew,
+    StoreBusy,
+)
+from cao.store import MAX_BODY_BYTES, SCHEMA_VERSION, Store, Terminal
+
+RID = "aaaa0001"
+
+
+def _terminal(store: Store, tid: str = RID) -> None:
+    now = time.time()
+    store.add_terminal(
+        Terminal(
+            id=tid,
+            name="w",
+            session_name="cao-x",
+            provider="scripted",
+            agent_profile="developer",
+            working_directory="/",
+            created_at=now,
+            last_active=now,
+        )
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "cao.db", busy_timeout=2)
+    _terminal(s)
+    return s
+
+
+def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path: Path):
+    s = Store(tmp_path / "x.db")
+    assert s.schema_version() == SCHEMA_VERSION
+    with sqlite3.connect(tmp_path / "x.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"terminal", "message"} <= tables
+    # the migrated columns are exactly the model's fields
+    with sqlite3.connect(tmp_path / "x.db") as conn:
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(message)")]
+    from cao.store import Message
+
+    assert set(cols) == set(Message.model_fields)
+    Store(tmp_path / "x.db")  # reopening is a no-op
+
+
+def test_newer_schema_is_refused_with_a_clear_error(tmp_path: Path):
+    path = tmp_path / "new.db"
+    Store(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(SchemaTooNew, match="upgrade cao"):
+        Store(path)
+
+
+def test_idempotent_send_same_intent_returns_original(store: Store):
+    m1, dup1 = store.add_message(sender_id="s1", receiver_id=RID, body="hello", idempotency_key="k1")
+    m2, dup2 = store.add_message(sender_id="s1", receiver_id=RID, body="hello", idempotency_key="k1")
+    assert (dup1, dup2) == (False, True)
+    assert m2.id == m1.id
+    # the same key from another sender is another message
+    m3, dup3 = store.add_message(sender_id="s2", receiver_id=RID, body="hello", idempotency_key="k1")
+    assert not dup3 and m3.id != m1.id
+    assert len(store.list_messages(receiver_id=RID)) == 2
+
+
+def test_same_key_other_intent_is_conflict_and_stores_nothing(store: Store):
+    _terminal(store, "aaaa0002")
+    store.add_message(sender_id="s1", receiver_id=RID, body="hello", idempotency_key="k1")
+    with pytest.raises(Conflict, match="different message"):
+        store.add_message(sender_id="s1", receiver_id=RID, body="other", idempotency_key="k1")
+    with pytest.raises(Conflict):
+        store.add_message(sender_id="s1", receiver_id="aaaa0002", body="hello", idempotency_key="k1")
+    assert len(store.list_messages()) == 1
+
+
+def test_body_limits(store: Store):
+    exact = "x" * MAX_BODY_BYTES
+    m, _ = store.add_message(sender_id="s", receiver_id=RID, body=exact)
+    assert store.get_message(m.id or 0).body == exact
+    with pytest.raises(PayloadTooLarge) as info:
+        store.add_message(sender_id="s", receiver_id=RID, body=exact + "y")
+    assert info.value.status_code == 413
+    # multi-byte characters count as bytes
+    with pytest.raises(PayloadTooLarge):
+        store.add_message(sender_id="s", receiver_id=RID, body="é" * (MAX_BODY_BYTES // 2 + 1))
+    with pytest.raises(InvalidInput):
+        store.add_message(sender_id="s", receiver_id=RID, body="")
+    assert len(store.list_messages()) == 1
+
+
+def test_unknown_and_deleted_receivers(store: Store):
+    with pytest.raises(NotFound):
+        store.add_message(sender_id="s", receiver_id="bbbb0000", body="x")
+    store.add_message(sender_id="s", receiver_id=RID, body="queued")
+    assert store.delete_terminal(RID) == 1
+    assert store.list_messages()[0].status == "failed"
+    assert store.list_messages()[0].last_error == "receiver_gone"
+    with pytest.raises(ReceiverGone):
+        store.add_message(sender_id="s", receiver_id=RID, body="x")
+
+
+def test_claim_is_fifo_batched_and_exclusive_per_receiver(store: Store):
+    for i in range(5):
+        store.add_message(sender_id="s", receiver_id=RID, body=f"m{i}")
+    claim, batch = store.claim(RID, limit=3)
+    assert [m.body for m in batch] == ["m0", "m1", "m2"]
+    assert all(m.status == "delivering" and m.claim == claim for m in batch)
+    # a second claimer loses while the first claim is outstanding
+    assert store.claim(RID)[1] == []
+    assert store.mark_delivered(claim) == 3
+    claim2, batch2 = store.claim(RID)
+    assert [m.body for m in batch2] == ["m3", "m4"]
+    store.release(claim2, "boom", max_attempts=2)
+    rows = store.list_messages(order="asc")
+    assert [(m.status, m.attempts) for m in rows[3:]] == [("pending", 1), ("pending", 1)]
+    claim3, _ = store.claim(RID)
+    store.release(claim3, "boom again", max_attempts=2)
+    rows = store.list_messages(order="asc")
+    assert [(m.status, m.attempts, m.last_error) for m in rows[3:]] == [("failed", 2, "boom again")] * 2
+
+
+def test_claim_byte_budget_takes_at_least_one(store: Store):
+    store.add_message(sender_id="s", receiver_id=RID, body="a" * 1000)
+    store.add_message(sender_id="s", receiver_id=RID, body="b" * 1000)
+    _, batch = store.claim(RID, max_bytes=1500)
+    assert len(batch) == 1
+
+
+def test_claims_across_threads_never_overlap(store: Store):
+    for i in range(300):
+        store.add_message(sender_id="s", receiver_id=RID, body=f"m{i}")
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while store.has_pending(RID) or store.stale_claims():
+            claim, batch = store.claim(RID, limit=7)
+            if batch:
+                with lock:
+                    seen.extend(m.id or 0 for m in batch)
+                store.mark_delivered(claim)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seen) == seen  # one receiver: batches go out in commit order
+    assert len(seen) == len(set(seen)) == 300
+
+
+CLAIMER = """
+import sys, time
+from pathlib import Path
+from cao.store import Store
+s = Store(Path(sys.argv[1]), busy_timeout=10)
+got = []
+deadline = time.time() + 60
+while time.time() < deadline and (s.has_pending('aaaa0001') or s.stale_claims()):
+    claim, batch = s.claim('aaaa0001', limit=5)
+    if batch:
+        got.extend(m.id for m in batch)
+        s.mark_delivered(claim)
+print(' '.join(map(str, got)))
+"""
+
+
+def test_claims_across_processes_never_overlap(store: Store):
+    for i in range(200):
+        store.add_message(sender_id="s", receiver_id=RID, body=f"m{i}")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CLAIMER, str(store.path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    ids: list[int] = []
+    for p in procs:
+        out, _ = p.communicate(timeout=90)
+        ids.extend(int(x) for x in out.split())
+    assert len(ids) == len(set(ids)) == 200
+    assert store.counts_by_status()["delivered"] == 200
+
+
+SENDER = """
+import sys
+from pathlib import Path
+from cao.store import Store
+s = Store(Path(sys.argv[1]), busy_timeout=10)
+key = sys.argv[3] if len(sys.argv) > 3 else None
+for i in range(int(sys.argv[2])):
+    s.add_message(sender_id='p' + str(__import__('os').getpid()), receiver_id='aaaa0001',
+                  body=f'{__import__("os").getpid()}:{i}', idempotency_key=key and f'{key}')
+"""
+
+
+def test_concurrent_senders_across_processes_all_stored_in_commit_order(store: Store):
+    procs = [subprocess.Popen([sys.executable, "-c", SENDER, str(store.path), "50"]) for _ in range(4)]
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    rows = store.list_messages(limit=1000, order="asc")
+    assert len(rows) == 200
+    # per sender, its messages are in the order it sent them
+    by_sender: dict[str, list[int]] = {}
+    for m in rows:
+        pid, i = m.body.split(":")
+        by_sender.setdefault(pid, []).append(int(i))
+    assert all(seq == list(range(50)) for seq in by_sender.values())
+    assert [m.id for m in rows] == sorted(m.id or 0 for m in rows)
+
+
+SAME_KEY = """
+import sys
+from pathlib import Path
+from cao.store import Store
+s = Store(Path(sys.argv[1]), busy_timeout=10)
+m, dup = s.add_message(sender_id='shared', receiver_id='aaaa0001', body='once', idempotency_key='the-key')
+print(m.id, dup)
+"""
+
+
+def test_same_key_sent_concurrently_from_two_processes_is_one_row(store: Store):
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SAME_KEY, str(store.path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=60)[0].split() for p in procs]
+    assert {o[0] for o in outs} == {str(store.list_messages()[0].id)}
+    assert sorted(o[1] for o in outs) == ["False", "True"]
+    assert len(store.list_messages()) == 1
+
+
+LOCKER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute('BEGIN IMMEDIATE')
+print('locked', flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute('ROLLBACK')
+"""
+
+
+def test_locked_database_gives_store_busy_and_writes_nothing(tmp_path: Path):
+    store = Store(tmp_path / "cao.db", busy_timeout=0.2)
+    _terminal(store)
+    locker = subprocess.Popen(
+        [sys.executable, "-c", LOCKER, str(store.path), "2"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+        with pytest.raises(StoreBusy, match="nothing was written"):
+            store.add_message(sender_id="s", receiver_id=RID, body="x", idempotency_key="k")
+    finally:
+        locker.communicate(timeout=10)
+    _, dup = store.add_message(sender_id="s", receiver_id=RID, body="x", idempotency_key="k")
+    assert not dup and len(store.list_messages()) == 1
+
+
+def test_cancel_only_pending(store: Store):
+    m, _ = store.add_message(sender_id="s", receiver_id=RID, body="x")
+    assert store.cancel(m.id or 0).status == "cancelled"
+    with pytest.raises(Conflict, match="only a pending"):
+        store.cancel(m.id or 0)
+    with pytest.raises(NotFound):
+        store.cancel(999)

@@ -1,0 +1,118 @@
+"""The tmux layer against a real tmux server on a private socket."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cao.errors import PaneGone, TmuxServerDown
+from cao.tmux import Tmux
+from tests.conftest import pid_alive, wait_until
+
+SHELL = ["/bin/sh", "-c"]
+
+
+def _window(
+    tmux: Tmux, tmp_path: Path, script: str, *, session: str = "cao-t", env: dict[str, str] | None = None
+):
+    return tmux.create_window(
+        session_name=session,
+        window_name="w",
+        command=[*SHELL, script],
+        env=env or {"PATH": os.environ["PATH"], "TERM": "xterm-256color"},
+        cwd=tmp_path,
+        log_path=tmp_path / "logs" / "t.log",
+        width=120,
+        height=30,
+        history_limit=5000,
+    )
+
+
+def test_pane_environment_is_exactly_the_allow_list(
+    tmux: Tmux, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("CAO_TEST_SECRET", "leaked")
+    info = _window(
+        tmux, tmp_path, "env | sort > env.txt; sleep 30", env={"PATH": os.environ["PATH"], "ONLY_ME": "yes"}
+    )
+    out = wait_until(
+        lambda: (tmp_path / "env.txt").exists() and (tmp_path / "env.txt").read_text(), what="env dump"
+    )
+    names = {line.split("=", 1)[0] for line in out.splitlines()}
+    assert "ONLY_ME" in names
+    assert "CAO_TEST_SECRET" not in names
+    assert "TMUX" not in names  # tmux sets TMUX in panes; env -i keeps it out
+    assert names <= {"PATH", "ONLY_ME", "PWD", "SHLVL", "_"}
+    tmux.kill_pane(info.pane_id, info.pane_pid)
+
+
+def test_session_window_naming_history_and_log_pipe(tmux: Tmux, tmp_path: Path):
+    info = _window(tmux, tmp_path, "echo hello-from-pane; sleep 30")
+    assert info.pane_id.startswith("%")
+    assert tmux.list_sessions() == ["cao-t"]
+    assert tmux.run(
+        "display-message", "-p", "-t", info.pane_id, "#{window_name} #{history_limit}"
+    ).split() == ["w", "5000"]
+    wait_until(lambda: "hello-from-pane" in (tmp_path / "logs" / "t.log").read_text(), what="log pipe")
+    assert "hello-from-pane" in tmux.capture(info.pane_id)
+    assert tmux.list_panes()[info.pane_id] == info.pane_pid
+    tmux.kill_pane(info.pane_id, info.pane_pid)
+
+
+def test_second_window_joins_existing_session_and_exact_names(tmux: Tmux, tmp_path: Path):
+    a = _window(tmux, tmp_path, "sleep 30", session="cao-ab")
+    b = _window(tmux, tmp_path, "sleep 30", session="cao-ab")
+    assert a.pane_id != b.pane_id
+    assert tmux.has_session("cao-ab")
+    assert not tmux.has_session("cao-a")  # no prefix matching
+    out = tmux.run("list-windows", "-t", "=cao-ab", "-F", "#{window_name}")
+    assert out.split() == ["w", "w"]
+    tmux.kill_session("cao-ab")
+    assert not tmux.has_session("cao-ab")
+
+
+def test_bracketed_paste_multiline_is_one_read_and_enter_follows(tmux: Tmux, tmp_path: Path):
+    # `cat -v` shows the paste markers the program received.
+    info = _window(tmux, tmp_path, "printf '\\033[?2004h'; stty raw -echo; exec cat -v > got.txt")
+    wait_until(lambda: tmux.capture(info.pane_id) is not None)
+    time.sleep(0.2)  # let the program switch the terminal to bracketed-paste mode
+    tmux.paste(info.pane_id, "line one\nline two ünïcode", enter_delay=0.05)
+    got = wait_until(
+        lambda: (tmp_path / "got.txt").read_text() if "^M" in (tmp_path / "got.txt").read_text() else "",
+        what="pasted text",
+    )
+    assert got.startswith("^[[200~line one")
+    assert "line two" in got
+    assert got.index("^[[201~") < got.rindex("^M")  # Enter after the closing marker
+    tmux.kill_pane(info.pane_id, info.pane_pid)
+
+
+def test_kill_pane_kills_process_group_even_if_sighup_ignored(tmux: Tmux, tmp_path: Path):
+    script = "trap '' HUP TERM; (trap '' HUP; sleep 300) & echo $! > child.pid; sleep 300"
+    info = _window(tmux, tmp_path, script)
+    child = int(
+        wait_until(
+            lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text().strip(),
+            what="child pid",
+        )
+    )
+    tmux.kill_pane(info.pane_id, info.pane_pid, grace=0.5)
+    for pid in (info.pane_pid, child):
+        wait_until(lambda pid=pid: not pid_alive(pid), what=f"pid {pid} gone")
+    assert info.pane_id not in tmux.list_panes()
+
+
+def test_capture_of_missing_pane_and_missing_server(tmux: Tmux, tmp_path: Path):
+    info = _window(tmux, tmp_path, "sleep 30")
+    other = _window(tmux, tmp_path, "sleep 30")
+    tmux.kill_pane(info.pane_id, info.pane_pid)
+    with pytest.raises(PaneGone):
+        tmux.capture(info.pane_id)
+    tmux.kill_server()
+    with pytest.raises(TmuxServerDown):
+        tmux.capture(other.pane_id)
+    assert tmux.list_panes() == {}
+    assert tmux.list_sessions() == []
