@@ -17,13 +17,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers.polling import PollingObserver
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingEmitter, PollingObserver
 
 from cao.errors import CaoError, PaneGone, TmuxError, TmuxServerDown
 from cao.settings import Settings
@@ -326,6 +328,24 @@ class _LogEvents(FileSystemEventHandler):
             self.wake(name[:-4])
 
 
+class InboxLogObserver(PollingObserver):
+    """watchdog's PollingObserver over ``logs/terminal/``, polling only the logs that matter.
+
+    Each poll snapshots just the log files of receivers that have messages waiting (``watched``),
+    so 50 idle agents with empty inboxes cost nothing, and the poll interval can be short enough
+    to catch "turned idle" within tens of milliseconds.
+    """
+
+    def __init__(self, watched: set[str], *, timeout: float) -> None:
+        self.watched = watched
+
+        def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
+            with os.scandir(path) as entries:
+                return iter([e for e in entries if e.name[:-4] in self.watched and e.name.endswith(".log")])
+
+        BaseObserver.__init__(self, partial(PollingEmitter, listdir=listdir), timeout=timeout)  # type: ignore[arg-type]
+
+
 class DeliveryEngine:
     """Runs the three triggers and a thread pool; deliveries to different receivers run in parallel,
     deliveries to one receiver are coalesced (one runner at a time, re-run if woken meanwhile)."""
@@ -342,7 +362,8 @@ class DeliveryEngine:
         self._running: dict[str, str] = {}  # receiver -> trigger of the next run
         self._again: dict[str, str] = {}
         self._stop = threading.Event()
-        self._observer: PollingObserver | None = None
+        self._observer: InboxLogObserver | None = None
+        self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
         self._sweeper: threading.Thread | None = None
         self.stats: dict[str, int] = {"kicks": 0, "runs": 0, "delivered": 0, "sweeps": 0}
 
@@ -379,18 +400,30 @@ class DeliveryEngine:
                     continue  # more may be pending; the gate decides
             except Exception:
                 logger.exception("delivery run crashed", extra={"terminal_id": receiver_id})
+            waiting = self._still_pending(receiver_id)
             with self._lock:
+                if waiting:
+                    self.watched.add(receiver_id)
+                else:
+                    self.watched.discard(receiver_id)
                 nxt = self._again.pop(receiver_id, None)
                 if nxt is None:
                     self._running.pop(receiver_id, None)
                     return
                 trigger = nxt
 
+    def _still_pending(self, receiver_id: str) -> bool:
+        try:
+            return self.store.has_pending(receiver_id)
+        except Exception:
+            logger.exception("pending check failed", extra={"terminal_id": receiver_id})
+            return True
+
     # -- trigger 2: the watchdog ----------------------------------------------------------------
     def start_watchdog(self) -> None:
         logs = self.settings.logs_dir
         logs.mkdir(parents=True, exist_ok=True)
-        observer = PollingObserver(timeout=self.settings.watch_interval)
+        observer = InboxLogObserver(self.watched, timeout=self.settings.watch_interval)
         observer.schedule(_LogEvents(self._on_log_change), str(logs), recursive=False)
         observer.daemon = True
         observer.start()

@@ -243,15 +243,20 @@ class Agent:
         self.start_turn(text)
 
     def record(self, text: str, messages: list[dict[str, Any]], arrived_busy: bool) -> None:
+        self._append(
+            {
+                "kind": "received",
+                "t": time.time(),
+                "terminal": self.tid,
+                "arrived_busy": arrived_busy,
+                "text": text,
+                "messages": messages,
+            }
+        )
+
+    def _append(self, entry: dict[str, Any]) -> None:
         if self.record_path is None:
             return
-        entry = {
-            "t": time.time(),
-            "terminal": self.tid,
-            "arrived_busy": arrived_busy,
-            "text": text,
-            "messages": messages,
-        }
         with self.record_path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
@@ -331,6 +336,7 @@ class Agent:
 
     def end_turn(self) -> None:
         self.busy = False
+        self._append({"kind": "done", "t": time.time(), "terminal": self.tid})
         if self.queue:
             self.start_turn(self.queue.pop(0))
         else:

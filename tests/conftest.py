@@ -190,7 +190,19 @@ def read_records(home: Path, terminal_id: str) -> list[dict[str, Any]]:
     path = home / "scripted" / "received" / f"{terminal_id}.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [e for e in entries if e["kind"] == "received"]
+
+
+def done_times(home: Path, terminal_id: str) -> list[float]:
+    """When the scripted agent finished each turn."""
+    import json
+
+    path = home / "scripted" / "received" / f"{terminal_id}.jsonl"
+    if not path.exists():
+        return []
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [e["t"] for e in entries if e["kind"] == "done"]
 
 
 def received_bodies(home: Path, terminal_id: str) -> list[str]:

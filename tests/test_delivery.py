@@ -22,7 +22,7 @@ from cao.core import Cao
 from cao.delivery import Outcome, neutralise
 from cao.settings import Settings
 from cao.store import MAX_BODY_BYTES
-from tests.conftest import REPO, read_records, received_bodies, wait_until, write_rules
+from tests.conftest import REPO, done_times, read_records, received_bodies, wait_until, write_rules
 
 SLOW = {"record": True, "rules": [{"match": r"^work (?P<s>[\d.]+)$", "delay": 2.0, "reply": "worked"}]}
 
@@ -234,8 +234,11 @@ def _busy_then_send(core: Cao, tid: str, body: str) -> tuple[int, float]:
 
 
 def _turn_end(home: Path, tid: str) -> float:
-    """The 2 s turn ends no earlier than 2 s after the agent took it (its rule's delay)."""
-    return next(r["t"] for r in read_records(home, tid) if r["text"] == "work 2") + 2.0
+    """When the agent finished the 2 s turn."""
+    start = next(r["t"] for r in read_records(home, tid) if r["text"] == "work 2")
+    return wait_until(
+        lambda: min((t for t in done_times(home, tid) if t > start), default=None), what="turn end"
+    )
 
 
 def test_10_busy_receiver_gets_nothing_until_idle(make_core: Callable[..., Cao], settings):

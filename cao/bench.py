@@ -1,0 +1,382 @@
+"""Inbox benchmark: a real cao-server with scripted agents on a private tmux socket.
+
+    python -m cao.bench [--quick] [--out bench-results/inbox.json]
+
+Prints a table and writes JSON. Measures (each latency as p50 / p95 / max):
+
+- send request time (HTTP round trip of POST /terminals/{id}/inbox/messages);
+- send -> visible in an idle receiver (the agent took the paste's submit);
+- receiver turns idle -> pending message visible (message sent during a 3 s turn);
+- burst: 50 receivers turning idle at the same moment, each with a message waiting;
+- throughput end to end for 500 and 10,000 messages across 10 and 50 receivers from 10 concurrent
+  senders, with lost / duplicated / pasted-into-busy counts (every message carries a unique token,
+  counted in what the agents recorded as received);
+- server and tmux CPU seconds and server RSS over 60 s with 50 idle terminals.
+
+"Visible" is the scripted agent's own record of the submitted input (its clock and ours are the
+same machine clock). The benchmark never sends traffic beyond 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from cao.tmux import Tmux
+
+WORK_RULES = {
+    "record": True,
+    "rules": [{"match": r"^work (?P<secs>[\d.]+)$", "delay": 3.0, "reply": "worked"}],
+    "default": {"reply": "ok"},
+}
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def summary(values_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(pct(ms, 50), 2),
+        "p95_ms": round(pct(ms, 95), 2),
+        "max_ms": round(max(ms), 2) if ms else float("nan"),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Bench:
+    def __init__(self, home: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.socket = f"cao-bench-{os.getpid()}"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tmux = Tmux(self.socket)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CAO_", "TMUX"))}
+        env.update(
+            CAO_HOME=str(home),
+            CAO_TMUX_SOCKET=self.socket,
+            CAO_API_PORT=str(self.port),
+            CAO_SCRIPTED_RECORD="1",
+            **(extra_env or {}),
+        )
+        (home / "scripted").mkdir(parents=True, exist_ok=True)
+        (home / "scripted" / "worker.json").write_text(json.dumps(WORK_RULES))
+        self.stderr = (home / "server.stderr").open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cao.server", "--log-level", "warning"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+        )
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.http.get("/health").raise_for_status()
+                break
+            except httpx.HTTPError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"cao-server did not start: {(home / 'server.stderr').read_text()}"
+                    ) from None
+                time.sleep(0.05)
+        self.terminals: list[str] = []
+
+    def close(self) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            self.http.delete("/sessions/bench")
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.tmux.kill_server()
+        self.stderr.close()
+        self.http.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def spawn(self, n: int) -> list[str]:
+        ids: list[str] = []
+        for _ in range(n):
+            if not self.terminals and not ids:
+                t = self.http.post("/sessions", json={"session_name": "bench", "agent_profile": "worker"})
+            else:
+                t = self.http.post("/sessions/bench/terminals", json={"agent_profile": "worker"})
+            t.raise_for_status()
+            ids.append(t.json()["id"])
+        self.terminals += ids
+        self.wait_status(ids, {"idle", "completed"})
+        return ids
+
+    def wait_status(self, ids: list[str], want: set[str], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        left = set(ids)
+        while left:
+            left = {t for t in left if self.http.get(f"/terminals/{t}").json()["status"] not in want}
+            if left and time.monotonic() > deadline:
+                raise RuntimeError(f"terminals {sorted(left)} never reached {want}")
+            if left:
+                time.sleep(0.05)
+
+    def records(self, tid: str) -> list[dict[str, Any]]:
+        path = self.home / "scripted" / "received" / f"{tid}.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line being written right now
+        return out
+
+    def received_tokens(self, ids: list[str]) -> tuple[Counter[str], dict[str, float], int]:
+        counts: Counter[str] = Counter()
+        when: dict[str, float] = {}
+        busy = 0
+        for tid in ids:
+            for rec in self.records(tid):
+                if rec["kind"] != "received":
+                    continue
+                busy += bool(rec["arrived_busy"])
+                for m in rec["messages"]:
+                    counts[m["body"]] += 1
+                    when.setdefault(m["body"], rec["t"])
+        return counts, when, busy
+
+    def send(self, tid: str, body: str, client: httpx.Client | None = None) -> float:
+        t0 = time.perf_counter()
+        r = (client or self.http).post(
+            f"/terminals/{tid}/inbox/messages", json={"sender_id": "bench", "message": body}
+        )
+        r.raise_for_status()
+        return time.perf_counter() - t0
+
+    def wait_tokens(self, ids: list[str], tokens: set[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            counts, _, _ = self.received_tokens(ids)
+            if tokens <= set(counts):
+                return
+            time.sleep(0.1)
+
+    # -- scenarios ------------------------------------------------------------------------------
+    def send_and_visible(self, tid: str, n: int) -> dict[str, Any]:
+        req, vis = [], []
+        for i in range(n):
+            token = f"tok-sv-{i}-{time.time_ns()}"
+            start = time.time()
+            req.append(self.send(tid, token))
+            self.wait_tokens([tid], {token}, 10)
+            _, when, _ = self.received_tokens([tid])
+            vis.append(when[token] - start)
+            self.wait_status([tid], {"idle", "completed"})
+        return {"send_request": summary(req), "send_to_visible_idle": summary(vis)}
+
+    def idle_to_visible(self, ids: list[str], rounds: int) -> dict[str, Any]:
+        """Each receiver starts a 3 s turn; a message is sent during it; measure turn end -> visible."""
+        lat: list[float] = []
+        for r in range(rounds):
+            for tid in ids:
+                self.http.post(f"/terminals/{tid}/input", json={"message": "work 3"}).raise_for_status()
+            self.wait_status(ids, {"processing"})
+            tokens = {tid: f"tok-iv-{r}-{tid}-{time.time_ns()}" for tid in ids}
+            for tid, tok in tokens.items():
+                self.send(tid, tok)
+            self.wait_tokens(ids, set(tokens.values()), 30)
+            for tid, tok in tokens.items():
+                recs = self.records(tid)
+                got = next(
+                    x["t"]
+                    for x in recs
+                    if x["kind"] == "received" and any(m["body"] == tok for m in x["messages"])
+                )
+                turn_start = max(
+                    x["t"] for x in recs if x["kind"] == "received" and x["text"] == "work 3" and x["t"] < got
+                )
+                done = min(x["t"] for x in recs if x["kind"] == "done" and x["t"] > turn_start)
+                lat.append(got - done)
+            self.wait_status(ids, {"idle", "completed"})
+        return summary(lat)
+
+    def throughput(self, ids: list[str], total: int, senders: int = 10) -> dict[str, Any]:
+        tag = f"tp{total}x{len(ids)}-{time.time_ns()}"
+        tokens = [f"{tag}-{i}" for i in range(total)]
+        req: list[float] = []
+        lock = threading.Lock()
+        errors: list[str] = []
+
+        def sender(k: int) -> None:
+            local: list[float] = []
+            with httpx.Client(base_url=self.url, timeout=60) as client:
+                for i in range(k, total, senders):
+                    try:
+                        local.append(self.send(ids[i % len(ids)], tokens[i], client))
+                    except httpx.HTTPError as exc:
+                        errors.append(str(exc))
+            with lock:
+                req.extend(local)
+
+        start = time.time()
+        threads = [threading.Thread(target=sender, args=(k,)) for k in range(senders)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        sent_done = time.time()
+        self.wait_tokens(ids, set(tokens), timeout=max(60, total / 20))
+        counts, when, busy = self.received_tokens(ids)
+        ours = {t: c for t, c in counts.items() if t.startswith(tag)}
+        lost = sum(1 for t in tokens if t not in ours)
+        dup = sum(c - 1 for c in ours.values() if c > 1)
+        end = max(when[t] for t in ours) if ours else time.time()
+        return {
+            "messages": total,
+            "receivers": len(ids),
+            "senders": senders,
+            "lost": lost,
+            "duplicated": dup,
+            "send_errors": len(errors),
+            "arrived_busy_total": busy,
+            "seconds": round(end - start, 2),
+            "send_phase_seconds": round(sent_done - start, 2),
+            "messages_per_s": round(total / (end - start), 1),
+            "send_request": summary(req),
+        }
+
+    def idle_cpu(self, seconds: float) -> dict[str, Any]:
+        tmux_pid = int(self.tmux.run("display-message", "-p", "#{pid}").strip())
+        s0, t0, w0 = _proc_cpu(self.proc.pid), _proc_cpu(tmux_pid), time.monotonic()
+        time.sleep(seconds)
+        s1, t1, w1 = _proc_cpu(self.proc.pid), _proc_cpu(tmux_pid), time.monotonic()
+        wall = w1 - w0
+        return {
+            "terminals": len(self.terminals),
+            "seconds": round(wall, 1),
+            "server_cpu_s": round(s1 - s0, 3),
+            "tmux_cpu_s": round(t1 - t0, 3),
+            "server_plus_tmux_core_pct": round(100 * ((s1 - s0) + (t1 - t0)) / wall, 2),
+            "server_rss_mb": round(_proc_rss_mb(self.proc.pid), 1),
+        }
+
+
+def run(quick: bool, out: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
+        "quick": quick,
+    }
+    home = Path(tempfile.mkdtemp(prefix="cao-bench-"))
+    bench = Bench(home)
+    try:
+        results["config"] = bench.http.get("/info").json()
+        one = bench.spawn(1)
+        results.update(bench.send_and_visible(one[0], 30 if quick else 100))
+        ten = one + bench.spawn(9)
+        results["idle_to_visible"] = bench.idle_to_visible(ten, 1 if quick else 3)
+        results["throughput_500_10"] = bench.throughput(ten, 500)
+        if not quick:
+            results["throughput_10000_10"] = bench.throughput(ten, 10000)
+        fifty = ten + bench.spawn(40)
+        results["burst_50_idle_together"] = bench.idle_to_visible(fifty, 1)
+        results["throughput_500_50"] = bench.throughput(fifty, 500)
+        if not quick:
+            results["throughput_10000_50"] = bench.throughput(fifty, 10000)
+        bench.wait_status(fifty, {"idle", "completed"})
+        time.sleep(2)
+        results["idle_50"] = bench.idle_cpu(10 if quick else 60)
+    finally:
+        bench.close()
+        shutil.rmtree(home, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    return results
+
+
+def render(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="cao inbox benchmark")
+    for col in ("measure", "n", "p50 ms", "p95 ms", "max ms", "notes"):
+        table.add_column(col)
+
+    def lat(name: str, s: dict[str, Any], note: str = "") -> None:
+        table.add_row(name, str(s["n"]), str(s["p50_ms"]), str(s["p95_ms"]), str(s["max_ms"]), note)
+
+    lat("send request (idle receiver)", results["send_request"])
+    lat("send -> visible, idle receiver", results["send_to_visible_idle"])
+    lat("receiver idle -> visible (10 rcv)", results["idle_to_visible"])
+    lat("burst: 50 turn idle together", results["burst_50_idle_together"])
+    for key in ("throughput_500_10", "throughput_10000_10", "throughput_500_50", "throughput_10000_50"):
+        if key in results:
+            r = results[key]
+            lat(
+                f"send request under load ({r['messages']}/{r['receivers']})",
+                r["send_request"],
+                f"{r['messages_per_s']} msg/s, lost {r['lost']}, dup {r['duplicated']}, "
+                f"busy-pastes {r['arrived_busy_total']}",
+            )
+    idle = results["idle_50"]
+    table.add_row(
+        "idle: 50 terminals",
+        "-",
+        "-",
+        "-",
+        "-",
+        f"server+tmux {idle['server_plus_tmux_core_pct']}% of a core over {idle['seconds']}s, "
+        f"RSS {idle['server_rss_mb']} MB",
+    )
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cao.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller runs (about a minute)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/inbox.json"))
+    args = parser.parse_args(argv)
+    results = run(args.quick, args.out)
+    render(results)
+    print(f"JSON written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
