@@ -340,6 +340,8 @@ class InboxLogObserver(PollingObserver):
         self.watched = watched
 
         def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
+            if not self.watched:
+                return iter(())
             with os.scandir(path) as entries:
                 return iter([e for e in entries if e.name[:-4] in self.watched and e.name.endswith(".log")])
 
@@ -396,6 +398,8 @@ class DeliveryEngine:
                 result = self.delivery.deliver(receiver_id, trigger=trigger)
                 if result.outcome == Outcome.DELIVERED:
                     self.stats["delivered"] += result.count
+                    key = f"delivered_by_{trigger}"
+                    self.stats[key] = self.stats.get(key, 0) + result.count
                     trigger = "after_delivery"
                     continue  # more may be pending; the gate decides
             except Exception:
@@ -404,6 +408,7 @@ class DeliveryEngine:
             with self._lock:
                 if waiting:
                     self.watched.add(receiver_id)
+                    self._ensure_watchdog()
                 else:
                     self.watched.discard(receiver_id)
                 nxt = self._again.pop(receiver_id, None)
@@ -420,7 +425,14 @@ class DeliveryEngine:
             return True
 
     # -- trigger 2: the watchdog ----------------------------------------------------------------
-    def start_watchdog(self) -> None:
+    def _ensure_watchdog(self) -> None:
+        """Start the observer when some receiver has mail waiting (call with ``_lock`` held).
+
+        It polls every ``watch_interval`` (default 50 ms) while it runs; the sweep stops it once
+        no receiver is waiting, so an idle server with 50 quiet agents wakes only for the sweep.
+        """
+        if self._observer is not None or self._stop.is_set():
+            return
         logs = self.settings.logs_dir
         logs.mkdir(parents=True, exist_ok=True)
         observer = InboxLogObserver(self.watched, timeout=self.settings.watch_interval)
@@ -428,6 +440,19 @@ class DeliveryEngine:
         observer.daemon = True
         observer.start()
         self._observer = observer
+
+    def _park_watchdog(self) -> None:
+        with self._lock:
+            observer = self._observer if not self.watched else None
+            if observer is not None:
+                self._observer = None
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=5)
+
+    @property
+    def watchdog_running(self) -> bool:
+        return self._observer is not None
 
     def _on_log_change(self, terminal_id: str) -> None:
         self.kick(terminal_id, "watchdog")
@@ -440,6 +465,7 @@ class DeliveryEngine:
         receivers = self.store.receivers_with_pending(older_than=now - self.settings.sweep_grace)
         for rid in receivers:
             self.kick(rid, "sweep")
+        self._park_watchdog()
         self._cap_logs()
         return {"kicked": len(receivers), **recovered}
 
@@ -467,7 +493,6 @@ class DeliveryEngine:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         self.delivery.recover()
-        self.start_watchdog()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="cao-sweep", daemon=True)
         self._sweeper.start()
         for rid in self.store.receivers_with_pending():
@@ -475,9 +500,11 @@ class DeliveryEngine:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=5)
+        with self._lock:
+            observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=5)
         if self._sweeper is not None:
             self._sweeper.join(timeout=5)
         self.pool.shutdown(wait=True, cancel_futures=True)

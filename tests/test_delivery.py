@@ -256,6 +256,21 @@ def test_10_busy_receiver_gets_nothing_until_idle(make_core: Callable[..., Cao],
     assert recs[1]["arrived_busy"] is False  # the agent was idle when it came in
 
 
+def test_10b_the_watchdog_alone_delivers_when_the_turn_ends(make_core: Callable[..., Cao], settings):
+    """With the sweep's grace window out of reach, only the log watcher can notice the idle prompt."""
+    write_rules(settings.home, "slow", SLOW)
+    core = make_core(settings.with_(sweep_grace=3600))
+    tid = _new_terminal(core, "slow")
+    msg_id, _ = _busy_then_send(core, tid, "token-s10b")
+    wait_until(lambda: core.engine.watchdog_running, what="watcher started for the waiting receiver")
+    wait_until(lambda: _status_of(core, msg_id) == "delivered", timeout=15)
+    assert core.engine.stats.get("delivered_by_watchdog") == 1
+    assert received_bodies(settings.home, tid) == ["work 2", "token-s10b"]
+    # once nothing waits, the next sweep parks the watcher (no polling while all inboxes are empty)
+    core.engine.sweep_step()
+    assert not core.engine.watchdog_running
+
+
 @pytest.mark.parametrize(
     ("provider", "eager", "expect_during_turn"),
     [("scripted_eager", True, True), ("scripted_eager", False, False), ("scripted", True, False)],
