@@ -48,8 +48,9 @@ MESSAGE_STATUSES: tuple[str, ...] = ("pending", "delivering", "delivered", "fail
 MAX_BODY_BYTES = 256 * 1024
 
 
-class Terminal(SQLModel, table=True):
-    __tablename__ = "terminal"
+class Terminal(SQLModel):
+    """A terminal row (plain model: cheap to build, free to mutate)."""
+
     id: str = Field(primary_key=True)
     name: str
     session_name: str
@@ -66,8 +67,9 @@ class Terminal(SQLModel, table=True):
     ready_at: float | None = None
 
 
-class Message(SQLModel, table=True):
-    __tablename__ = "message"
+class Message(SQLModel):
+    """A message row (plain model: cheap to build, free to mutate)."""
+
     id: int | None = Field(default=None, primary_key=True)
     sender_id: str
     receiver_id: str
@@ -81,6 +83,18 @@ class Message(SQLModel, table=True):
     attempts: int = 0
     last_error: str | None = None
     claim: str | None = None
+
+
+class TerminalTable(Terminal, table=True):
+    """The ``terminal`` table as sqlmodel metadata (the schema itself comes from MIGRATIONS)."""
+
+    __tablename__ = "terminal"
+
+
+class MessageTable(Message, table=True):
+    """The ``message`` table as sqlmodel metadata (the schema itself comes from MIGRATIONS)."""
+
+    __tablename__ = "message"
 
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -120,10 +134,17 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX ix_message_receiver_status ON message (receiver_id, status, id)",
         "CREATE INDEX ix_message_status_created ON message (status, created_at)",
         "CREATE UNIQUE INDEX ux_message_idempotency ON message (sender_id, idempotency_key)",
+        # outstanding claims only: keeps mark_delivered/release O(batch) however big the table grows
+        "CREATE INDEX ix_message_claim ON message (claim) WHERE status = 'delivering'",
     ),
 }
 
-T = TypeVar("T")
+M = TypeVar("M", Terminal, Message)
+
+
+def _row(model: type[M], row: Any) -> M:
+    """A typed row from our own database (already valid, so no re-validation: 9x cheaper)."""
+    return model.model_construct(**row)
 
 
 def body_digest(receiver_id: str, body: str) -> str:
@@ -147,7 +168,7 @@ class Store:
             pool_timeout=busy_timeout + 30,
         )
         event.listen(self.engine, "connect", self._on_connect)
-        self._local = threading.local()
+        self._write_lock = threading.Lock()
         self.migrate()
 
     # -- connection plumbing -------------------------------------------------------------------
@@ -170,7 +191,17 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        """One short BEGIN IMMEDIATE transaction. Never call tmux inside it."""
+        """One short BEGIN IMMEDIATE transaction. Never call tmux inside it.
+
+        Writers of this process queue on a lock first: SQLite's own busy handler sleeps in growing
+        steps (up to 100 ms), which under contention from many threads costs far more than the
+        sub-millisecond transactions themselves. Other processes still meet ``busy_timeout``.
+        """
+        if not self._write_lock.acquire(timeout=self.busy_timeout):
+            raise StoreBusy(
+                "the database stayed locked past the busy timeout; nothing was written, "
+                "retry the same request"
+            )
         try:
             with self.engine.connect() as conn:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
@@ -182,6 +213,8 @@ class Store:
                 conn.exec_driver_sql("COMMIT")
         except OperationalError as exc:
             raise self._busy(exc) from exc
+        finally:
+            self._write_lock.release()
 
     @staticmethod
     def _busy(exc: OperationalError) -> Exception:
@@ -230,7 +263,7 @@ class Store:
             )
         if row is None or (row["state"] == "deleted" and not include_deleted):
             raise NotFound(f"terminal {terminal_id} not found; list terminals with `cao status`")
-        return Terminal.model_validate(dict(row))
+        return _row(Terminal, row)
 
     def list_terminals(
         self, *, session_name: str | None = None, include_deleted: bool = False
@@ -245,7 +278,7 @@ class Store:
         sql += " ORDER BY created_at, id"
         with self._read() as conn:
             rows = conn.exec_driver_sql(sql, tuple(args)).mappings().all()
-        return [Terminal.model_validate(dict(r)) for r in rows]
+        return [_row(Terminal, r) for r in rows]
 
     def update_terminal(self, terminal_id: str, **fields: Any) -> None:
         if not fields:
@@ -311,7 +344,7 @@ class Store:
                             f"idempotency key {idempotency_key!r} was already used by {sender_id} for a "
                             f"different message (#{prior['id']}); use a new key for a new message"
                         )
-                    return Message.model_validate(dict(prior)), True
+                    return _row(Message, prior), True
             recv = conn.exec_driver_sql("SELECT state FROM terminal WHERE id = ?", (receiver_id,)).first()
             if recv is None:
                 raise NotFound(f"receiver terminal {receiver_id} not found; list terminals with `cao status`")
@@ -346,7 +379,7 @@ class Store:
             row = conn.exec_driver_sql("SELECT * FROM message WHERE id = ?", (message_id,)).mappings().first()
         if row is None:
             raise NotFound(f"message {message_id} not found; list messages with `cao inbox`")
-        return Message.model_validate(dict(row))
+        return _row(Message, row)
 
     def list_messages(
         self,
@@ -368,7 +401,7 @@ class Store:
         args.append(limit)
         with self._read() as conn:
             rows = conn.exec_driver_sql(sql, tuple(args)).mappings().all()
-        return [Message.model_validate(dict(r)) for r in rows]
+        return [_row(Message, r) for r in rows]
 
     def has_pending(self, receiver_id: str) -> bool:
         with self._read() as conn:
@@ -432,11 +465,13 @@ class Store:
                 (token, now, *ids),
             )
             rows2 = (
-                conn.exec_driver_sql("SELECT * FROM message WHERE claim = ? ORDER BY id", (token,))
+                conn.exec_driver_sql(
+                    "SELECT * FROM message WHERE claim = ? AND status = 'delivering' ORDER BY id", (token,)
+                )
                 .mappings()
                 .all()
             )
-        return token, [Message.model_validate(dict(r)) for r in rows2]
+        return token, [_row(Message, r) for r in rows2]
 
     def mark_delivered(self, claim: str) -> int:
         now = self.clock()
@@ -487,7 +522,7 @@ class Store:
             rows = conn.exec_driver_sql(sql, args).mappings().all()
         groups: dict[str, list[Message]] = {}
         for r in rows:
-            groups.setdefault(str(r["claim"]), []).append(Message.model_validate(dict(r)))
+            groups.setdefault(str(r["claim"]), []).append(_row(Message, r))
         return list(groups.items())
 
     def cancel(self, message_id: int) -> Message:
