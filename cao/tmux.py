@@ -153,7 +153,7 @@ class Tmux:
         ]
         # pipe-pane runs in the same command list as new-window, so tmux reads no output of the new
         # pane before the pipe is open (the new window is the session's current one at that point).
-        pipe = ["pipe-pane", "-o", "-t", target, f"exec cat >> {shlex.quote(str(log_path))}"]
+        pipe = ["pipe-pane", "-t", target, f"exec cat >> {shlex.quote(str(log_path))}"]
         if self.has_session(session_name):
             args = [*new_window, ";", *pipe]
         else:
@@ -194,12 +194,16 @@ class Tmux:
             pane_id=pane_id, pane_pid=int(pid), session_name=session_name, window_name=window_name
         )
 
-    def ensure_pipe(self, pane_id: str, log_path: Path) -> None:
-        """Re-open the log pipe of a pane (``-o``: a no-op when one is already open)."""
+    def ensure_pipe(self, pane_id: str, log_path: Path) -> bool:
+        """Open the log pipe of a pane unless one is open. Returns True if it had to open one.
+
+        (``pipe-pane -o`` would *toggle*: it closes an open pipe, so we ask ``#{pane_pipe}`` first.)
+        """
+        if self.run("display-message", "-p", "-t", pane_id, "#{pane_pipe}", target=pane_id).strip() == "1":
+            return False
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.run(
-            "pipe-pane", "-o", "-t", pane_id, f"exec cat >> {shlex.quote(str(log_path))}", target=pane_id
-        )
+        self.run("pipe-pane", "-t", pane_id, f"exec cat >> {shlex.quote(str(log_path))}", target=pane_id)
+        return True
 
     # -- screen and input -----------------------------------------------------------------------
     def capture(self, pane_id: str, *, scrollback: bool = False, join: bool = False) -> str:

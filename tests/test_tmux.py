@@ -58,6 +58,9 @@ def test_session_window_naming_history_and_log_pipe(tmux: Tmux, tmp_path: Path):
     ).split() == ["w", "5000"]
     wait_until(lambda: "hello-from-pane" in (tmp_path / "logs" / "t.log").read_text(), what="log pipe")
     assert "hello-from-pane" in tmux.capture(info.pane_id)
+    # re-opening is idempotent: an open pipe stays open (pipe-pane -o would have toggled it off)
+    assert tmux.ensure_pipe(info.pane_id, tmp_path / "logs" / "t.log") is False
+    assert tmux.run("display-message", "-p", "-t", info.pane_id, "#{pane_pipe}").strip() == "1"
     assert tmux.list_panes()[info.pane_id] == info.pane_pid
     tmux.kill_pane(info.pane_id, info.pane_pid)
 
