@@ -1,0 +1,646 @@
+"""Capture the real agent CLIs' screens in each status, for the providers' contract tests.
+
+    python -m tests.realcli.capture [--out tests/screens] [--only claude_code,codex,gemini_cli]
+
+For each CLI, one at a time, inside a loopback-only bed (tests/realcli/bed.py): seed a throwaway
+HOME so no first-run dialog appears, launch the CLI in a 200x50 tmux window with an environment
+built from nothing (``env -i`` + exactly the variables below), drive it with bracketed pastes of
+fake-model markers (cao/testing/fakemodel.py) and save ``capture-pane -p`` of each state to
+``<out>/<provider>/<state>.txt``, plus ``<out>/<provider>/meta.json`` (CLI version, state -> expected
+status, launch recipe, observed timings). Every process started is killed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.realcli.bed import REPO_ROOT, Bed, cache_dir, install_clis, wait_until, why_bed_cannot_run
+
+FAKE_KEY_ANTHROPIC = "sk-ant-api03-cao-fake-key-0123456789abcdefghijklmnopqrstuvwxyz"
+FAKE_KEY = "cao-fake-key-0123456789"
+RECEIVER_ID = "abcd1234"
+
+# A stdio MCP server named "cao" with one tool, send_message, that appends its calls to a file.
+MCP_STUB = r"""
+import json, sys
+from mcp.server.mcpserver import MCPServer
+server = MCPServer("cao")
+@server.tool()
+def send_message(receiver_id: str, message: str) -> str:
+    '''Send a message to another agent's inbox.'''
+    with open(sys.argv[1], "a") as f:
+        f.write(json.dumps({"receiver_id": receiver_id, "message": message}) + "\n")
+    return f"message queued for {receiver_id}"
+server.run()
+"""
+
+Screen = str
+Pred = Callable[[Screen], bool]
+
+
+def lines(screen: Screen) -> list[str]:
+    return screen.rstrip("\n").split("\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-CLI recipes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Launch:
+    home: Path
+    work: Path
+    fake_url: str
+    mcp_command: list[str]
+    mcp_env: dict[str, str]
+    bin: Path
+
+    def base_env(self) -> dict[str, str]:
+        node_dir = str(Path(shutil.which("node") or "/usr/bin/node").parent)
+        return {
+            "HOME": str(self.home),
+            "PATH": f"{node_dir}:/usr/local/bin:/usr/bin:/bin",
+            "SHELL": "/bin/bash",
+            "TERM": "xterm-256color",
+            "LANG": "C.UTF-8",
+        }
+
+
+@dataclass
+class Recipe:
+    provider: str
+    bin_name: str
+    busy: Pred
+    idle: Pred
+    permission: Pred
+    error: Pred
+    enter_delay: float = 0.2
+    asks_questions: bool = True  # the CLI offers the fake model a question tool outside plan mode
+
+    def ready(self, screen: Screen) -> bool:
+        """Idle and done starting up (for a stable idle screen; input is accepted before this)."""
+        return self.idle(screen)
+
+    def finished(self, screen: Screen, reply: str) -> bool:
+        """``reply`` is on screen and the turn is over."""
+        return reply in screen and self.idle(screen)
+
+    def seed(self, launch: Launch, bypass: bool) -> None:
+        raise NotImplementedError
+
+    def env(self, launch: Launch, bypass: bool) -> dict[str, str]:
+        raise NotImplementedError
+
+    def argv(self, launch: Launch, bypass: bool) -> list[str]:
+        raise NotImplementedError
+
+
+class Claude(Recipe):
+    def __init__(self) -> None:
+        super().__init__(
+            provider="claude_code",
+            bin_name="claude",
+            busy=lambda s: "esc to interrupt" in s,
+            idle=lambda s: "esc to interrupt" not in s and any(line.startswith("❯\xa0") for line in lines(s)),
+            permission=lambda s: "Do you want to proceed?" in s or "Enter to select" in s,
+            error=lambda s: "API Error" in s,
+        )
+
+    def seed(self, launch: Launch, bypass: bool) -> None:
+        (launch.home / ".claude").mkdir(parents=True, exist_ok=True)
+        state = {
+            "hasCompletedOnboarding": True,
+            "customApiKeyResponses": {"approved": [FAKE_KEY_ANTHROPIC[-20:]], "rejected": []},
+            "projects": {str(launch.work): {"hasTrustDialogAccepted": True}},
+        }
+        (launch.home / ".claude.json").write_text(json.dumps(state, indent=2))
+        settings = {"skipDangerousModePermissionPrompt": True}
+        (launch.home / ".claude" / "settings.json").write_text(json.dumps(settings, indent=2))
+        mcp = {
+            "mcpServers": {
+                "cao": {
+                    "command": launch.mcp_command[0],
+                    "args": launch.mcp_command[1:],
+                    "env": launch.mcp_env,
+                }
+            }
+        }
+        (launch.home / "mcp.json").write_text(json.dumps(mcp, indent=2))
+
+    def env(self, launch: Launch, bypass: bool) -> dict[str, str]:
+        env = {
+            **launch.base_env(),
+            "ANTHROPIC_BASE_URL": launch.fake_url,
+            "ANTHROPIC_API_KEY": FAKE_KEY_ANTHROPIC,
+            "DISABLE_AUTOUPDATER": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+        }
+        if bypass and os.geteuid() == 0:
+            env["IS_SANDBOX"] = "1"  # root + --dangerously-skip-permissions needs exactly this
+        return env
+
+    def argv(self, launch: Launch, bypass: bool) -> list[str]:
+        argv = [str(launch.bin), "--mcp-config", str(launch.home / "mcp.json")]
+        return [*argv, "--dangerously-skip-permissions"] if bypass else argv
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def _toml_list(values: list[str]) -> str:
+    return "[" + ", ".join(_toml_str(v) for v in values) + "]"
+
+
+class Codex(Recipe):
+    def __init__(self) -> None:
+        super().__init__(
+            provider="codex",
+            bin_name="codex",
+            busy=lambda s: "esc to interrupt" in s,
+            idle=lambda s: "esc to interrupt" not in s and any(line.startswith("› ") for line in lines(s)),
+            permission=lambda s: (
+                "Would you like to run the following command?" in s or "Allow the cao MCP server" in s
+            ),
+            error=lambda s: any(line.startswith("■") for line in lines(s)),
+            asks_questions=False,  # request_user_input is offered but only works in Plan mode
+        )
+
+    def seed(self, launch: Launch, bypass: bool) -> None:
+        codex_home = launch.home / ".codex"
+        codex_home.mkdir(parents=True, exist_ok=True)
+        # 0.171 accepts only "on-request" and "never" ("untrusted" is a fatal config error now).
+        approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
+        mcp_env = ", ".join(f"{k} = {_toml_str(v)}" for k, v in launch.mcp_env.items())
+        config = f"""\
+model = "fake-model"  # a real slug brings a model-upgrade dialog; unknown = one harmless warning
+model_provider = "fake"
+approval_policy = "{approval}"
+sandbox_mode = "{sandbox}"
+check_for_update_on_startup = false
+
+[model_providers.fake]
+name = "fake"
+base_url = "{launch.fake_url}/v1"
+env_key = "CAO_FAKE_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+[projects.{_toml_str(str(launch.work))}]
+trust_level = "trusted"
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[features]
+daemon_auto_start = false
+plugins = false
+remote_plugin = false
+apps = false
+in_app_updates = false
+tool_suggest = false
+
+[tui]
+screen_reader_detection_done = true
+show_tooltips = false
+
+[mcp_servers.cao]
+command = {_toml_str(launch.mcp_command[0])}
+args = {_toml_list(launch.mcp_command[1:])}
+env = {{ {mcp_env} }}
+"""
+        (codex_home / "config.toml").write_text(config)
+
+    def env(self, launch: Launch, bypass: bool) -> dict[str, str]:
+        return {**launch.base_env(), "CODEX_HOME": str(launch.home / ".codex"), "CAO_FAKE_API_KEY": FAKE_KEY}
+
+    def argv(self, launch: Launch, bypass: bool) -> list[str]:
+        argv = [str(launch.bin)]
+        return [*argv, "--dangerously-bypass-approvals-and-sandbox"] if bypass else argv
+
+    def ready(self, screen: Screen) -> bool:
+        # The prompt shows over a "loading" splash; the model/cwd status line comes ~0.5-1 s later.
+        return self.idle(screen) and "fake-model" in screen
+
+    def finished(self, screen: Screen, reply: str) -> bool:
+        # The answer shows ~0.1 s before "Worked for Ns • HH:MM" closes the turn.
+        return self.idle(screen) and "Worked for" in after_echo(screen, reply)
+
+
+GEMINI_BUSY = re.compile(r"\(esc to cancel, \d+[ms]")
+
+
+class Gemini(Recipe):
+    def __init__(self) -> None:
+        super().__init__(
+            provider="gemini_cli",
+            bin_name="gemini",
+            busy=lambda s: GEMINI_BUSY.search(s) is not None,
+            idle=lambda s: GEMINI_BUSY.search(s) is None and "Type your message" in s,
+            permission=lambda s: "Allow execution" in s or "Answer Questions" in s,
+            error=lambda s: "✕" in s,
+        )
+
+    def seed(self, launch: Launch, bypass: bool) -> None:
+        (launch.home / ".gemini").mkdir(parents=True, exist_ok=True)
+        settings = {
+            "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+            "telemetry": {"enabled": False},
+            "ide": {"enabled": False},
+            "ui": {"hideTips": True},
+            "mcpServers": {
+                "cao": {
+                    "command": launch.mcp_command[0],
+                    "args": launch.mcp_command[1:],
+                    "env": launch.mcp_env,
+                }
+            },
+        }
+        (launch.home / ".gemini" / "settings.json").write_text(json.dumps(settings, indent=2))
+
+    def env(self, launch: Launch, bypass: bool) -> dict[str, str]:
+        return {
+            **launch.base_env(),
+            "GEMINI_API_KEY": FAKE_KEY,
+            "GOOGLE_GEMINI_BASE_URL": launch.fake_url,
+            "GEMINI_TELEMETRY_ENABLED": "false",
+            "COLORTERM": "truecolor",  # else a "True color (24-bit) support not detected" banner
+        }
+
+    def argv(self, launch: Launch, bypass: bool) -> list[str]:
+        argv = [str(launch.bin)]
+        return [*argv, "--yolo"] if bypass else argv
+
+    def ready(self, screen: Screen) -> bool:
+        # The input box shows ~1-2 s before the header; prompts sent before then are queued
+        # ("Waiting for MCP servers to initialize... prompts will be queued").
+        return self.idle(screen) and "Gemini CLI v" in screen
+
+
+RECIPES: dict[str, Recipe] = {r.provider: r for r in (Claude(), Codex(), Gemini())}
+
+# saved state -> status a provider must report for it
+STATUS = {
+    "idle": "idle",
+    "processing": "processing",
+    "completed": "completed",
+    "completed_tools": "completed",
+    "waiting_user_answer": "waiting_user_answer",
+    "waiting_user_answer_mcp": "waiting_user_answer",
+    "waiting_user_answer_question": "waiting_user_answer",
+    "error": "error",
+    "queued": "processing",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Driving one CLI
+# --------------------------------------------------------------------------------------------------
+
+
+class CaptureError(RuntimeError):
+    pass
+
+
+class Session:
+    """One CLI in one pane, with helpers that wait for screens and save them."""
+
+    def __init__(
+        self,
+        bed: Bed,
+        recipe: Recipe,
+        launch: Launch,
+        bypass: bool,
+        out: Path,
+        timings: dict[str, list[Any]],
+        debug: Path | None,
+    ) -> None:
+        self.bed, self.recipe, self.launch, self.bypass = bed, recipe, launch, bypass
+        self.out, self.timings, self.debug = out, timings, debug
+        self.pane = ""
+
+    def start(self, timeout: float = 60) -> Screen:
+        self.launch.home.mkdir(parents=True, exist_ok=True)
+        self.launch.work.mkdir(parents=True, exist_ok=True)
+        self.recipe.seed(self.launch, self.bypass)
+        env = self.recipe.env(self.launch, self.bypass)
+        argv = [
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in env.items()),
+            *self.recipe.argv(self.launch, self.bypass),
+        ]
+        began = time.monotonic()
+        self.pane = self.bed.new_window(self.recipe.bin_name, argv, cwd=self.launch.work)
+        self.wait("idle", self.recipe.idle, timeout)
+        self.time("start_to_idle", began)
+        self.wait("ready", self.recipe.ready, timeout)
+        self.time("start_to_ready", began)
+        screen = self.settle(self.recipe.ready)
+        self.time("start_to_settled_idle", began)
+        return screen
+
+    def settle(self, pred: Pred, quiet: float = 1.0, timeout: float = 15) -> Screen:
+        """Wait until the screen stops changing for ``quiet`` seconds (splash screens, late banners)."""
+        deadline = time.monotonic() + timeout
+        screen, since = self.bed.capture(self.pane), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = self.bed.capture(self.pane)
+            if now != screen:
+                screen, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet and pred(screen):
+                break
+        return screen
+
+    def time(self, name: str, began: float) -> None:
+        self.timings.setdefault(name, []).append(round(time.monotonic() - began, 3))
+
+    def wait(self, what: str, pred: Pred, timeout: float, interval: float = 0.03) -> Screen:
+        screen = self.bed.wait_for(self.pane, pred, timeout, interval)
+        if screen is None:
+            last = self.bed.capture(self.pane)
+            if self.debug:
+                self.debug.mkdir(parents=True, exist_ok=True)
+                (self.debug / f"{self.recipe.provider}-timeout-{what}.txt").write_text(last)
+            raise CaptureError(f"{self.recipe.provider}: timed out waiting for {what}; screen:\n{last}")
+        return screen
+
+    def save(self, state: str, screen: Screen) -> None:
+        path = self.out / self.recipe.provider / f"{state}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(screen)
+        print(f"  saved {path.relative_to(self.out.parent) if self.out.parent in path.parents else path}")
+
+    def send(self, text: str, busy_timeout: float = 10) -> float:
+        """Paste ``text`` + Enter and wait until the CLI took it; return the time Enter was sent.
+
+        Taken = busy, or a prompt/question opened (re-sending Enter there would answer it). When
+        neither shows within 2 s and the text still sits in the input box (the bottom lines),
+        Enter was swallowed (Gemini right after a paste or while finishing a turn): send it again.
+        """
+        self.bed.paste(self.pane, text, enter_delay=self.recipe.enter_delay, enter=False)
+        time.sleep(self.recipe.enter_delay)
+        entered = time.monotonic()
+        self.bed.send_keys(self.pane, "Enter")
+        accepted: Pred = lambda s: self.recipe.busy(s) or self.recipe.permission(s)  # noqa: E731
+        head = text[:30]
+        for attempt in range(2):
+            if self.bed.wait_for(self.pane, accepted, 2.0 if attempt == 0 else busy_timeout, 0.01):
+                self.time("enter_to_busy" if attempt == 0 else "enter_to_busy_after_resend", entered)
+                return entered
+            if attempt == 0 and any(head in line for line in lines(self.bed.capture(self.pane))[-10:]):
+                self.timings.setdefault("enter_resent_for", []).append(head)
+                self.bed.send_keys(self.pane, "Enter")
+        self.timings.setdefault("busy_not_seen_for", []).append(head)
+        return entered
+
+    def capture_busy(self) -> Screen:
+        return self.wait("processing", self.recipe.busy, 5)
+
+    def stop(self, grace: float = 5.0) -> list[str]:
+        """Kill the CLI's process group and window; report what was still alive ``grace`` s later.
+
+        MCP servers run in their own process group (Codex) and exit on stdin EOF shortly after.
+        """
+        began = time.monotonic()
+        ended_by = self.bed.kill_pane(self.pane)
+        self.time(f"pane_group_ended_by_{ended_by}", began)
+        keep = {p for p in self.bed.namespace_pids() if _cmdline(p).startswith(("tmux", "sleep infinity"))}
+        if self.bed.fake is not None:
+            keep.add(self.bed.fake.pid)
+
+        def others() -> list[int]:
+            return [p for p in self.bed.namespace_pids() if p not in keep]
+
+        if wait_until(lambda: not others(), grace):
+            return []
+        left = [f"{p} {_cmdline(p)[:120]}" for p in others()]
+        for pid in others():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return left
+
+    def approve(self, reply: str, timeout: float = 30) -> Screen:
+        """Answer a prompt with its default choice (Enter) until ``reply`` arrives."""
+        for _ in range(4):
+            self.bed.send_keys(self.pane, "Enter")
+            screen = self.bed.wait_for(self.pane, lambda s: self.recipe.finished(s, reply), timeout / 4, 0.05)
+            if screen is not None:
+                return screen
+        return self.wait(f"reply {reply!r}", lambda s: self.recipe.finished(s, reply), 5)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def after_echo(screen: Screen, needle: str) -> str:
+    """The part of the screen after the last line containing ``needle`` (e.g. the user's echo)."""
+    idx = screen.rfind(needle)
+    return screen[idx:] if idx >= 0 else ""
+
+
+def capture_provider(
+    bed: Bed, recipe: Recipe, bin_path: Path, out: Path, run_dir: Path, debug: Path | None
+) -> dict[str, Any]:
+    timings: dict[str, list[Any]] = {}
+    mcp_log = run_dir / f"{recipe.provider}-mcp-calls.jsonl"
+    leftovers: list[str] = []
+
+    def launch_for(tag: str) -> Launch:
+        base = run_dir / f"{recipe.provider}-{tag}"
+        return Launch(
+            home=base / "home",
+            work=base / "work",
+            fake_url=bed.fake_url,
+            mcp_command=[sys.executable, "-c", MCP_STUB, str(mcp_log)],
+            mcp_env={"CAO_TERMINAL_ID": f"{recipe.provider[:4]}0001", "PYTHONPATH": str(REPO_ROOT)},
+            bin=bin_path,
+        )
+
+    # --- bypass mode: idle, processing, completed, tools, queued, error ---------------------------
+    session = Session(bed, recipe, launch_for("bypass"), True, out, timings, debug)
+    try:
+        session.save("idle", session.start())
+
+        reply = "The fake model says hello."
+        session.send(f"Say hello slowly [[delay:6]][[reply:{reply}]]")
+        time.sleep(1.5)  # let the spinner/timer settle into its steady look
+        session.save("processing", session.capture_busy())
+        done_at = time.monotonic()
+        screen = session.wait("completed", lambda s: recipe.finished(s, reply), 30)
+        session.time("rest_of_delay_to_completed", done_at)
+        session.save("completed", screen)
+
+        tools_reply = "Both tools ran."
+        message = (
+            f'[[mcp:send_message {{"receiver_id":"{RECEIVER_ID}","message":"hi from {recipe.provider}"}}]]'
+        )
+        session.send(f"Run the tools [[shell:echo shell-ran-here]]{message}[[reply:{tools_reply}]]")
+        screen = session.wait("completed_tools", lambda s: recipe.finished(s, tools_reply), 60)
+        session.save("completed_tools", screen)
+
+        if recipe.provider == "claude_code":
+            session.send("First long task [[delay:8]][[reply:First task finished.]]")
+            session.bed.paste(
+                session.pane,
+                "Second task, sent while busy [[reply:Second task finished.]]",
+                enter_delay=recipe.enter_delay,
+            )
+            screen = session.wait("queued", lambda s: "queued" in s.lower() and recipe.busy(s), 5)
+            session.save("queued", screen)
+            session.wait("both replies", lambda s: recipe.finished(s, "Second task finished."), 40)
+
+        session.send("Please fail [[error:400]]")
+        session.wait("error", lambda s: recipe.error(s) and recipe.idle(s), 60)
+        session.save("error", session.settle(lambda s: recipe.error(s) and recipe.idle(s), quiet=0.5))
+    finally:
+        leftovers += session.stop()
+
+    # --- default (non-bypass) mode: permission prompts and questions ------------------------------
+    session = Session(bed, recipe, launch_for("ask"), False, out, timings, debug)
+    try:
+        session.start()
+        session.send("Make a probe file [[permission]][[reply:Probe made.]]")
+        session.wait("waiting_user_answer", recipe.permission, 30)
+        session.save("waiting_user_answer", session.settle(recipe.permission, quiet=0.5))
+        session.approve("Probe made.")
+
+        session.send(f"Message a peer {message}[[reply:Peer messaged.]]")
+        prompt_or_done = session.bed.wait_for(
+            session.pane, lambda s: recipe.permission(s) or recipe.finished(s, "Peer messaged."), 30
+        )
+        if prompt_or_done is not None and recipe.permission(prompt_or_done):
+            session.save("waiting_user_answer_mcp", session.settle(recipe.permission, quiet=0.5))
+            session.approve("Peer messaged.")
+
+        if recipe.asks_questions:
+            session.send("Ask me something [[question:Which colour?|red|blue]][[reply:Colour noted.]]")
+            session.wait("question", recipe.permission, 30)
+            session.save("waiting_user_answer_question", session.settle(recipe.permission, quiet=0.5))
+            session.approve("Colour noted.")
+    finally:
+        leftovers += session.stop()
+
+    calls = mcp_log.read_text().splitlines() if mcp_log.exists() else []
+    return {"timings": timings, "leftover_processes": leftovers, "mcp_calls": calls}
+
+
+def describe_launch(recipe: Recipe) -> dict[str, Any]:
+    """The launch recipe with placeholders, for meta.json."""
+    launch = Launch(
+        home=Path("<home>"),
+        work=Path("<work>"),
+        fake_url="http://127.0.0.1:<port>",
+        mcp_command=["<python>", "<mcp server args>"],
+        mcp_env={},
+        bin=Path(f"<cache>/node_modules/.bin/{recipe.bin_name}"),
+    )
+    return {
+        "cwd": "<work>",
+        "argv_bypass": ["env", "-i", "<env>", *recipe.argv(launch, True)],
+        "argv_default": ["env", "-i", "<env>", *recipe.argv(launch, False)],
+        "env_bypass": recipe.env(launch, True),
+        "env_default": recipe.env(launch, False),
+    }
+
+
+def cli_version(bed: Bed, recipe: Recipe, bin_path: Path, run_dir: Path) -> str:
+    home = run_dir / f"{recipe.provider}-version"
+    home.mkdir(parents=True, exist_ok=True)
+    node_dir = str(Path(shutil.which("node") or "/usr/bin/node").parent)
+    env = {"HOME": str(home), "PATH": f"{node_dir}:/usr/bin:/bin", "CODEX_HOME": str(home / ".codex")}
+    (home / ".codex").mkdir(exist_ok=True)
+    proc = bed.run_in_ns([str(bin_path), "--version"], env, timeout=60)
+    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-200:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.realcli.capture", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "tests" / "screens")
+    parser.add_argument("--only", default=",".join(RECIPES), help="comma-separated providers")
+    parser.add_argument("--port", type=int, default=18081)
+    parser.add_argument("--debug", type=Path, help="save timed-out screens and request logs here")
+    parser.add_argument("--keep", action="store_true", help="keep the throwaway HOMEs")
+    args = parser.parse_args(argv)
+
+    reason = why_bed_cannot_run(install=True)
+    if reason:
+        print(f"cannot run the real-CLI bed: {reason}", file=sys.stderr)
+        return 1
+    bins = install_clis()
+    out = args.out.resolve()
+    # Not under /tmp (Codex warns about a CODEX_HOME there); a fixed name keeps the saved screens stable.
+    run_dir = cache_dir() / "runs" / "capture"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    failed = False
+    try:
+        for provider in args.only.split(","):
+            recipe = RECIPES[provider.strip()]
+            print(f"{recipe.provider}:", flush=True)
+            with Bed(port=args.port) as bed:
+                version = cli_version(bed, recipe, bins[recipe.bin_name], run_dir)
+                try:
+                    result = capture_provider(bed, recipe, bins[recipe.bin_name], out, run_dir, args.debug)
+                except CaptureError as exc:
+                    print(f"  FAILED: {exc}", file=sys.stderr)
+                    failed = True
+                    result = {}
+                finally:
+                    if args.debug:
+                        args.debug.mkdir(parents=True, exist_ok=True)
+                        (args.debug / f"{recipe.provider}-requests.json").write_text(
+                            json.dumps(bed.fake_requests(bodies=True), indent=1)
+                        )
+            if result:
+                saved = sorted(p.stem for p in (out / recipe.provider).glob("*.txt"))
+                meta = {
+                    "provider": recipe.provider,
+                    "cli": recipe.bin_name,
+                    "version": version,
+                    "window": "200x50",
+                    "launch": describe_launch(recipe),
+                    "states": {state: STATUS[state] for state in saved},
+                    "timings_s": result["timings"],
+                    "mcp_calls": result["mcp_calls"],
+                    "leftover_processes_after_kill": result["leftover_processes"],
+                }
+                (out / recipe.provider / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+                print(f"  version {version}; leftovers: {result['leftover_processes'] or 'none'}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
