@@ -1,0 +1,61 @@
+# cao — two commands for a fresh machine:
+#   make demo   installs what is missing (tmux, a local .venv) and runs a multi-agent demo
+#   make test   installs what is missing and runs the whole test suite (CI runs exactly this)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench lint docs screens tmux setup clean help
+
+help:
+	@echo "make demo    - install (tmux, .venv) and watch scripted agents coordinate through the inbox"
+	@echo "make test    - install and run the whole test suite"
+	@echo "make bench   - inbox benchmark (prints a table, writes bench-results/inbox.json)"
+	@echo "make lint    - ruff and mypy"
+	@echo "make docs    - regenerate docs/cli.md from --help"
+	@echo "make screens - re-capture the real CLIs' screens (tests/screens) after a CLI update"
+
+demo: setup
+	$(BIN)/cao demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python -m cao.bench
+
+lint: setup
+	$(BIN)/ruff check cao providers tests
+	$(BIN)/ruff format --check cao providers tests
+	$(BIN)/mypy
+
+docs: setup
+	$(BIN)/python -m cao.docgen > docs/cli.md
+
+screens: setup
+	$(BIN)/python -m tests.realcli.capture --out tests/screens
+
+setup: tmux $(STAMP)
+
+# tmux from the system's package manager when it is missing (root or passwordless sudo).
+tmux:
+	@command -v tmux >/dev/null 2>&1 || { \
+	  echo "tmux not found; installing it"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  if command -v apt-get >/dev/null 2>&1; then $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq tmux; \
+	  elif command -v dnf >/dev/null 2>&1; then $$SUDO dnf install -y tmux; \
+	  elif command -v brew >/dev/null 2>&1; then brew install tmux; \
+	  else echo "please install tmux (https://github.com/tmux/tmux/wiki/Installing)"; exit 1; fi; }
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; install Python 3.11+"; exit 1; }
+	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "cao needs Python 3.11+")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) bench-results .pytest_cache .mypy_cache .ruff_cache
