@@ -1,8 +1,10 @@
 """SQLite persistence: terminals and inbox messages. The only module that writes SQL.
 
-Tables are sqlmodel classes (typed rows for the rest of the code); the schema itself is created by
-explicit, numbered migrations so an existing database can move forward (``PRAGMA user_version``
-holds the version; a database newer than this code is refused with a clear error).
+Rows are sqlmodel classes (typed, cheap to build); the schema itself is created by explicit,
+numbered migrations so an existing database can move forward (``PRAGMA user_version`` holds the
+version; a database newer than this code is refused with a clear error). SQL runs on per-thread
+stdlib ``sqlite3`` connections: each call is a handful of statements, and every Python layer in
+between would hold the GIL (and with it the write lock) longer under load.
 
 Concurrency model (see docs/inbox-delivery.md):
 - WAL journal, ``busy_timeout`` on every connection; every write is one short ``BEGIN IMMEDIATE``
@@ -25,9 +27,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
 from sqlmodel import Field, SQLModel
 
 from cao.errors import (
@@ -160,37 +159,39 @@ class Store:
         self.busy_timeout = busy_timeout
         self.clock = clock
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.engine: Engine = create_engine(
-            f"sqlite:///{self.path}",
-            connect_args={"check_same_thread": False, "timeout": busy_timeout},
-            pool_size=8,
-            max_overflow=64,
-            pool_timeout=busy_timeout + 30,
-        )
-        event.listen(self.engine, "connect", self._on_connect)
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self.migrate()
 
     # -- connection plumbing -------------------------------------------------------------------
-    def _on_connect(self, dbapi_conn: sqlite3.Connection, _record: object) -> None:
-        dbapi_conn.isolation_level = None  # we issue BEGIN IMMEDIATE ourselves
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        cur.execute("PRAGMA journal_mode = WAL")
-        cur.execute("PRAGMA synchronous = NORMAL")
-        cur.execute("PRAGMA foreign_keys = ON")
-        cur.close()
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's connection (sqlite3 directly: the hot path is a few statements per call,
+        and each SQLAlchemy layer would hold the GIL, and so the write lock, longer)."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
 
     @contextmanager
-    def _read(self) -> Iterator[Connection]:
+    def _read(self) -> Iterator[sqlite3.Connection]:
         try:
-            with self.engine.connect() as conn:
-                yield conn
-        except OperationalError as exc:
+            yield self._conn()
+        except sqlite3.OperationalError as exc:
             raise self._busy(exc) from exc
 
     @contextmanager
-    def _write(self) -> Iterator[Connection]:
+    def _write(self) -> Iterator[sqlite3.Connection]:
         """One short BEGIN IMMEDIATE transaction. Never call tmux inside it.
 
         Writers of this process queue on a lock first: SQLite's own busy handler sleeps in growing
@@ -203,22 +204,22 @@ class Store:
                 "retry the same request"
             )
         try:
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                except BaseException:
-                    conn.exec_driver_sql("ROLLBACK")
-                    raise
-                conn.exec_driver_sql("COMMIT")
-        except OperationalError as exc:
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
             raise self._busy(exc) from exc
         finally:
             self._write_lock.release()
 
     @staticmethod
-    def _busy(exc: OperationalError) -> Exception:
-        text = str(exc.orig) if exc.orig is not None else str(exc)
+    def _busy(exc: sqlite3.OperationalError) -> Exception:
+        text = str(exc)
         if "locked" in text or "busy" in text:
             return StoreBusy(
                 "the database stayed locked past the busy timeout; nothing was written, "
@@ -227,12 +228,16 @@ class Store:
         return exc
 
     def close(self) -> None:
-        self.engine.dispose()
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
 
     # -- schema ----------------------------------------------------------------------------------
     def schema_version(self) -> int:
         with self._read() as conn:
-            return int(conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+            return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
     def migrate(self) -> None:
         current = self.schema_version()
@@ -244,8 +249,8 @@ class Store:
         for version in range(current + 1, SCHEMA_VERSION + 1):
             with self._write() as conn:
                 for statement in MIGRATIONS[version]:
-                    conn.exec_driver_sql(statement)
-                conn.exec_driver_sql(f"PRAGMA user_version = {version}")
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {version}")
 
     # -- terminals -------------------------------------------------------------------------------
     def add_terminal(self, terminal: Terminal) -> Terminal:
@@ -253,14 +258,12 @@ class Store:
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         with self._write() as conn:
-            conn.exec_driver_sql(f"INSERT INTO terminal ({cols}) VALUES ({marks})", row)
+            conn.execute(f"INSERT INTO terminal ({cols}) VALUES ({marks})", row)
         return terminal
 
     def get_terminal(self, terminal_id: str, *, include_deleted: bool = False) -> Terminal:
         with self._read() as conn:
-            row = (
-                conn.exec_driver_sql("SELECT * FROM terminal WHERE id = ?", (terminal_id,)).mappings().first()
-            )
+            row = conn.execute("SELECT * FROM terminal WHERE id = ?", (terminal_id,)).fetchone()
         if row is None or (row["state"] == "deleted" and not include_deleted):
             raise NotFound(f"terminal {terminal_id} not found; list terminals with `cao status`")
         return _row(Terminal, row)
@@ -277,7 +280,7 @@ class Store:
             args.append(session_name)
         sql += " ORDER BY created_at, id"
         with self._read() as conn:
-            rows = conn.exec_driver_sql(sql, tuple(args)).mappings().all()
+            rows = conn.execute(sql, tuple(args)).fetchall()
         return [_row(Terminal, r) for r in rows]
 
     def update_terminal(self, terminal_id: str, **fields: Any) -> None:
@@ -285,19 +288,17 @@ class Store:
             return
         sets = ", ".join(f"{k} = :{k}" for k in fields)
         with self._write() as conn:
-            conn.exec_driver_sql(
-                f"UPDATE terminal SET {sets} WHERE id = :_id", {**fields, "_id": terminal_id}
-            )
+            conn.execute(f"UPDATE terminal SET {sets} WHERE id = :_id", {**fields, "_id": terminal_id})
 
     def delete_terminal(self, terminal_id: str, *, reason: str = "receiver_gone") -> int:
         """Mark a terminal deleted and fail its undelivered messages. Returns how many failed."""
         now = self.clock()
         with self._write() as conn:
-            conn.exec_driver_sql(
+            conn.execute(
                 "UPDATE terminal SET state = 'deleted', status = 'gone', last_active = ? WHERE id = ?",
                 (now, terminal_id),
             )
-            cur = conn.exec_driver_sql(
+            cur = conn.execute(
                 "UPDATE message SET status = 'failed', last_error = ?, claim = NULL "
                 "WHERE receiver_id = ? AND status IN ('pending', 'delivering')",
                 (reason, terminal_id),
@@ -330,14 +331,10 @@ class Store:
         now = self.clock()
         with self._write() as conn:
             if idempotency_key is not None:
-                prior = (
-                    conn.exec_driver_sql(
-                        "SELECT * FROM message WHERE sender_id = ? AND idempotency_key = ?",
-                        (sender_id, idempotency_key),
-                    )
-                    .mappings()
-                    .first()
-                )
+                prior = conn.execute(
+                    "SELECT * FROM message WHERE sender_id = ? AND idempotency_key = ?",
+                    (sender_id, idempotency_key),
+                ).fetchone()
                 if prior is not None:
                     if prior["body_sha256"] != digest or prior["receiver_id"] != receiver_id:
                         raise Conflict(
@@ -345,14 +342,14 @@ class Store:
                             f"different message (#{prior['id']}); use a new key for a new message"
                         )
                     return _row(Message, prior), True
-            recv = conn.exec_driver_sql("SELECT state FROM terminal WHERE id = ?", (receiver_id,)).first()
+            recv = conn.execute("SELECT state FROM terminal WHERE id = ?", (receiver_id,)).fetchone()
             if recv is None:
                 raise NotFound(f"receiver terminal {receiver_id} not found; list terminals with `cao status`")
             if recv[0] == "deleted":
                 raise ReceiverGone(
                     f"receiver terminal {receiver_id} was deleted; send to a live terminal (`cao status`)"
                 )
-            cur = conn.exec_driver_sql(
+            cur = conn.execute(
                 "INSERT INTO message (sender_id, receiver_id, body, body_sha256, idempotency_key, status, "
                 "created_at, attempts) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0)",
                 (sender_id, receiver_id, body, digest, idempotency_key, now),
@@ -376,7 +373,7 @@ class Store:
     # -- messages: read --------------------------------------------------------------------------
     def get_message(self, message_id: int) -> Message:
         with self._read() as conn:
-            row = conn.exec_driver_sql("SELECT * FROM message WHERE id = ?", (message_id,)).mappings().first()
+            row = conn.execute("SELECT * FROM message WHERE id = ?", (message_id,)).fetchone()
         if row is None:
             raise NotFound(f"message {message_id} not found; list messages with `cao inbox`")
         return _row(Message, row)
@@ -400,14 +397,14 @@ class Store:
         sql += f" ORDER BY id {'ASC' if order == 'asc' else 'DESC'} LIMIT ?"
         args.append(limit)
         with self._read() as conn:
-            rows = conn.exec_driver_sql(sql, tuple(args)).mappings().all()
+            rows = conn.execute(sql, tuple(args)).fetchall()
         return [_row(Message, r) for r in rows]
 
     def has_pending(self, receiver_id: str) -> bool:
         with self._read() as conn:
-            row = conn.exec_driver_sql(
+            row = conn.execute(
                 "SELECT 1 FROM message WHERE receiver_id = ? AND status = 'pending' LIMIT 1", (receiver_id,)
-            ).first()
+            ).fetchone()
         return row is not None
 
     def receivers_with_pending(self, *, older_than: float | None = None) -> list[str]:
@@ -418,11 +415,11 @@ class Store:
             sql += " AND created_at <= ?"
             args = (older_than,)
         with self._read() as conn:
-            return [r[0] for r in conn.exec_driver_sql(sql, args).all()]
+            return [r[0] for r in conn.execute(sql, args).fetchall()]
 
     def counts_by_status(self) -> dict[str, int]:
         with self._read() as conn:
-            rows = conn.exec_driver_sql("SELECT status, COUNT(*) FROM message GROUP BY status").all()
+            rows = conn.execute("SELECT status, COUNT(*) FROM message GROUP BY status").fetchall()
         return {status: 0 for status in MESSAGE_STATUSES} | {r[0]: int(r[1]) for r in rows}
 
     # -- messages: the delivery lifecycle -------------------------------------------------------
@@ -438,17 +435,17 @@ class Store:
         token = uuid.uuid4().hex
         now = self.clock()
         with self._write() as conn:
-            busy = conn.exec_driver_sql(
+            busy = conn.execute(
                 "SELECT 1 FROM message WHERE receiver_id = ? AND status = 'delivering' LIMIT 1",
                 (receiver_id,),
-            ).first()
+            ).fetchone()
             if busy is not None:
                 return token, []
-            rows = conn.exec_driver_sql(
+            rows = conn.execute(
                 "SELECT id, length(CAST(body AS BLOB)) FROM message "
                 "WHERE receiver_id = ? AND status = 'pending' ORDER BY id LIMIT ?",
                 (receiver_id, limit),
-            ).all()
+            ).fetchall()
             ids: list[int] = []
             total = 0
             for msg_id, size in rows:
@@ -459,24 +456,20 @@ class Store:
             if not ids:
                 return token, []
             marks = ",".join("?" * len(ids))
-            conn.exec_driver_sql(
+            conn.execute(
                 f"UPDATE message SET status = 'delivering', claim = ?, claimed_at = ? "
                 f"WHERE status = 'pending' AND id IN ({marks})",
                 (token, now, *ids),
             )
-            rows2 = (
-                conn.exec_driver_sql(
-                    "SELECT * FROM message WHERE claim = ? AND status = 'delivering' ORDER BY id", (token,)
-                )
-                .mappings()
-                .all()
-            )
+            rows2 = conn.execute(
+                "SELECT * FROM message WHERE claim = ? AND status = 'delivering' ORDER BY id", (token,)
+            ).fetchall()
         return token, [_row(Message, r) for r in rows2]
 
     def mark_delivered(self, claim: str) -> int:
         now = self.clock()
         with self._write() as conn:
-            cur = conn.exec_driver_sql(
+            cur = conn.execute(
                 "UPDATE message SET status = 'delivered', delivered_at = ?, attempts = attempts + 1, "
                 "last_error = NULL WHERE claim = ? AND status = 'delivering'",
                 (now, claim),
@@ -489,12 +482,12 @@ class Store:
         """Return a failed claim to ``pending`` (attempts+1), or ``failed`` past the retry limit."""
         inc = 1 if count_attempt else 0
         with self._write() as conn:
-            failed = conn.exec_driver_sql(
+            failed = conn.execute(
                 "UPDATE message SET status = 'failed', attempts = attempts + ?, last_error = ?, claim = NULL "
                 "WHERE claim = ? AND status = 'delivering' AND attempts + ? >= ?",
                 (inc, error, claim, inc, max_attempts),
             ).rowcount
-            pending = conn.exec_driver_sql(
+            pending = conn.execute(
                 "UPDATE message SET status = 'pending', attempts = attempts + ?, last_error = ?, "
                 "claim = NULL, claimed_at = NULL WHERE claim = ? AND status = 'delivering'",
                 (inc, error, claim),
@@ -504,7 +497,7 @@ class Store:
     def note_pending(self, receiver_id: str, reason: str) -> None:
         """Record why a receiver's pending messages are still waiting (shown by `cao inbox`)."""
         with self._write() as conn:
-            conn.exec_driver_sql(
+            conn.execute(
                 "UPDATE message SET last_error = ? WHERE receiver_id = ? AND status = 'pending' "
                 "AND (last_error IS NULL OR last_error != ?)",
                 (reason, receiver_id, reason),
@@ -519,7 +512,7 @@ class Store:
             args = (older_than,)
         sql += " ORDER BY id"
         with self._read() as conn:
-            rows = conn.exec_driver_sql(sql, args).mappings().all()
+            rows = conn.execute(sql, args).fetchall()
         groups: dict[str, list[Message]] = {}
         for r in rows:
             groups.setdefault(str(r["claim"]), []).append(_row(Message, r))
@@ -527,12 +520,12 @@ class Store:
 
     def cancel(self, message_id: int) -> Message:
         with self._write() as conn:
-            row = conn.exec_driver_sql("SELECT status FROM message WHERE id = ?", (message_id,)).first()
+            row = conn.execute("SELECT status FROM message WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 raise NotFound(f"message {message_id} not found; list messages with `cao inbox`")
             if row[0] != "pending":
                 raise Conflict(f"message {message_id} is {row[0]}; only a pending message can be cancelled")
-            conn.exec_driver_sql(
+            conn.execute(
                 "UPDATE message SET status = 'cancelled', last_error = 'cancelled by operator' WHERE id = ?",
                 (message_id,),
             )
@@ -543,7 +536,7 @@ class Store:
             return 0
         marks = ",".join("?" * len(receiver_ids))
         with self._write() as conn:
-            cur = conn.exec_driver_sql(
+            cur = conn.execute(
                 f"UPDATE message SET status = 'failed', last_error = ? "
                 f"WHERE status = 'pending' AND receiver_id IN ({marks})",
                 (reason, *receiver_ids),
