@@ -165,7 +165,8 @@ class Delivery:
             self.terminals.mark_gone(terminal)
             return self._fail_attempt(receiver_id, f"receiver pane gone: {exc}")
         status = provider.detect_status(screen).value
-        self.terminals.remember_status(terminal, status)
+        if terminal.ready_at is None or terminal.state != "live":
+            self.terminals.remember_status(terminal, status)  # first sight of ready, or back from gone
         # 2. gate
         why = gate(status, provider, eager=self.settings.eager_delivery, ready=terminal.ready_at is not None)
         if why is not None:

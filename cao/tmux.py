@@ -81,8 +81,10 @@ class Tmux:
     def is_alive(self) -> bool:
         return bool(self.server.is_alive())
 
-    def attach_argv(self, session_name: str) -> list[str]:
-        return self.argv("attach-session", "-t", f"={session_name}")
+    def attach_argv(self, session_name: str, *, inside_tmux: bool = False) -> list[str]:
+        """The command a person runs to watch a session (``switch-client`` from inside tmux)."""
+        verb = "switch-client" if inside_tmux else "attach-session"
+        return self.argv(verb, "-t", f"={session_name}")
 
     # -- sessions and windows ------------------------------------------------------------------
     def has_session(self, name: str) -> bool:
