@@ -168,7 +168,9 @@ def launch(
     if not headless:
         from cao.tmux import Tmux
 
-        argv = Tmux(_settings().tmux_socket).attach_argv(term["session_name"])
+        argv = Tmux(_settings().tmux_socket).attach_argv(
+            term["session_name"], inside_tmux="TMUX" in os.environ
+        )
         os.execvp(argv[0], argv)
 
 
@@ -377,6 +379,52 @@ def cancel(ctx: click.Context, message_id: str) -> None:
     """Cancel a pending message (it will not be delivered)."""
     data = _client(ctx).post(f"/messages/{message_id}/cancel")
     console.print(f"message #{data['id']} {data['status']}")
+
+
+# -- agent profiles (local: the profile store is a folder under CAO_HOME) ------------------------
+@cli.command("profiles", epilog="\b\nExamples:\n  cao profiles\n  cao profiles --json | jq '.[].name'")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list (with each system prompt).")
+def profiles_(as_json: bool) -> None:
+    """List agent profiles: built-in ones and those installed in $CAO_HOME/agent-store."""
+    from cao import profiles as agent_profiles
+
+    try:
+        rows = agent_profiles.list(_settings().profiles_dir)
+    except CaoError as exc:
+        raise click.ClickException(exc.message) from None
+    if as_json:
+        _print_json([p.as_dict() for p in rows])
+        return
+    table = Table(title="agent profiles")
+    for col in ("name", "description", "provider", "source"):
+        table.add_column(col, overflow="fold")
+    for p in rows:
+        table.add_row(p.name, escape(p.description), p.provider or "-", escape(p.source))
+    console.print(table)
+
+
+@cli.command(
+    "install",
+    epilog="\b\nExamples:\n  cao install ./profiles/tester.md\n"
+    "  cao install reviewer        # copy the built-in into the store to edit it",
+)
+@click.argument("name_or_path")
+@click.option("--json", "as_json", is_flag=True, help="Print the installed profile as JSON.")
+def install(name_or_path: str, as_json: bool) -> None:
+    """Install an agent profile (a .md file, or a built-in's NAME) into $CAO_HOME/agent-store.
+
+    The file is validated first; an installed profile replaces one of the same name.
+    """
+    from cao import profiles as agent_profiles
+
+    try:
+        profile, path = agent_profiles.install(name_or_path, _settings().profiles_dir)
+    except CaoError as exc:
+        raise click.ClickException(exc.message) from None
+    if as_json:
+        _print_json(profile.as_dict())
+    else:
+        console.print(f"installed profile [bold]{profile.name}[/] at {escape(str(path))}")
 
 
 def _register_demo() -> None:

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import providers
+from cao import profiles
 from cao.errors import InvalidInput, NotFound, PaneGone, ProviderError, TmuxServerDown
+from cao.profiles import Profile
 from cao.settings import Settings
 from cao.store import Store, Terminal
 from cao.tmux import PaneInfo, Tmux, session_name_for
 from providers.base import LaunchContext, Provider, TerminalStatus
+from providers.scripted import ScriptedProvider
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +32,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 TERMINAL_ID_RE = re.compile(r"^[0-9a-f]{8}$")
 # Host variables a pane may inherit; everything else is left out on purpose.
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
-BUILTIN_PROFILES = ("developer", "code_supervisor", "reviewer")
 GONE = "gone"
 
 
@@ -116,9 +118,10 @@ class Terminals:
         new_session: bool = True,
         supervisor_id: str | None = None,
     ) -> Terminal:
-        provider_name = provider or providers.default_name()
-        prov = providers.get(provider_name)
         profile = validate_name(agent_profile or "developer", "agent_profile")
+        loaded = self.resolve_profile(profile, provider)
+        provider_name = provider or (loaded.provider if loaded else None) or providers.default_name()
+        prov = providers.get(provider_name)
         workdir = Path(working_directory or os.getcwd()).expanduser()
         if not workdir.is_dir():
             raise InvalidInput(f"working_directory {str(workdir)!r} is not a directory; pass an existing one")
@@ -161,6 +164,7 @@ class Terminals:
             terminal_home=home,
             base_env=base_env,
             settings_env=settings_env,
+            profile=loaded,
         )
         try:
             spec = prov.launch(ctx)
@@ -203,6 +207,26 @@ class Terminals:
         self.store.add_terminal(terminal)
         logger.info("terminal created", extra={"terminal_id": terminal_id, "provider": provider_name})
         return terminal
+
+    def resolve_profile(self, name: str, provider: str | None) -> Profile | None:
+        """The agent profile ``name`` (store, then built-ins); 422 naming the choices if unknown.
+
+        A name that isn't a profile is still valid for the scripted agent when it has a rules file
+        (``$CAO_HOME/scripted/<name>.json``): tests and the demo name their scripted agents that way.
+        """
+        try:
+            return profiles.load(name, self.settings.profiles_dir)
+        except NotFound:
+            pass
+        rules = self.settings.scripted_dir / f"{name}.json"
+        scripted = isinstance(providers.get(provider or providers.default_name()), ScriptedProvider)
+        if scripted and rules.is_file():
+            return None
+        raise InvalidInput(
+            f"agent profile {name!r} not found; available: "
+            f"{', '.join(profiles.names(self.settings.profiles_dir))}. Install one with `cao install PATH.md`"
+            + (f" (or give the scripted agent rules at {rules})" if scripted else "")
+        )
 
     def _new_id(self) -> str:
         while True:

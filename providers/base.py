@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from cao.profiles import Profile
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
@@ -37,6 +40,9 @@ class LaunchContext:
     terminal_home: Path  # a throwaway directory owned by this terminal (config homes go here)
     base_env: Mapping[str, str]  # the allow-listed environment (PATH, LANG, TERM, CAO_* ids...)
     settings_env: Mapping[str, str] = field(default_factory=dict)  # provider-specific CAO_* knobs
+    # The resolved agent profile (system prompt, model, allowed tools, extra MCP servers); None when
+    # agent_profile names no profile (the scripted agent's rule-file names).
+    profile: Profile | None = None
 
 
 @dataclass(frozen=True)

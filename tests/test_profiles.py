@@ -1,0 +1,231 @@
+"""Agent profiles: parsing and validation, the store and the built-ins, `cao install` / `cao profiles`,
+and how a terminal resolves its profile (real tmux, real scripted agents)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+from cao import profiles
+from cao.api import create_app
+from cao.cli import cli
+from cao.core import Cao
+from cao.errors import InvalidInput, NotFound
+from providers.base import LaunchContext, LaunchSpec
+from providers.scripted import ScriptedProvider
+from tests.conftest import write_rules
+
+BUILTINS = ["code_supervisor", "developer", "reviewer"]
+
+TESTER = """\
+---
+name: tester
+description: Writes the missing tests
+provider: scripted_eager
+model: sonnet
+allowed_tools: [Read, Edit, "Bash(pytest:*)"]
+mcp_servers:
+  docs:
+    command: docs-mcp
+    args: [--readonly]
+    env: {DOCS_ROOT: /srv/docs}
+---
+
+You write tests first.
+
+Then you run them.
+"""
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _profile(name: str = "tester", extra: str = "", body: str = "Prompt.") -> str:
+    return f"---\nname: {name}\ndescription: d\n{extra}---\n{body}\n"
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+def test_parse_reads_every_field_and_the_body_is_the_system_prompt():
+    p = profiles.parse(TESTER, "tester.md")
+    assert (p.name, p.description, p.provider, p.model) == (
+        "tester",
+        "Writes the missing tests",
+        "scripted_eager",
+        "sonnet",
+    )
+    assert p.allowed_tools == ("Read", "Edit", "Bash(pytest:*)")
+    assert p.mcp_servers == {
+        "docs": {"command": "docs-mcp", "args": ["--readonly"], "env": {"DOCS_ROOT": "/srv/docs"}}
+    }
+    assert p.system_prompt == "You write tests first.\n\nThen you run them."
+    assert p.source == "tester.md" and not p.builtin
+    minimal = profiles.parse(_profile())
+    assert (minimal.provider, minimal.model, minimal.allowed_tools, dict(minimal.mcp_servers)) == (
+        None,
+        None,
+        None,
+        {},
+    )
+    assert json.loads(json.dumps(p.as_dict()))["allowed_tools"] == ["Read", "Edit", "Bash(pytest:*)"]
+
+
+class Bad(NamedTuple):
+    text: str
+    expect: str
+
+
+BAD = {
+    "no-front-matter": Bad("just a prompt\n", "no YAML front matter"),
+    "unclosed-front-matter": Bad("---\nname: x\ndescription: d\n", "no YAML front matter"),
+    "invalid-yaml": Bad("---\nname: [x\n---\nbody\n", "not valid YAML"),
+    "not-a-mapping": Bad("---\n- a\n- b\n---\nbody\n", "must be a mapping"),
+    "unknown-field": Bad(_profile(extra="allowed-tools: [Read]\n"), "unknown field(s) allowed-tools"),
+    "missing-name": Bad("---\ndescription: d\n---\nbody\n", "name is required"),
+    "missing-description": Bad("---\nname: x\n---\nbody\n", "description is required"),
+    "bad-name": Bad(_profile(name="no spaces"), "'no spaces' is not allowed"),
+    "name-not-a-string": Bad("---\nname: 12\ndescription: d\n---\n", "name must be a string"),
+    "unknown-provider": Bad(_profile(extra="provider: cursor\n"), "provider 'cursor' is unknown"),
+    "tools-not-a-list": Bad(_profile(extra="allowed_tools: Read\n"), "allowed_tools must be a list"),
+    "server-not-a-mapping": Bad(_profile(extra="mcp_servers: [a]\n"), "mcp_servers must be a mapping"),
+    "server-without-command": Bad(_profile(extra="mcp_servers: {a: {args: []}}\n"), "needs a command"),
+    "server-args-not-strings": Bad(
+        _profile(extra="mcp_servers: {a: {command: x, args: [1]}}\n"), "mcp_servers.a.args must be a list"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD.values(), ids=BAD.keys())
+def test_invalid_profiles_are_rejected_with_the_file_and_the_fix(case: Bad):
+    with pytest.raises(InvalidInput) as err:
+        profiles.parse(case.text, "/store/x.md")
+    assert err.value.message.startswith("/store/x.md: ")
+    assert case.expect in err.value.message
+
+
+# -- built-ins, store, lookup ----------------------------------------------------------------------
+def test_builtins_work_with_no_store(tmp_path: Path):
+    store = tmp_path / "missing"
+    assert profiles.names(store) == BUILTINS
+    for p in profiles.list(store):
+        assert p.builtin and p.description and len(p.system_prompt) > 200
+    assert "handoff" in profiles.load("code_supervisor", store).system_prompt
+    assert not store.exists()
+
+
+def test_the_store_shadows_builtins_and_adds_profiles(tmp_path: Path):
+    store = tmp_path / "agent-store"
+    _write(store / "tester.md", TESTER)
+    _write(store / "reviewer.md", _profile("reviewer", body="My own reviewer."))
+    assert profiles.names(store) == [*BUILTINS, "tester"]
+    assert profiles.load("reviewer", store).system_prompt == "My own reviewer."
+    assert profiles.load("developer", store).builtin
+    assert [p.name for p in profiles.list(store)] == [*BUILTINS, "tester"]
+
+
+def test_load_errors_name_the_choices(tmp_path: Path):
+    store = tmp_path / "agent-store"
+    _write(store / "tester.md", TESTER)
+    with pytest.raises(NotFound) as err:
+        profiles.load("nosuch", store)
+    assert "'nosuch' not found" in err.value.message and "developer, reviewer, tester" in err.value.message
+    assert "cao install" in err.value.message
+    _write(store / "renamed.md", TESTER)
+    with pytest.raises(InvalidInput, match=r"declares name 'tester' but the file is renamed\.md"):
+        profiles.load("renamed", store)
+    with pytest.raises(InvalidInput, match="not allowed"):
+        profiles.load("../etc/passwd", store)
+
+
+def test_install_from_a_file_or_a_builtin(tmp_path: Path):
+    store = tmp_path / "agent-store"
+    src = _write(tmp_path / "src" / "anything.md", TESTER)
+    profile, dest = profiles.install(str(src), store)
+    assert dest == store / "tester.md" and dest.read_text() == TESTER
+    assert profile.source == str(dest) and profiles.load("tester", store) == profile
+    _, dest = profiles.install("reviewer", store)  # a built-in, copied to be edited
+    assert dest == store / "reviewer.md" and not profiles.load("reviewer", store).builtin
+    # invalid or missing sources install nothing
+    bad = _write(tmp_path / "src" / "bad.md", "---\nname: bad\n---\n")
+    with pytest.raises(InvalidInput, match="description is required"):
+        profiles.install(str(bad), store)
+    with pytest.raises(NotFound, match="no profile file at"):
+        profiles.install(str(tmp_path / "nope.md"), store)
+    with pytest.raises(NotFound, match="neither a file nor a built-in profile"):
+        profiles.install("nosuch", store)
+    assert sorted(p.name for p in store.iterdir()) == ["reviewer.md", "tester.md"]
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+def test_cli_install_and_profiles(tmp_path: Path):
+    env = {"CAO_HOME": str(tmp_path / "cao")}
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["profiles", "--json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert [p["name"] for p in json.loads(listed.output)] == BUILTINS
+    assert set(json.loads(listed.output)[0]) == {
+        "name", "description", "provider", "model", "allowed_tools", "mcp_servers", "source", "system_prompt"
+    }  # fmt: skip
+    src = _write(tmp_path / "tester.md", TESTER)
+    installed = runner.invoke(cli, ["install", str(src)], env=env)
+    assert installed.exit_code == 0, installed.output
+    assert "installed profile tester" in installed.output
+    assert (tmp_path / "cao" / "agent-store" / "tester.md").read_text() == TESTER
+    table = runner.invoke(cli, ["profiles"], env=env)
+    assert table.exit_code == 0 and "│ tester " in table.output  # the rich table, for people
+    broken = runner.invoke(cli, ["install", str(_write(tmp_path / "x.md", "no front matter"))], env=env)
+    assert broken.exit_code == 1 and "no YAML front matter" in broken.output
+
+
+# -- terminals resolve their profile ---------------------------------------------------------------
+def test_unknown_profile_is_422_naming_the_available_ones(core: Cao):
+    with pytest.raises(InvalidInput) as err:
+        core.terminals.create(agent_profile="nosuch")
+    assert "'nosuch' not found" in err.value.message
+    assert "code_supervisor, developer, reviewer" in err.value.message
+    with TestClient(create_app(core)) as client:
+        r = client.post("/sessions", json={"agent_profile": "nosuch"})
+    assert r.status_code == 422 and "code_supervisor, developer, reviewer" in r.json()["detail"]
+    assert core.store.list_terminals() == [] and core.tmux.list_sessions() == []
+
+
+def test_a_profile_pins_the_provider_unless_the_request_names_one(core: Cao):
+    _write(core.settings.profiles_dir / "tester.md", TESTER)  # provider: scripted_eager
+    pinned = core.terminals.create(agent_profile="tester", session_name="pin")
+    assert pinned.provider == "scripted_eager"
+    chosen = core.terminals.create(
+        agent_profile="tester", provider="scripted", session_name="pin", new_session=False
+    )
+    assert chosen.provider == "scripted"
+    assert core.terminals.create(agent_profile="reviewer", session_name="plain").provider == "scripted"
+
+
+def test_scripted_rule_names_stay_valid_for_scripted_providers_only(core: Cao):
+    write_rules(core.settings.home, "demo_worker", {"rules": []})
+    t = core.terminals.create(agent_profile="demo_worker")
+    assert (t.agent_profile, t.provider) == ("demo_worker", "scripted")
+    with pytest.raises(InvalidInput, match="'demo_worker' not found"):
+        core.terminals.create(agent_profile="demo_worker", provider="codex")
+
+
+def test_the_provider_gets_the_loaded_profile(core: Cao, monkeypatch: pytest.MonkeyPatch):
+    seen: dict[str, Any] = {}
+    launch = ScriptedProvider.launch
+
+    def spy(self: ScriptedProvider, ctx: LaunchContext) -> LaunchSpec:
+        seen[ctx.agent_profile] = ctx.profile
+        return launch(self, ctx)
+
+    monkeypatch.setattr(ScriptedProvider, "launch", spy)
+    write_rules(core.settings.home, "slow", {"rules": []})
+    core.terminals.create(agent_profile="reviewer", session_name="a")
+    core.terminals.create(agent_profile="slow", session_name="b")
+    assert seen["reviewer"] == profiles.load("reviewer", core.settings.profiles_dir)
+    assert seen["slow"] is None
