@@ -195,7 +195,7 @@ class Delivery:
                 enter_count=provider.enter_count,
             )
             self.faults.hit("after_paste")
-            confirmed = self._confirm(terminal.pane_id, provider, screen, header(batch[0]))
+            confirmed = self._confirm(terminal.pane_id, provider, screen)
         except (PaneGone, TmuxServerDown) as exc:
             self.terminals.mark_gone(terminal)
             return self._release(claim, receiver_id, f"paste failed: receiver pane gone ({exc.message})")
@@ -246,8 +246,8 @@ class Delivery:
             return True  # no log: let the screen decide
         return provider.tail_looks_idle(tail)
 
-    def _confirm(self, pane_id: str, provider: Provider, before: str, marker: str) -> bool:
-        """Did the agent take the submit? The input box emptied and the screen moved on.
+    def _confirm(self, pane_id: str, provider: Provider, before: str) -> bool:
+        """Did the agent take the submit? Asks the provider (``submit_confirmed``) on fresh screens.
 
         If the text still sits in the input box halfway through, press Enter once more.
         """
@@ -257,13 +257,11 @@ class Delivery:
         while True:
             self.sleep(delay)
             delay = min(delay * 2, 0.05)
-            screen = self.tmux.capture(pane_id)
-            box = provider.input_text(screen)
-            in_box = bool(box and box.strip())
-            if not in_box and screen != before:
+            verdict = provider.submit_confirmed(before, self.tmux.capture(pane_id))
+            if verdict is True:
                 return True
             now = time.monotonic()
-            if in_box and not retried and now > deadline - provider.submit_timeout / 2:
+            if verdict is False and not retried and now > deadline - provider.submit_timeout / 2:
                 logger.info("submit not seen; pressing Enter again", extra={"pane_id": pane_id})
                 self.tmux.send_keys(pane_id, "Enter")
                 retried = True

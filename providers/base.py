@@ -94,5 +94,17 @@ class Provider:
         """Text in the input box, ``""`` when empty, ``None`` when no input box is showing."""
         raise NotImplementedError
 
+    def submit_confirmed(self, before: str, after: str) -> bool | None:
+        """Did a paste + Enter take? ``before`` is the screen before the paste, ``after`` a fresh one.
+
+        True: submitted. False: the text still sits in the input box (delivery presses Enter once
+        more). None: can't tell yet. The default: the input box is empty and the screen moved on.
+        Providers whose busy screen keeps changing (spinners) should look for firmer evidence.
+        """
+        box = self.input_text(after)
+        if box and box.strip():
+            return False
+        return True if after != before else None
+
     def tail_looks_idle(self, tail: str) -> bool:
         return bool(self.idle_tail_pattern.search(last_line(tail)))

@@ -17,6 +17,7 @@ from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
 
 SPINNER_RE = re.compile(r"^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] thinking… \(")
+QUEUED_RE = re.compile(r" · (\d+) queued")
 QUESTION_RE = re.compile(r"^\? .* \(y/n\)")
 PROMPT = "❯ "
 USER = "› "
@@ -105,6 +106,23 @@ class ScriptedProvider(Provider):
         if not lines or not lines[-1].startswith("❯"):
             return None
         return lines[-1][2:].rstrip()
+
+
+    def submit_confirmed(self, before: str, after: str) -> bool | None:
+        """Idle before: the generic check. Busy before (eager delivery): the spinner keeps changing
+        the screen, so look for firmer evidence: one more queued input, or a new turn's echo."""
+        if self.detect_status(before) != TerminalStatus.PROCESSING:
+            return super().submit_confirmed(before, after)
+        if _queued(after) > _queued(before):
+            return True
+        echoes = [line for line in _lines(after) if line.startswith(USER)]
+        return True if echoes != [line for line in _lines(before) if line.startswith(USER)] else None
+
+
+def _queued(screen: str) -> int:
+    lines = _lines(screen)
+    found = QUEUED_RE.search(lines[-1]) if lines else None
+    return int(found.group(1)) if found else 0
 
 
 class EagerScriptedProvider(ScriptedProvider):

@@ -165,3 +165,29 @@ def test_registry():
     with pytest.raises(ProviderError, match="choose one of"):
         providers.get("nope")
     json.dumps(providers.names())
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "verdict"),
+    [
+        ("banner\n❯ ", "banner\n❯ [cao message #1 from x] [+1 lines]", False),  # still in the box
+        ("banner\n❯ ", "banner\n❯ ", None),  # nothing happened (yet)
+        ("banner\n❯ ", "› hi\n⠋ thinking… (0s · esc to interrupt)", True),  # went busy
+        ("banner\n❯ ", "› hi\n● ok: hi\n\n❯ ", True),  # answered already
+        # busy before (eager): a spinner tick alone proves nothing; one more queued input does
+        ("› a\n⠋ thinking… (1s · esc to interrupt)", "› a\n⠙ thinking… (1s · esc to interrupt)", None),
+        (
+            "› a\n⠋ thinking… (1s · esc to interrupt)",
+            "› a\n⠙ thinking… (1s · 1 queued · esc to interrupt)",
+            True,
+        ),
+        (
+            "› a\n⠋ thinking… (1s · esc to interrupt)",
+            "› a\n● done\n› b\n⠙ thinking… (0s · esc to interrupt)",
+            True,
+        ),
+    ],
+    ids=["in-box", "unchanged", "busy", "answered", "eager-tick", "eager-queued", "eager-new-turn"],
+)
+def test_submit_confirmed(before: str, after: str, verdict: bool | None):
+    assert providers.get("scripted_eager").submit_confirmed(before, after) is verdict
