@@ -285,8 +285,12 @@ class Tmux:
             self.run("kill-session", "-t", f"={session_name}")
 
     def kill_server(self) -> None:
+        """Stop this tmux server; for a private socket also remove the socket file (tmux 3.3a leaves it)."""
         with contextlib.suppress(TmuxError):
             self.run("kill-server")
+        if self.socket_name:
+            base = os.environ.get("TMUX_TMPDIR") or "/tmp"
+            Path(base, f"tmux-{os.getuid()}", self.socket_name).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

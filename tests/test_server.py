@@ -113,3 +113,28 @@ def test_cli_without_server_says_how_to_start_it(tmp_path: Path):
     assert proc.returncode == 1
     assert "not reachable" in proc.stderr and "cao-server" in proc.stderr
     time.sleep(0)
+
+
+def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path):
+    """The README's main job: three scripted agents coordinate through the inbox."""
+    import os
+
+    env = {k: v for k, v in server_env(tmp_path, "unused", 0).items() if not k.startswith("CAO_")}
+    env.update(HOME=str(tmp_path), TMPDIR=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cao", "demo", "--timeout", "60"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "5 messages, each delivered exactly once" in out
+    assert "collected from" in out
+    # its tmux server, server process and temp home are gone
+    socket = Path(f"/tmp/tmux-{os.getuid()}/cao-demo-{proc.pid}")
+    assert not Tmux(socket.name).is_alive()
+    assert not socket.exists()
+    assert list(tmp_path.glob("cao-demo-*")) == []
