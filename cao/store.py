@@ -2,9 +2,9 @@
 
 Rows are sqlmodel classes (typed, cheap to build); the schema itself is created by explicit,
 numbered migrations so an existing database can move forward (``PRAGMA user_version`` holds the
-version; a database newer than this code is refused with a clear error). SQL runs on per-thread
-stdlib ``sqlite3`` connections: each call is a handful of statements, and every Python layer in
-between would hold the GIL (and with it the write lock) longer under load.
+version; a database newer than this code is refused with a clear error). SQL runs on a small pool
+of stdlib ``sqlite3`` connections: each call is a handful of statements, and every Python layer
+in between would hold the GIL (and with it the write lock) longer under load.
 
 Concurrency model (see docs/inbox-delivery.md):
 - WAL journal, ``busy_timeout`` on every connection; every write is one short ``BEGIN IMMEDIATE``
@@ -18,6 +18,7 @@ Concurrency model (see docs/inbox-delivery.md):
 from __future__ import annotations
 
 import hashlib
+import queue
 import sqlite3
 import threading
 import time
@@ -45,6 +46,7 @@ TerminalState = Literal["live", "gone", "deleted"]
 MessageStatus = Literal["pending", "delivering", "delivered", "failed", "cancelled"]
 MESSAGE_STATUSES: tuple[str, ...] = ("pending", "delivering", "delivered", "failed", "cancelled")
 MAX_BODY_BYTES = 256 * 1024
+POOL_SIZE = 8
 
 
 class Terminal(SQLModel):
@@ -159,34 +161,55 @@ class Store:
         self.busy_timeout = busy_timeout
         self.clock = clock
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
+        self._pool: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
+        self._pool_lock = threading.Lock()
+        self._opened = 0
         self._write_lock = threading.Lock()
         self.migrate()
 
     # -- connection plumbing -------------------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        """This thread's connection (sqlite3 directly: the hot path is a few statements per call,
-        and each SQLAlchemy layer would hold the GIL, and so the write lock, longer)."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-            )
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            self._local.conn = conn
-            with self._conns_lock:
-                self._conns.append(conn)
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA cache_size = -512")
         return conn
+
+    @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        """A pooled connection (stdlib sqlite3: each call is a handful of statements, and every
+        Python layer in between would hold the GIL, and so the write lock, longer under load).
+        At most ``POOL_SIZE`` connections, however many threads the server runs."""
+        try:
+            conn = self._pool.get_nowait()
+        except queue.Empty:
+            with self._pool_lock:
+                grow = self._opened < POOL_SIZE
+                if grow:
+                    self._opened += 1
+            try:
+                conn = self._open() if grow else self._pool.get(timeout=self.busy_timeout)
+            except queue.Empty:
+                raise StoreBusy(
+                    "no database connection came free within the busy timeout; nothing was written, "
+                    "retry the same request"
+                ) from None
+        try:
+            yield conn
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._pool.put(conn)
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         try:
-            yield self._conn()
+            with self._conn() as conn:
+                yield conn
         except sqlite3.OperationalError as exc:
             raise self._busy(exc) from exc
 
@@ -204,14 +227,14 @@ class Store:
                 "retry the same request"
             )
         try:
-            conn = self._conn()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+            with self._conn() as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
         except sqlite3.OperationalError as exc:
             raise self._busy(exc) from exc
         finally:
@@ -228,11 +251,13 @@ class Store:
         return exc
 
     def close(self) -> None:
-        with self._conns_lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            conn.close()
-        self._local = threading.local()
+        while True:
+            try:
+                self._pool.get_nowait().close()
+            except queue.Empty:
+                break
+        with self._pool_lock:
+            self._opened = 0
 
     # -- schema ----------------------------------------------------------------------------------
     def schema_version(self) -> int:
