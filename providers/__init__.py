@@ -15,6 +15,9 @@ __all__ = ["LaunchContext", "LaunchSpec", "Provider", "TerminalStatus", "default
 _REGISTRY: dict[str, str] = {
     "scripted": "providers.scripted:ScriptedProvider",
     "scripted_eager": "providers.scripted:EagerScriptedProvider",
+    "claude_code": "providers.claude_code:ClaudeCodeProvider",
+    "codex": "providers.codex:CodexProvider",
+    "gemini_cli": "providers.gemini_cli:GeminiCliProvider",
 }
 _CACHE: dict[str, Provider] = {}
 

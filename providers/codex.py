@@ -1,0 +1,272 @@
+"""Provider for the OpenAI Codex CLI (``codex``, npm ``@openai/codex``; tested with 0.171.0).
+
+Launch: ``CODEX_HOME`` in a throwaway HOME per terminal with a complete ``config.toml`` (Codex
+rewrites the file, and a duplicated table in it is fatal), the folder marked trusted, updates,
+analytics, plugins and the background daemon off (else a daemon outlives the pane), and the cao
+MCP server under ``[mcp_servers.cao]``. Knobs (read from the server's ``CAO_*`` environment):
+``CAO_CODEX_BIN``, ``CAO_CODEX_MODEL``, ``CAO_CODEX_BYPASS`` (default true), ``CAO_MODEL_BASE_URL``,
+``CAO_OPENAI_API_KEY``. The agent profile: its prompt as ``$CODEX_HOME/AGENTS.md``, its model and
+its extra MCP servers (Codex has no tool allow-list). See docs/providers.md.
+
+Screen (``capture-pane -p``)::
+
+    › echoed user turn
+    • answer text                       (tool calls too: • Ran echo hi / • Called cao.send_message)
+      Worked for 6s • 08:04             (turn closed, ~0.1 s after the answer)
+    ■ {"error": …}                      (a failed turn)
+    › Ask Codex to do anything          (the input box: the LAST line starting "› ")
+
+Traps: "• Working (1s • esc to interrupt)" shows only until the first token, so a turn is busy
+until its "Worked for" (or ■) line appears; approval menus put ``› 1. Yes`` lines below the
+transcript (look for them before the box); a message pasted while busy cancels the running turn
+(only the new text gets answered), so Codex must only get input when idle.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cao.errors import ProviderError
+from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+
+FAKE_KEY = "cao-local-model-server-key"
+PROMPT = "› "
+PLACEHOLDERS = ("Ask Codex to do anything", "Ask a follow-up question")
+WAITING_RE = re.compile(
+    r"Would you like to (?:run|make|apply)|Allow the \S+ MCP server to run tool|"
+    r"enter to (?:confirm|submit)\b.*esc to cancel",
+    re.IGNORECASE,
+)
+WORKED_RE = re.compile(r"^\s*(?:─+ )?Worked for \S")
+FAILED = "■ "
+INTERRUPTED = "■ Conversation interrupted"
+
+
+def _lines(screen: str) -> list[str]:
+    lines = [line.rstrip() for line in screen.split("\n")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def _box(lines: list[str]) -> int | None:
+    """Index of the input box: the last line starting "› " (checked after the approval menus)."""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(PROMPT) or lines[i] == PROMPT.strip():
+            return i
+    return None
+
+
+def _waiting(lines: list[str]) -> bool:
+    return any(WAITING_RE.search(line) for line in lines[-15:])
+
+
+def _turn_start(transcript: list[str]) -> int | None:
+    """Index just after the last echoed user turn (and its indented continuation lines)."""
+    for i in range(len(transcript) - 1, -1, -1):
+        if transcript[i].startswith(PROMPT):
+            j = i + 1
+            while j < len(transcript) and transcript[j].startswith("  "):
+                j += 1
+            return j
+    return None
+
+
+def _last_echo(screen: str) -> str | None:
+    """The last echoed user turn's first line (Codex has no queue: input only goes in when idle)."""
+    lines = _lines(screen)
+    box = _box(lines)
+    transcript = lines[:box] if box is not None and not _waiting(lines) else lines
+    echoes = [line for line in transcript if line.startswith(PROMPT)]
+    return echoes[-1] if echoes else None
+
+
+def _blocks(lines: list[str]) -> list[str]:
+    """The ``• …`` and ``■ …`` blocks in ``lines``, without bullet or indent, up to a Worked-for line."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for line in lines:
+        if WORKED_RE.match(line):
+            break
+        if line.startswith(("• ", FAILED)):
+            current = [line[2:]]
+            blocks.append(current)
+        elif current is not None and (line.startswith("  ") or not line.strip()):
+            current.append(line[2:])
+        else:
+            current = None
+    return ["\n".join(block).strip() for block in blocks]
+
+
+def _toml(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def _mcp_table(name: str, spec: dict[str, Any]) -> str:
+    """One ``[mcp_servers.<name>]`` table (a stdio ``command`` or an HTTP ``url`` server)."""
+    rows = [f"[mcp_servers.{_toml(name)}]"]
+    rows += [f"{key} = {_toml(spec[key])}" for key in ("command", "url") if key in spec]
+    if spec.get("args"):
+        rows.append(f"args = [{', '.join(_toml(arg) for arg in spec['args'])}]")
+    if spec.get("env"):
+        rows.append(f"env = {{ {', '.join(f'{_toml(k)} = {_toml(v)}' for k, v in spec['env'].items())} }}")
+    return "\n".join(rows)
+
+
+def _flag(ctx: LaunchContext, name: str, default: bool) -> bool:
+    raw = ctx.settings_env.get(name, "").strip().lower()
+    return default if not raw else raw in ("1", "true", "yes", "on")
+
+
+def _find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
+    """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache."""
+    home = Path(ctx.base_env.get("HOME") or "~").expanduser()
+    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
+    wanted = ctx.settings_env.get(knob) or command
+    for path in (ctx.base_env.get("PATH", ""), str(cache.expanduser() / "node_modules" / ".bin")):
+        if found := shutil.which(wanted, path=path):
+            return found
+    raise ProviderError(
+        f"{wanted} not found (on PATH or in {cache}/node_modules/.bin); install it with "
+        f"`npm install -g {package}` or set {knob}=/path/to/{command} for cao-server"
+    )
+
+
+class CodexProvider(Provider):
+    name: ClassVar[str] = "codex"
+    description: ClassVar[str] = "OpenAI Codex CLI, `codex` (input only when idle)"
+    accepts_input_while_processing: ClassVar[bool] = False  # a paste mid-turn cancels the turn
+    paste_enter_delay: ClassVar[float] = 0.2
+    submit_timeout: ClassVar[float] = 3.0
+    exit_command: ClassVar[str] = "/quit"
+    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to interrupt)")
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        knobs, profile = ctx.settings_env, ctx.profile
+        codex_home = ctx.terminal_home / ".codex"
+        bypass = _flag(ctx, "CAO_CODEX_BYPASS", True)
+        base_url = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
+        key = knobs.get("CAO_OPENAI_API_KEY") or (FAKE_KEY if base_url else "")
+        if not key:
+            raise ProviderError(
+                "codex has no credentials: set CAO_OPENAI_API_KEY (or CAO_MODEL_BASE_URL for a local "
+                "model server) for cao-server"
+            )
+        # A real model slug against a local server brings a "model changed" dialog; an unknown one
+        # only a warning in the status line.
+        model = (
+            knobs.get("CAO_CODEX_MODEL") or (profile and profile.model) or ("fake-model" if base_url else "")
+        )
+        approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
+        model_line = f"model = {_toml(model)}\n" if model else ""
+        url = f"{base_url}/v1" if base_url else "https://api.openai.com/v1"
+        retries = "request_max_retries = 0\nstream_max_retries = 0\n" if base_url else ""
+        servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
+        servers["cao"] = {
+            "command": sys.executable,
+            "args": ["-m", "cao.mcp"],
+            "env": {"CAO_TERMINAL_ID": ctx.terminal_id, "CAO_SERVER_URL": ctx.server_url},
+        }
+        mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in servers.items())
+        config = f"""\
+{model_line}model_provider = "cao"
+approval_policy = "{approval}"
+sandbox_mode = "{sandbox}"
+check_for_update_on_startup = false
+
+[model_providers.cao]
+name = "cao"
+base_url = {_toml(url)}
+env_key = "CAO_CODEX_API_KEY"
+wire_api = "responses"
+{retries}
+[projects.{_toml(str(ctx.working_directory))}]
+trust_level = "trusted"
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[features]
+daemon_auto_start = false
+plugins = false
+remote_plugin = false
+apps = false
+in_app_updates = false
+tool_suggest = false
+
+[tui]
+screen_reader_detection_done = true
+show_tooltips = false
+
+{mcp}
+"""
+        env = dict(ctx.base_env)
+        env.setdefault("SHELL", "/bin/bash")
+        env.update(HOME=str(ctx.terminal_home), CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
+        # Inline mode keeps the transcript in tmux's scrollback (delivery recovery looks there).
+        command = [_find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex"), "--no-alt-screen"]
+        if bypass:
+            command.append("--dangerously-bypass-approvals-and-sandbox")
+        files = {codex_home / "config.toml": config}
+        if profile and profile.system_prompt:  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
+            files[codex_home / "AGENTS.md"] = profile.system_prompt
+        return LaunchSpec(command=command, env=env, files=files)
+
+    def detect_status(self, screen: str) -> TerminalStatus:
+        lines = _lines(screen)
+        if _waiting(lines):
+            return TerminalStatus.WAITING_USER_ANSWER
+        box = _box(lines)
+        if box is None:
+            return TerminalStatus.PROCESSING  # starting up
+        transcript = lines[:box]
+        start = _turn_start(transcript)
+        # The last thing that closes or opens a turn decides: an echo opens one, "Worked for" or ■
+        # closes it. With no echo on screen (scrolled away), answer bullets mean a turn is running.
+        for line in reversed(transcript[start or 0 :]):
+            if WORKED_RE.match(line) or line.startswith(INTERRUPTED):
+                return TerminalStatus.COMPLETED
+            if line.startswith(FAILED):
+                return TerminalStatus.ERROR
+        if start is None and not any(line.startswith("• ") for line in transcript):
+            return TerminalStatus.IDLE
+        return TerminalStatus.PROCESSING
+
+    def extract_last_message(self, screen: str) -> str:
+        lines = _lines(screen)
+        box = _box(lines)
+        transcript = lines[:box] if box is not None and not _waiting(lines) else lines
+        blocks = _blocks(transcript[_turn_start(transcript) or 0 :])
+        return blocks[-1] if blocks else ""
+
+    def submit_confirmed(self, before: str, after: str) -> bool | None:
+        """Firm evidence only: a new echoed turn, or idle → busy. The text still in the box: False
+        (delivery presses Enter again)."""
+        box = self.input_text(after)
+        if box and box.strip():
+            return False
+        if _last_echo(after) not in (None, _last_echo(before)):
+            return True
+        busy = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
+        return True if self.detect_status(before) not in busy and self.detect_status(after) in busy else None
+
+    def input_text(self, screen: str) -> str | None:
+        lines = _lines(screen)
+        box = _box(lines)
+        if box is None or _waiting(lines):
+            return None
+        rows = [lines[box][len(PROMPT) :]]
+        for line in lines[box + 1 :]:
+            if not line.startswith("  ") or not line.strip():
+                break
+            rows.append(line[2:])
+        text = "\n".join(rows).strip()
+        return "" if text in PLACEHOLDERS else text

@@ -1,0 +1,239 @@
+"""Provider for Gemini CLI (``gemini``, npm ``@google/gemini-cli``; tested with 0.61.0).
+
+Launch: a throwaway HOME per terminal with ``~/.gemini/settings.json`` (API-key auth, folder
+trust off, usage statistics, telemetry, IDE integration and auto-update off, tips hidden) and the
+cao MCP server under ``mcpServers.cao``. Knobs (read from the server's ``CAO_*`` environment):
+``CAO_GEMINI_BIN``, ``CAO_GEMINI_MODEL``, ``CAO_GEMINI_BYPASS`` (default true, ``--yolo``),
+``CAO_MODEL_BASE_URL``, ``CAO_GEMINI_API_KEY``. The agent profile: its prompt as
+``~/.gemini/GEMINI.md``, its model and its extra MCP servers. See docs/providers.md.
+
+Screen (``capture-pane -p``)::
+
+    ▄▄▄▄▄▄▄▄
+     > echoed user turn                 (each echo sits in a ▄/▀ band like the box)
+    ▀▀▀▀▀▀▀▀
+    ✦ answer text                       (✕ [API Error: …] for a failed turn)
+     ⠧ Thinking... (esc to cancel, 1s)  (busy; the box stays visible)
+    ▄▄▄▄▄▄▄▄
+     *   Type your message or @path/to/file      (the box; prompt ">" without --yolo)
+    ▀▀▀▀▀▀▀▀
+
+Traps: the box shows while busy (the spinner decides); 5xx errors are retried silently under
+the spinner; an Enter that arrives < 50 ms after a paste is dropped (paste_enter_delay 0.2 s, and
+delivery presses Enter again if the text is still in the box); Gemini ignores SIGHUP, so teardown
+must kill the pane's process group (cao's tmux layer does).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from itertools import takewhile
+from pathlib import Path
+from typing import ClassVar
+
+from cao.errors import ProviderError
+from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+
+FAKE_KEY = "cao-local-model-server-key"
+TOP_RE = re.compile(r"^▄{10,}$")
+BOTTOM_RE = re.compile(r"^▀{10,}$")
+RULE_RE = re.compile(r"^─{10,}$")
+BUSY_RE = re.compile(r"\(esc to cancel, \d+[ms]")
+PROMPT_RE = re.compile(r"^ [>*!] ")  # " > " (" * " under --yolo, " ! " in shell mode)
+MENU_RE = re.compile(r"^[│ ]*● \d+\. ")
+PLACEHOLDERS = ("Type your message or @path/to/file",)
+QUEUED = "Queued (press ↑ to edit):"  # then one line per input typed while busy, indented 4
+
+
+def _lines(screen: str) -> list[str]:
+    lines = [line.rstrip() for line in screen.split("\n")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def _bands(lines: list[str]) -> list[tuple[int, int]]:
+    """``(first, end)`` content rows of every ▄/▀ band (echoed turns and the input box)."""
+    bands: list[tuple[int, int]] = []
+    top: int | None = None
+    for i, line in enumerate(lines):
+        if TOP_RE.match(line):
+            top = i
+        elif BOTTOM_RE.match(line) and (top is not None or not bands):
+            bands.append((0 if top is None else top + 1, i))  # a band cut by the top of the screen
+            top = None
+    return bands
+
+
+def _box(lines: list[str]) -> tuple[int, int] | None:
+    """The input box: the last band, right under the composer's rule (and its mode line).
+
+    Typed text reads " > text" exactly like an echoed turn, so only the position tells them apart.
+    """
+    bands = _bands(lines)
+    if bands:
+        first, end = bands[-1]
+        if any(RULE_RE.match(line) for line in lines[max(0, first - 4) : first - 1]):
+            return first, end
+    return None
+
+
+def _turn(lines: list[str], box: tuple[int, int] | None) -> list[str] | None:
+    """Lines between the last echoed user turn and the composer (spinner line, rule, status line,
+    box); None if no turn shows."""
+    end = box[0] - 1 if box else len(lines)
+    rules = [i for i in range(end) if RULE_RE.match(lines[i])]
+    if box and rules:
+        end = rules[-1] - 1  # the spinner / "? for shortcuts" line sits right above the rule
+    echoes = [band for band in _bands(lines) if band != box and band[1] <= end]
+    if not echoes:
+        return None
+    return lines[echoes[-1][1] + 1 : end]
+
+
+def _marks(screen: str) -> tuple[str | None, int]:
+    """What a submit adds: (the last echoed user turn's first line, how many inputs are queued)."""
+    lines = _lines(screen)
+    box = _box(lines)
+    echoes = [band for band in _bands(lines) if band != box]
+    queued = 0
+    for i, line in enumerate(lines):
+        if line.strip() == QUEUED:
+            queued = len(list(takewhile(lambda row: row.startswith("    "), lines[i + 1 :])))
+    return (lines[echoes[-1][0]] if echoes else None), queued
+
+
+def _blocks(lines: list[str]) -> list[str]:
+    """The ``✦ …`` answers and ``✕ …`` errors in ``lines``, without marker or indent."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith(("✦ ", "✕ ")):
+            current = [line[2:]]
+            blocks.append(current)
+        elif current is not None and (line.startswith("  ") or not line.strip()):
+            current.append(line[2:])
+        else:
+            current = None
+    return ["\n".join(block).strip() for block in blocks]
+
+
+def _flag(ctx: LaunchContext, name: str, default: bool) -> bool:
+    raw = ctx.settings_env.get(name, "").strip().lower()
+    return default if not raw else raw in ("1", "true", "yes", "on")
+
+
+def _find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
+    """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache."""
+    home = Path(ctx.base_env.get("HOME") or "~").expanduser()
+    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
+    wanted = ctx.settings_env.get(knob) or command
+    for path in (ctx.base_env.get("PATH", ""), str(cache.expanduser() / "node_modules" / ".bin")):
+        if found := shutil.which(wanted, path=path):
+            return found
+    raise ProviderError(
+        f"{wanted} not found (on PATH or in {cache}/node_modules/.bin); install it with "
+        f"`npm install -g {package}` or set {knob}=/path/to/{command} for cao-server"
+    )
+
+
+class GeminiCliProvider(Provider):
+    name: ClassVar[str] = "gemini_cli"
+    description: ClassVar[str] = "Gemini CLI (Google), `gemini`"
+    accepts_input_while_processing: ClassVar[bool] = True
+    paste_enter_delay: ClassVar[float] = 0.2  # < 50 ms and Gemini drops the Enter
+    submit_timeout: ClassVar[float] = 4.0
+    exit_command: ClassVar[str] = "/quit"
+    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
+        bypass = _flag(ctx, "CAO_GEMINI_BYPASS", True)
+        env = dict(ctx.base_env)
+        env.setdefault("SHELL", "/bin/bash")
+        env.update(HOME=str(home), GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
+        key = knobs.get("CAO_GEMINI_API_KEY", "")
+        if knobs.get("CAO_MODEL_BASE_URL"):
+            env["GOOGLE_GEMINI_BASE_URL"] = knobs["CAO_MODEL_BASE_URL"]
+            key = key or FAKE_KEY
+        if not key:
+            raise ProviderError(
+                "gemini_cli has no credentials: set CAO_GEMINI_API_KEY (or CAO_MODEL_BASE_URL for a "
+                "local model server) for cao-server"
+            )
+        env["GEMINI_API_KEY"] = key
+        servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
+        for spec in servers.values():
+            if "url" in spec:  # Gemini's name for a streamable-HTTP server's address
+                spec["httpUrl"] = spec.pop("url")
+        servers["cao"] = {
+            "command": sys.executable,
+            "args": ["-m", "cao.mcp"],
+            "env": {"CAO_TERMINAL_ID": ctx.terminal_id, "CAO_SERVER_URL": ctx.server_url},
+        }
+        settings = {
+            "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+            "telemetry": {"enabled": False},
+            "ide": {"enabled": False},
+            "ui": {"hideTips": True},
+            "mcpServers": servers,
+        }
+        command = [_find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")]
+        if model := knobs.get("CAO_GEMINI_MODEL") or (profile and profile.model):
+            command += ["--model", model]
+        if bypass:
+            command.append("--yolo")
+        files = {home / ".gemini" / "settings.json": json.dumps(settings, indent=2)}
+        if profile and profile.system_prompt:  # the user-level context file, read at every start
+            files[home / ".gemini" / "GEMINI.md"] = profile.system_prompt
+        return LaunchSpec(command=command, env=env, files=files)
+
+    def detect_status(self, screen: str) -> TerminalStatus:
+        lines = _lines(screen)
+        box = _box(lines)
+        if box is None:  # a permission prompt or a question replaces the box
+            if any(MENU_RE.match(line) for line in lines):
+                return TerminalStatus.WAITING_USER_ANSWER
+            return TerminalStatus.PROCESSING  # starting up
+        if any(BUSY_RE.search(line) for line in lines[: box[0]]):
+            return TerminalStatus.PROCESSING
+        turn = _turn(lines, box)
+        marks = [line[0] for line in (lines[: box[0]] if turn is None else turn) if line[:2] in ("✦ ", "✕ ")]
+        if not marks:  # nothing answered yet (a long echo may have scrolled the start away)
+            return TerminalStatus.IDLE if turn is None else TerminalStatus.COMPLETED
+        return TerminalStatus.ERROR if marks[-1] == "✕" else TerminalStatus.COMPLETED
+
+    def extract_last_message(self, screen: str) -> str:
+        lines = _lines(screen)
+        box = _box(lines)
+        turn = _turn(lines, box)
+        blocks = _blocks(turn if turn is not None else lines)
+        return blocks[-1] if blocks else ""
+
+    def submit_confirmed(self, before: str, after: str) -> bool | None:
+        """Firm evidence only, a spinner tick proves nothing: a new echoed turn, one more queued
+        input, or idle → busy. The text still in the box (Gemini kept the Enter as a newline):
+        False, and delivery presses Enter again."""
+        box = self.input_text(after)
+        if box and box.strip():
+            return False
+        (echo, queued), (echo_now, queued_now) = _marks(before), _marks(after)
+        if queued_now > queued or echo_now not in (None, echo):
+            return True
+        busy = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
+        return True if self.detect_status(before) not in busy and self.detect_status(after) in busy else None
+
+    def input_text(self, screen: str) -> str | None:
+        lines = _lines(screen)
+        box = _box(lines)
+        if box is None:
+            return None
+        first, end = box
+        rows = [PROMPT_RE.sub("", lines[first]), *(line[3:] for line in lines[first + 1 : end])]
+        text = "\n".join(rows).strip()
+        return "" if text in PLACEHOLDERS else text

@@ -1,0 +1,251 @@
+"""What the real-CLI providers launch: pure checks of their LaunchSpecs (no bed, no CLI needed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+import providers
+from cao.errors import ProviderError
+from cao.profiles import Profile
+from providers.base import LaunchContext, LaunchSpec
+
+
+class Spec(NamedTuple):
+    provider: str
+    command: str  # the CLI's executable name
+    prefix: str  # its knobs: CAO_<prefix>_BIN, _BYPASS, _MODEL
+    bypass_flag: str
+    key_knob: str  # CAO_* variable with a real API key
+    key_env: str  # what the CLI reads it from
+    extra_env: dict[str, str]  # variables the CLI gets besides base_env, HOME and the key
+
+
+SPECS = [
+    Spec(
+        "claude_code",
+        "claude",
+        "CLAUDE",
+        "--dangerously-skip-permissions",
+        "CAO_ANTHROPIC_API_KEY",
+        "ANTHROPIC_API_KEY",
+        {"ANTHROPIC_BASE_URL": "http://127.0.0.1:18081", "DISABLE_AUTOUPDATER": "1"},
+    ),
+    Spec(
+        "codex",
+        "codex",
+        "CODEX",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "CAO_OPENAI_API_KEY",
+        "CAO_CODEX_API_KEY",
+        {},
+    ),
+    Spec(
+        "gemini_cli",
+        "gemini",
+        "GEMINI",
+        "--yolo",
+        "CAO_GEMINI_API_KEY",
+        "GEMINI_API_KEY",
+        {"GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:18081", "GEMINI_TELEMETRY_ENABLED": "false"},
+    ),
+]
+
+
+@pytest.fixture(params=SPECS, ids=[s.provider for s in SPECS])
+def spec(request: pytest.FixtureRequest) -> Spec:
+    result: Spec = request.param
+    return result
+
+
+def executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def context(tmp_path: Path, knobs: dict[str, str], path: str = "/nonexistent") -> LaunchContext:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return LaunchContext(
+        terminal_id="1a2b3c4d",
+        agent_profile="developer",
+        working_directory=work,
+        cao_home=tmp_path / "cao",
+        server_url="http://127.0.0.1:9889",
+        terminal_home=tmp_path / "cao" / "terminals" / "1a2b3c4d",
+        base_env={
+            "PATH": path,
+            "LANG": "C.UTF-8",
+            "TERM": "xterm-256color",
+            "HOME": str(tmp_path / "user"),
+            "CAO_TERMINAL_ID": "1a2b3c4d",
+            "CAO_SERVER_URL": "http://127.0.0.1:9889",
+        },
+        settings_env=knobs,
+    )
+
+
+def launch(spec: Spec, tmp_path: Path, **knobs: str) -> LaunchSpec:
+    cli = executable(tmp_path / "bin" / spec.command)
+    settings = {f"CAO_{spec.prefix}_BIN": str(cli), "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081", **knobs}
+    return providers.get(spec.provider).launch(context(tmp_path, settings))
+
+
+def mcp_server(spec: Spec, launched: LaunchSpec) -> dict[str, Any]:
+    """The ``cao`` MCP server entry from whichever config file the provider writes."""
+    for path, content in launched.files.items():
+        if path.suffix == ".toml":
+            server: dict[str, Any] = tomllib.loads(content)["mcp_servers"]["cao"]
+            return server
+        data = json.loads(content)
+        if "mcpServers" in data:
+            server = data["mcpServers"]["cao"]
+            return server
+    raise AssertionError(f"{spec.provider} configures no MCP server: {list(launched.files)}")
+
+
+def test_environment_is_built_from_nothing_but_what_the_cli_needs(spec: Spec, tmp_path: Path) -> None:
+    launched = launch(spec, tmp_path)
+    ctx = context(tmp_path, {})
+    assert launched.env["HOME"] == str(ctx.terminal_home)
+    assert launched.env["CAO_TERMINAL_ID"] == "1a2b3c4d"
+    assert launched.env[spec.key_env]  # a placeholder key for the local model server
+    assert launched.env.items() >= spec.extra_env.items()
+    assert all(path.is_relative_to(ctx.terminal_home) for path in launched.files)
+
+
+def test_mcp_server_speaks_for_this_terminal(spec: Spec, tmp_path: Path) -> None:
+    server = mcp_server(spec, launch(spec, tmp_path))
+    assert (server["command"], server["args"]) == (sys.executable, ["-m", "cao.mcp"])
+    assert server["env"] == {"CAO_TERMINAL_ID": "1a2b3c4d", "CAO_SERVER_URL": "http://127.0.0.1:9889"}
+
+
+def test_bypass_by_default_and_a_knob_to_get_prompts(spec: Spec, tmp_path: Path) -> None:
+    assert spec.bypass_flag in launch(spec, tmp_path).command
+    assert spec.bypass_flag not in launch(spec, tmp_path, **{f"CAO_{spec.prefix}_BYPASS": "false"}).command
+
+
+def test_real_key_is_passed_through(spec: Spec, tmp_path: Path) -> None:
+    launched = providers.get(spec.provider).launch(
+        context(
+            tmp_path,
+            {
+                f"CAO_{spec.prefix}_BIN": str(executable(tmp_path / spec.command)),
+                spec.key_knob: "k-0123456789abcdefghijXYZ",
+            },
+        )
+    )
+    assert launched.env[spec.key_env] == "k-0123456789abcdefghijXYZ"
+    assert not any("127.0.0.1:18081" in v for v in launched.env.values())
+
+
+def test_cli_found_on_path_then_in_the_bed_cache(spec: Spec, tmp_path: Path) -> None:
+    knobs = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081", "CAO_REALCLI_CACHE": str(tmp_path / "cache")}
+    on_path = executable(tmp_path / "path" / spec.command)
+    prov = providers.get(spec.provider)
+    assert prov.launch(context(tmp_path, knobs, path=str(on_path.parent))).command[0] == str(on_path)
+    cached = executable(tmp_path / "cache" / "node_modules" / ".bin" / spec.command)
+    assert prov.launch(context(tmp_path, knobs)).command[0] == str(cached)
+
+
+def test_missing_cli_or_credentials_say_what_to_do(spec: Spec, tmp_path: Path) -> None:
+    prov = providers.get(spec.provider)
+    knobs = {"CAO_MODEL_BASE_URL": "http://x", "CAO_REALCLI_CACHE": str(tmp_path / "empty")}
+    with pytest.raises(ProviderError, match=rf"npm install -g .*CAO_{spec.prefix}_BIN"):
+        prov.launch(context(tmp_path, knobs))
+    with pytest.raises(ProviderError, match=spec.key_knob):
+        prov.launch(context(tmp_path, {f"CAO_{spec.prefix}_BIN": str(executable(tmp_path / spec.command))}))
+
+
+def test_model_knob(spec: Spec, tmp_path: Path) -> None:
+    launched = launch(spec, tmp_path, **{f"CAO_{spec.prefix}_MODEL": "some-model"})
+    config = "".join(launched.files.values())
+    assert "some-model" in launched.command or 'model = "some-model"' in config
+
+
+def test_claude_is_seeded_past_its_first_run_dialogs(tmp_path: Path) -> None:
+    launched = launch(SPECS[0], tmp_path)
+    home = context(tmp_path, {}).terminal_home
+    state = json.loads(launched.files[home / ".claude.json"])
+    assert state["hasCompletedOnboarding"] is True
+    assert state["customApiKeyResponses"]["approved"] == [launched.env["ANTHROPIC_API_KEY"][-20:]]
+    assert state["projects"][str(tmp_path / "work")]["hasTrustDialogAccepted"] is True
+    settings = json.loads(launched.files[home / ".claude" / "settings.json"])
+    assert settings["skipDangerousModePermissionPrompt"] is True
+
+
+def test_codex_config_is_complete_and_keeps_codex_single_process(tmp_path: Path) -> None:
+    launched = launch(SPECS[1], tmp_path)
+    home = context(tmp_path, {}).terminal_home
+    assert launched.env["CODEX_HOME"] == str(home / ".codex")
+    config = tomllib.loads(launched.files[home / ".codex" / "config.toml"])
+    assert config["model_provider"] == "cao"
+    assert config["model_providers"]["cao"]["base_url"] == "http://127.0.0.1:18081/v1"
+    assert config["model_providers"]["cao"]["env_key"] == "CAO_CODEX_API_KEY"
+    assert config["projects"][str(tmp_path / "work")] == {"trust_level": "trusted"}
+    assert config["features"]["daemon_auto_start"] is False
+    assert config["check_for_update_on_startup"] is False
+    assert "--no-alt-screen" in launched.command  # keeps the transcript in tmux's scrollback
+
+
+def test_gemini_settings_skip_auth_and_trust_dialogs(tmp_path: Path) -> None:
+    launched = launch(SPECS[2], tmp_path)
+    home = context(tmp_path, {}).terminal_home
+    settings = json.loads(launched.files[home / ".gemini" / "settings.json"])
+    assert settings["security"] == {
+        "auth": {"selectedType": "gemini-api-key"},
+        "folderTrust": {"enabled": False},
+    }
+    assert settings["telemetry"]["enabled"] is False
+    assert launched.env["COLORTERM"] == "truecolor"
+
+
+PROFILE = Profile(
+    name="tester",
+    description="Writes the missing tests",
+    system_prompt="You write tests first.",
+    model="profile-model",
+    mcp_servers={
+        "docs": {"command": "docs-mcp", "args": ["--readonly"], "env": {"DOCS_ROOT": "/srv/docs"}},
+        "cao": {"command": "not-this-one"},
+    },
+)
+
+
+def test_profile_prompt_model_and_mcp_servers_reach_the_cli(spec: Spec, tmp_path: Path) -> None:
+    cli = executable(tmp_path / "bin" / spec.command)
+    knobs = {f"CAO_{spec.prefix}_BIN": str(cli), "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081"}
+    launched = providers.get(spec.provider).launch(replace(context(tmp_path, knobs), profile=PROFILE))
+    prompt_files = [path for path, text in launched.files.items() if text == PROFILE.system_prompt]
+    assert len(prompt_files) == 1
+    config = "".join(launched.files.values())
+    assert "profile-model" in launched.command or 'model = "profile-model"' in config
+    assert mcp_server(spec, launched)["args"] == ["-m", "cao.mcp"]  # cao's own always wins
+    assert "docs-mcp" in config and "/srv/docs" in config
+    with_knob = providers.get(spec.provider).launch(
+        replace(context(tmp_path, {**knobs, f"CAO_{spec.prefix}_MODEL": "knob-model"}), profile=PROFILE)
+    )
+    assert "profile-model" not in [*with_knob.command, *with_knob.files.values()]
+
+
+def test_claude_profile_tool_allow_list_asks_for_the_rest(tmp_path: Path) -> None:
+    profile = replace(PROFILE, allowed_tools=("Read", "Bash(pytest:*)"))
+    launched = providers.get("claude_code").launch(
+        replace(
+            context(
+                tmp_path,
+                {"CAO_CLAUDE_BIN": str(executable(tmp_path / "claude")), "CAO_MODEL_BASE_URL": "http://x"},
+            ),
+            profile=profile,
+        )
+    )
+    assert launched.command[launched.command.index("--allowedTools") + 1] == "Read,Bash(pytest:*),mcp__cao"
+    assert "--dangerously-skip-permissions" not in launched.command

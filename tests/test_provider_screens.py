@@ -1,0 +1,380 @@
+"""The provider contract, checked for every registered provider against real screens.
+
+Screens: ``tests/screens/<provider>/<state>.txt`` with the expected status in that folder's
+``meta.json`` (captured from the real CLIs by ``python -m tests.realcli.capture``); the bundled
+scripted agent's screens are captured live here, from the real program in a private tmux server,
+so they can't drift from it. For each screen: ``detect_status`` gives the expected status,
+``input_text`` is ``""`` where an idle box shows, falsy while busy and ``None`` under a prompt, and
+``extract_last_message`` returns the model's answer without chrome.
+
+``TRAPS`` adds screens of the traps found while building the providers (text typed into the box,
+collapsed pastes, an echo scrolled off the top, a queued message, Gemini's box that reads like an
+echo). They come from real captures, trimmed: banner lines dropped, blank runs and wide padding
+collapsed, full-width rules written as ``---``/``▄▄▄``/``▀▀▀``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+import providers
+from cao.tmux import Tmux
+from providers.base import LaunchContext, TerminalStatus
+
+SCREENS = Path(__file__).parent / "screens"
+SCRIPTED = ("scripted", "scripted_eager")  # one program, two declarations: same screens
+# What the fake model answered in the saved captures (and the scripted agent's rules below).
+ANSWERS = {"completed": "The fake model says hello.", "completed_tools": "Both tools ran."}
+BUSY_STATES = ("processing", "queued")
+
+
+class Case(NamedTuple):
+    provider: str
+    state: str
+    status: TerminalStatus
+
+
+def saved_cases() -> list[Case]:
+    cases = []
+    for meta_path in sorted(SCREENS.glob("*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        for state, status in sorted(meta["states"].items()):
+            cases.append(Case(meta["provider"], state, TerminalStatus(status)))
+    return cases
+
+
+SCRIPTED_STATES = {
+    "idle": TerminalStatus.IDLE,
+    "completed": TerminalStatus.COMPLETED,
+    "error": TerminalStatus.ERROR,
+    "waiting_user_answer": TerminalStatus.WAITING_USER_ANSWER,
+    "processing": TerminalStatus.PROCESSING,
+    "queued": TerminalStatus.PROCESSING,
+}
+CASES = saved_cases() + [Case(p, s, status) for p in SCRIPTED for s, status in SCRIPTED_STATES.items()]
+
+
+@pytest.fixture(scope="module")
+def scripted_screens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The scripted agent's screen in each state, captured from the real program in tmux."""
+    tmp = tmp_path_factory.mktemp("scripted")
+    rules = {
+        "rules": [
+            {"match": "^Say hello", "reply": ANSWERS["completed"]},
+            {"match": "^fail", "error": "API Error: 400 bad request"},
+            {"match": "^ask", "ask": "Allow tool deploy?", "reply": "deployed"},
+            {"match": "^slow", "delay": 60, "reply": "slowly done"},
+        ]
+    }
+    (tmp / "rules.json").write_text(json.dumps(rules))
+    ctx = LaunchContext(
+        terminal_id="5c0a1e00",
+        agent_profile="developer",
+        working_directory=tmp,
+        cao_home=tmp,
+        server_url="http://127.0.0.1:9",
+        terminal_home=tmp,
+        base_env={
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TERM": "xterm-256color",
+            "LANG": "C.UTF-8",
+        },
+        settings_env={"CAO_SCRIPTED_RULES": str(tmp / "rules.json")},
+    )
+    spec = providers.get("scripted").launch(ctx)
+    socket_name = f"cao-test-{secrets.token_hex(4)}"
+    tmux = Tmux(socket_name)
+    pane = tmux.create_window(
+        session_name="cao-screens",
+        window_name="scripted",
+        command=spec.command,
+        env=spec.env,
+        cwd=tmp,
+        log_path=tmp / "pane.log",
+    ).pane_id
+    screens: dict[str, str] = {}
+
+    def reach(state: str, ready: Callable[[str], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not ready(screen := tmux.capture(pane)):
+            assert time.monotonic() < deadline, f"scripted agent never reached {state}:\n{screen}"
+            time.sleep(0.02)
+        screens[state] = screen
+
+    def shows(needle: str, last: str) -> Callable[[str], bool]:
+        """``needle`` on screen and the last line matching ``last``."""
+        return lambda s: needle in s and bool(re.search(last, s.rstrip().rsplit("\n", 1)[-1]))
+
+    try:
+        reach("idle", shows("cao scripted agent", r"^❯ ?$"))
+        for state, text, ready in (
+            ("completed", "Say hello slowly", shows(f"● {ANSWERS['completed']}", r"^❯ ?$")),
+            ("error", "fail now", shows("✗ API Error: 400", r"^❯ ?$")),
+            ("waiting_user_answer", "ask to deploy", shows("› ask to deploy", r"^\? Allow tool deploy")),
+            ("after_answer", "y", shows("● deployed", r"^❯ ?$")),
+            ("processing", "slow work", shows("› slow work", r"thinking… \(\d+s · esc")),
+            ("queued", "second task", shows("", r"· 1 queued")),
+        ):
+            tmux.paste(pane, text, enter_delay=0.05)
+            reach(state, ready)
+        yield screens
+    finally:
+        tmux.kill_server()
+        Path(f"/tmp/tmux-{os.getuid()}/{socket_name}").unlink(missing_ok=True)
+
+
+def screen_of(case: Case, scripted: Callable[[], dict[str, str]]) -> str:
+    if case.provider in SCRIPTED:
+        return scripted()[case.state]
+    return (SCREENS / case.provider / f"{case.state}.txt").read_text()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.provider}-{c.state}" for c in CASES])
+def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) -> None:
+    provider = providers.get(case.provider)
+    screen = screen_of(case, lambda: request.getfixturevalue("scripted_screens"))
+
+    assert provider.detect_status(screen) == case.status
+    box = provider.input_text(screen)
+    if case.status == TerminalStatus.WAITING_USER_ANSWER:
+        assert box is None  # a prompt replaces the input box
+    elif case.state in BUSY_STATES:
+        assert not box  # the box may stay visible (empty) while busy, or be gone
+    else:
+        assert box == ""
+    last = provider.extract_last_message(screen)
+    if case.state in ANSWERS:
+        assert last == ANSWERS[case.state]
+    if case.status == TerminalStatus.ERROR:
+        assert "400" in last
+    if case.state == "idle":
+        assert last == ""
+
+
+def test_every_registered_provider_has_screens() -> None:
+    assert set(providers.names()) <= {c.provider for c in CASES}
+
+
+# -- traps ----------------------------------------------------------------------------------------
+def expand(compact: str) -> str:
+    rules = {"---": "─" * 200, "▄▄▄": "▄" * 200, "▀▀▀": "▀" * 200}
+    return "\n".join(rules.get(line, line) for line in compact.split("\n")) + "\n" * 8
+
+
+class Trap(NamedTuple):
+    name: str
+    provider: str
+    screen: str
+    status: TerminalStatus
+    box: str | None
+    last: str = ""
+
+
+CLAUDE_FOOTER = "---\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents"
+CODEX_FOOTER = "\n  fake-model default · /work\n  ← for agents · ? for shortcuts  ⚠ 1 warning · f2 to view"
+GEMINI_FOOTER = "▀▀▀\n workspace (/directory)  sandbox  /model\n /work  no sandbox  Auto"
+LONG_ECHO_TAIL = (
+    "  line 38 of a long inbox message\n  line 39 of a long inbox message\n  [[reply:Long done.]]\n"
+)
+
+TRAPS = [
+    Trap(
+        "claude-text-typed-in-the-box",
+        "claude_code",
+        "\n---\n❯\u00a0hello there [[reply:Hi back.]]\n" + CLAUDE_FOOTER,
+        TerminalStatus.IDLE,
+        "hello there [[reply:Hi back.]]",
+    ),
+    Trap(
+        "claude-long-paste-collapsed-in-the-box",
+        "claude_code",
+        "❯ hello there\n\n● Hi back.\n\n✻ Sautéed for 0s\n\n---\n❯\u00a0[Pasted text #1 +41 lines]\n"
+        "---\n  paste again to expand  ● high · /effort",
+        TerminalStatus.COMPLETED,
+        "[Pasted text #1 +41 lines]",
+        "Hi back.",
+    ),
+    Trap(
+        "claude-echo-scrolled-off-the-top",
+        "claude_code",
+        LONG_ECHO_TAIL + "\n● Long done.\n\n✻ Crunched for 0s\n\n---\n❯\u00a0\n" + CLAUDE_FOOTER,
+        TerminalStatus.COMPLETED,
+        "",
+        "Long done.",
+    ),
+    Trap(
+        "codex-inline-mode-idle",
+        "codex",
+        "\n  >_ OpenAI Codex (v0.171.0)\n     /work\n  permissions: YOLO mode\n\n› Ask Codex to do anything\n"
+        + CODEX_FOOTER,
+        TerminalStatus.IDLE,
+        "",
+    ),
+    Trap(
+        "codex-text-typed-in-the-box",
+        "codex",
+        "\n  >_ OpenAI Codex (v0.171.0)\n\n› hello there [[reply:Hi back.]]\n" + CODEX_FOOTER,
+        TerminalStatus.IDLE,
+        "hello there [[reply:Hi back.]]",
+    ),
+    Trap(
+        "codex-long-paste-collapsed-in-the-box",
+        "codex",
+        "• Multi done.\n\n  Worked for <1s • 08:11\n\n› [Pasted Content 2922 chars]\n" + CODEX_FOOTER,
+        TerminalStatus.COMPLETED,
+        "[Pasted Content 2922 chars]",
+        "Multi done.",
+    ),
+    Trap(
+        "codex-working-after-an-earlier-turn",
+        "codex",
+        LONG_ECHO_TAIL + "\n• Long done.\n\n  Worked for <1s • 08:11\n\n› First long task [[delay:6]]\n\n"
+        "◦ Working (0s • esc to interrupt)\n\n› Ask Codex to do anything\n" + CODEX_FOOTER,
+        TerminalStatus.PROCESSING,
+        "",
+    ),
+    Trap(
+        "codex-answer-shown-but-turn-not-closed",  # "Worked for" follows ~0.1 s later
+        "codex",
+        "› Say hello\n\n• The fake model says hello.\n\n› Ask Codex to do anything\n" + CODEX_FOOTER,
+        TerminalStatus.PROCESSING,
+        "",
+        "The fake model says hello.",
+    ),
+    Trap(
+        "gemini-text-typed-reads-like-an-echo",
+        "gemini_cli",
+        "\nℹ MCP issues detected. Run /mcp list for status.\n\n---\n Shift+Tab to accept edits\n"
+        "▄▄▄\n > hello there [[reply:Hi back.]]\n" + GEMINI_FOOTER,
+        TerminalStatus.IDLE,
+        "hello there [[reply:Hi back.]]",
+    ),
+    Trap(
+        "gemini-enter-kept-as-a-newline",
+        "gemini_cli",
+        "▄▄▄\n > hello there\n▀▀▀\n✦ Hi back.\n\n---\n YOLO Ctrl+Y  1 MCP server\n▄▄▄\n"
+        " * [cao message #12 from abcd1234]\n   line two of the message\n\n" + GEMINI_FOOTER,
+        TerminalStatus.COMPLETED,
+        "[cao message #12 from abcd1234]\nline two of the message",
+        "Hi back.",
+    ),
+    Trap(
+        "gemini-long-paste-collapsed-in-the-box",
+        "gemini_cli",
+        "▄▄▄\n > hello there\n▀▀▀\n✦ Hi back.\n\n Press Ctrl+O to expand pasted text\n\n---\n YOLO Ctrl+Y\n"
+        "▄▄▄\n * [cao message #12 from abcd1234]\n   [Pasted Text: 42 lines]\n" + GEMINI_FOOTER,
+        TerminalStatus.COMPLETED,
+        "[cao message #12 from abcd1234]\n[Pasted Text: 42 lines]",
+        "Hi back.",
+    ),
+    Trap(
+        "gemini-echo-band-cut-by-the-top",
+        "gemini_cli",
+        " " + LONG_ECHO_TAIL + "▀▀▀\n✦ Long done.\n\n Press Ctrl+O to expand pasted text\n  ? for shortcuts\n"
+        "---\n YOLO Ctrl+Y  1 MCP server\n▄▄▄\n *   Type your message or @path/to/file\n" + GEMINI_FOOTER,
+        TerminalStatus.COMPLETED,
+        "",
+        "Long done.",
+    ),
+    Trap(
+        "gemini-message-queued-while-busy",
+        "gemini_cli",
+        "✦ Long done.\n▄▄▄\n > First long task [[delay:6]]\n▀▀▀\n\n  Queued (press ↑ to edit):\n"
+        "    Second task tok-second\n ⠧ Thinking... (esc to cancel, 1s)  ? for shortcuts\n---\n YOLO Ctrl+Y\n"
+        "▄▄▄\n *   Type your message or @path/to/file\n" + GEMINI_FOOTER,
+        TerminalStatus.PROCESSING,
+        "",
+    ),
+]
+
+
+@pytest.mark.parametrize("trap", TRAPS, ids=[t.name for t in TRAPS])
+def test_provider_handles_trap(trap: Trap) -> None:
+    provider = providers.get(trap.provider)
+    screen = expand(trap.screen)
+    assert provider.detect_status(screen) == trap.status
+    assert provider.input_text(screen) == trap.box
+    assert provider.extract_last_message(screen) == trap.last
+
+
+# -- submit confirmation --------------------------------------------------------------------------
+def saved(provider: str, state: str) -> str:
+    return (SCREENS / provider / f"{state}.txt").read_text()
+
+
+def tick(screen: str) -> str:
+    """The same busy screen a moment later: the spinner and its timer moved on."""
+    for old, new in (
+        ("Tomfoolering…", "Honking…"),
+        ("(1s •", "(2s •"),
+        ("⠇ Thinking... (esc to cancel, 1s)", "⠏ Thinking... (esc to cancel, 2s)"),
+    ):
+        screen = screen.replace(old, new)
+    return screen
+
+
+def unqueued(screen: str) -> str:
+    """``screen`` as it was before the queued input arrived."""
+    lines = [line for line in screen.split("\n") if not line.startswith(("  ❯ ", "  Queued", "    "))]
+    return "\n".join(lines).replace("\u00a0Press up to edit queued messages", "\u00a0")
+
+
+def screen_ref(provider: str, ref: str) -> str:
+    """``idle`` (a saved screen), ``trap:<name>``, ``tick:<ref>`` or ``unqueued:<ref>``."""
+    kind, _, rest = ref.partition(":")
+    if kind == "trap":
+        return expand(next(t.screen for t in TRAPS if t.name == rest))
+    if kind == "tick":
+        return tick(screen_ref(provider, rest))
+    if kind == "unqueued":
+        return unqueued(screen_ref(provider, rest))
+    return saved(provider, ref)
+
+
+class Submit(NamedTuple):
+    name: str
+    before: str
+    after: str
+    verdict: bool | None
+
+
+SUBMITS = {
+    provider: [
+        Submit("nothing-happened-yet", "idle", "idle", None),
+        Submit("still-in-the-box", "idle", f"trap:{typed}", False),
+        Submit("went-busy", "idle", "processing", True),
+        Submit("spinner-tick-only", "processing", "tick:processing", None),
+        Submit("new-turn-answered", "completed", "error", True),
+    ]
+    for provider, typed in (
+        ("claude_code", "claude-text-typed-in-the-box"),
+        ("codex", "codex-text-typed-in-the-box"),
+        ("gemini_cli", "gemini-text-typed-reads-like-an-echo"),
+    )
+}
+SUBMITS["claude_code"].append(Submit("queued-while-busy", "unqueued:queued", "queued", True))
+SUBMITS["gemini_cli"].append(
+    Submit(
+        "queued-while-busy",
+        "unqueued:trap:gemini-message-queued-while-busy",
+        "trap:gemini-message-queued-while-busy",
+        True,
+    )
+)
+SUBMIT_CASES = [(provider, case) for provider, cases in SUBMITS.items() for case in cases]
+
+
+@pytest.mark.parametrize(("provider", "case"), SUBMIT_CASES, ids=[f"{p}-{c.name}" for p, c in SUBMIT_CASES])
+def test_submit_confirmed_needs_firm_evidence(provider: str, case: Submit) -> None:
+    before, after = screen_ref(provider, case.before), screen_ref(provider, case.after)
+    assert before != after or case.verdict is None
+    assert providers.get(provider).submit_confirmed(before, after) is case.verdict
