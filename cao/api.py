@@ -189,8 +189,8 @@ def create_app(core: Cao) -> FastAPI:
         p = await _params(request)
         text = _str(p, "message", required=True)
         assert text is not None
-        await _off_loop(lambda: terms.send_input(terms.get(terminal_id), text))
-        return {"success": True}
+        confirmed = await _off_loop(lambda: terms.send_input(terms.get(terminal_id), text))
+        return {"success": True, "confirmed": confirmed}
 
     @app.get("/terminals/{terminal_id}/output")
     async def get_output(terminal_id: str, mode: str = "full", format: str = "json") -> Any:
@@ -201,8 +201,8 @@ def create_app(core: Cao) -> FastAPI:
 
     @app.post("/terminals/{terminal_id}/exit")
     async def exit_terminal(terminal_id: str) -> dict[str, Any]:
-        await _off_loop(lambda: terms.exit(terms.get(terminal_id)))
-        return {"success": True}
+        confirmed = await _off_loop(lambda: terms.exit(terms.get(terminal_id)))
+        return {"success": True, "confirmed": confirmed}
 
     @app.delete("/terminals/{terminal_id}")
     async def delete_terminal(terminal_id: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from providers.base import Provider, TerminalStatus
 logger = logging.getLogger(__name__)
 
 TAIL_BYTES = 2048
+PASTE_RE = re.compile(r"\[Pasted", re.I)  # CLIs' placeholder for a long paste in the input box
 _C0_KEEP = {"\n", "\t"}
 
 
@@ -128,14 +130,12 @@ class Delivery:
         terminals: Terminals,
         *,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
         self.store = store
         self.terminals = terminals
         self.tmux = terminals.tmux
         self.clock = clock
-        self.sleep = sleep
         self.faults = Faults(settings.fault_point)
         self.waiting: dict[str, tuple[str, float]] = {}  # receiver -> (why still pending, since)
 
@@ -187,15 +187,12 @@ class Delivery:
                     "message found already delivered", extra={"terminal_id": receiver_id, "message_ids": ids}
                 )
                 return Result(Outcome.DELIVERED, len(batch))
-            text = format_batch(batch)
-            self.tmux.paste(
-                terminal.pane_id,
-                text,
-                enter_delay=provider.paste_enter_delay,
-                enter_count=provider.enter_count,
+            confirmed = self.terminals.submit(
+                terminal,
+                format_batch(batch),
+                before=screen,
+                after_paste=lambda: self.faults.hit("after_paste"),
             )
-            self.faults.hit("after_paste")
-            confirmed = self._confirm(terminal.pane_id, provider, screen)
         except (PaneGone, TmuxServerDown) as exc:
             self.terminals.mark_gone(terminal)
             return self._release(claim, receiver_id, f"paste failed: receiver pane gone ({exc.message})")
@@ -246,28 +243,6 @@ class Delivery:
             return True  # no log: let the screen decide
         return provider.tail_looks_idle(tail)
 
-    def _confirm(self, pane_id: str, provider: Provider, before: str) -> bool:
-        """Did the agent take the submit? Asks the provider (``submit_confirmed``) on fresh screens.
-
-        If the text still sits in the input box halfway through, press Enter once more.
-        """
-        deadline = time.monotonic() + provider.submit_timeout
-        retried = False
-        delay = 0.005
-        while True:
-            self.sleep(delay)
-            delay = min(delay * 2, 0.05)
-            verdict = provider.submit_confirmed(before, self.tmux.capture(pane_id))
-            if verdict is True:
-                return True
-            now = time.monotonic()
-            if verdict is False and not retried and now > deadline - provider.submit_timeout / 2:
-                logger.info("submit not seen; pressing Enter again", extra={"pane_id": pane_id})
-                self.tmux.send_keys(pane_id, "Enter")
-                retried = True
-            if now > deadline:
-                return False
-
     def _in_scrollback(self, pane_id: str, message: Message) -> bool:
         return header(message) in self.tmux.capture(pane_id, scrollback=True, join=True)
 
@@ -275,8 +250,10 @@ class Delivery:
     def recover(self, *, older_than: float | None = None) -> dict[str, int]:
         """Resolve ``delivering`` rows left by a crash (or a lease that expired).
 
-        The body's header is looked for in the receiver's scrollback: found → delivered (pressing
-        Enter first if it still sits in the input box); not found → back to pending.
+        If the paste still sits unsubmitted in the input box (its header, or the placeholder some
+        CLIs show for long pastes such as ``[Pasted text #1 +41 lines]``), Enter is pressed and the
+        batch counts as delivered. Otherwise the header is looked for in the receiver's scrollback:
+        found → delivered; not found → back to pending, to be pasted once.
         """
         done = {"delivered": 0, "pending": 0, "failed": 0}
         for claim, batch in self.store.stale_claims(older_than=older_than):
@@ -287,11 +264,14 @@ class Delivery:
                     raise PaneGone("receiver deleted")
                 provider = self.terminals.provider(terminal)
                 marker = header(batch[0])
-                scroll = self.tmux.capture(terminal.pane_id, scrollback=True, join=True)
-                if marker in scroll:
-                    box = provider.input_text(self.tmux.capture(terminal.pane_id)) or ""
-                    if marker in box or (box and marker.startswith(box.split(" [+")[0])):
-                        self.tmux.send_keys(terminal.pane_id, "Enter")
+                box = provider.input_text(self.tmux.capture(terminal.pane_id)) or ""
+                if box.strip() and (
+                    marker in box or marker.startswith(box.split(" [+")[0]) or PASTE_RE.search(box)
+                ):
+                    self.tmux.send_keys(terminal.pane_id, "Enter")
+                    done["delivered"] += self.store.mark_delivered(claim)
+                    continue
+                if marker in self.tmux.capture(terminal.pane_id, scrollback=True, join=True):
                     done["delivered"] += self.store.mark_delivered(claim)
                     continue
             except (PaneGone, TmuxServerDown):

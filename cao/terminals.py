@@ -90,7 +90,9 @@ class Terminals:
         *,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.sleep = sleep
         self.settings = settings
         self.store = store
         self.tmux = tmux
@@ -286,27 +288,72 @@ class Terminals:
             return self.tmux.capture(terminal.pane_id, scrollback=True)
         return self.provider(terminal).extract_last_message(self.tmux.capture(terminal.pane_id))
 
-    def send_input(self, terminal: Terminal, text: str) -> None:
-        """Type ``text`` into the agent (bracketed paste + Enter), whatever its status."""
+    def send_input(self, terminal: Terminal, text: str) -> bool:
+        """Type ``text`` into the agent (bracketed paste + Enter), whatever its status.
+
+        Returns whether the submit was confirmed on screen (see :meth:`submit`).
+        """
         if not text:
             raise InvalidInput("message is empty; send some text")
+        confirmed = self.submit(terminal, text)
+        self.store.update_terminal(terminal.id, last_active=self.clock())
+        return confirmed
+
+    def submit(
+        self,
+        terminal: Terminal,
+        text: str,
+        *,
+        before: str | None = None,
+        after_paste: Callable[[], None] | None = None,
+    ) -> bool:
+        """Paste ``text``, press Enter, and confirm the agent took it (the one paste path).
+
+        ``before`` is the screen before the paste (captured when not given). The provider judges
+        fresh screens (``submit_confirmed``); if the text still sits in the input box halfway
+        through its ``submit_timeout``, Enter is pressed once more. Returns whether confirmed.
+        """
         if terminal.pane_id is None:
             raise PaneGone(f"terminal {terminal.id} has no pane")
-        prov = self.provider(terminal)
-        self.tmux.paste(
-            terminal.pane_id, text, enter_delay=prov.paste_enter_delay, enter_count=prov.enter_count
-        )
-        self.store.update_terminal(terminal.id, last_active=self.clock())
+        pane, prov = terminal.pane_id, self.provider(terminal)
+        if before is None:
+            before = self.tmux.capture(pane)
+        self.tmux.paste(pane, text, enter_delay=prov.paste_enter_delay, enter_count=prov.enter_count)
+        if after_paste is not None:
+            after_paste()
+        deadline = time.monotonic() + prov.submit_timeout
+        retried = False
+        delay = 0.005
+        while True:
+            self.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            verdict = prov.submit_confirmed(before, self.tmux.capture(pane))
+            if verdict is True:
+                return True
+            now = time.monotonic()
+            if verdict is False and not retried and now > deadline - prov.submit_timeout / 2:
+                logger.info("submit not seen; pressing Enter again", extra={"terminal_id": terminal.id})
+                self.tmux.send_keys(pane, "Enter")
+                retried = True
+            if now > deadline:
+                return False
 
-    def exit(self, terminal: Terminal) -> None:
-        self.send_input(terminal, self.provider(terminal).exit_command)
+    def exit(self, terminal: Terminal) -> bool:
+        """Type the provider's exit command; a pane that closes while we confirm has exited."""
+        try:
+            return self.send_input(terminal, self.provider(terminal).exit_command)
+        except (PaneGone, TmuxServerDown):
+            return True
 
     # -- delete ----------------------------------------------------------------------------------
     def delete(self, terminal: Terminal) -> int:
-        """Kill the pane (and its processes) and mark the terminal deleted; fails its pending mail."""
+        """Mark the terminal deleted (failing its pending mail), then kill its pane and processes.
+
+        In that order, so no delivery attempt races the kill and reports a spurious failure.
+        """
+        failed = self.store.delete_terminal(terminal.id, reason="receiver_gone")
         if terminal.pane_id:
             self.tmux.kill_pane(terminal.pane_id, terminal.pane_pid)
-        failed = self.store.delete_terminal(terminal.id, reason="receiver_gone")
         home = self.settings.home / "terminals" / terminal.id
         shutil.rmtree(home, ignore_errors=True)
         logger.info("terminal deleted", extra={"terminal_id": terminal.id, "failed_messages": failed})

@@ -59,7 +59,8 @@ def test_input_output_exit_delete(client: TestClient, core: Cao):
     tid = term["id"]
     wait_until(lambda: _status(client, tid) == "idle")
     assert client.post(f"/terminals/{tid}/input", params={"message": "first question"}).json() == {
-        "success": True
+        "success": True,
+        "confirmed": True,
     }
     wait_until(lambda: _status(client, tid) == "completed")
     assert client.get(f"/terminals/{tid}/output", params={"mode": "last"}).json() == {
@@ -74,7 +75,7 @@ def test_input_output_exit_delete(client: TestClient, core: Cao):
         client.get(f"/terminals/{tid}/output", params={"mode": "last", "format": "text"}).text == "ok: second"
     )
     pid = core.store.get_terminal(tid).pane_pid
-    assert client.post(f"/terminals/{tid}/exit").json() == {"success": True}
+    assert client.post(f"/terminals/{tid}/exit").json() == {"success": True, "confirmed": True}
     wait_until(lambda: _status(client, tid) == "gone", what="agent exited")
     assert client.delete(f"/terminals/{tid}").json()["success"]
     assert pid is not None
