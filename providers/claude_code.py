@@ -29,12 +29,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
-from pathlib import Path
 from typing import ClassVar
 
 from cao.errors import ProviderError
+from providers._cli import find_cli, flag
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "sk-ant-api03-cao-local-model-server-key-0123456789abcdef"
@@ -98,25 +97,6 @@ def _blocks(lines: list[str]) -> list[str]:
     return ["\n".join(block).strip() for block in blocks]
 
 
-def _flag(ctx: LaunchContext, name: str, default: bool) -> bool:
-    raw = ctx.settings_env.get(name, "").strip().lower()
-    return default if not raw else raw in ("1", "true", "yes", "on")
-
-
-def _find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
-    """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache."""
-    home = Path(ctx.base_env.get("HOME") or "~").expanduser()
-    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
-    wanted = ctx.settings_env.get(knob) or command
-    for path in (ctx.base_env.get("PATH", ""), str(cache.expanduser() / "node_modules" / ".bin")):
-        if found := shutil.which(wanted, path=path):
-            return found
-    raise ProviderError(
-        f"{wanted} not found (on PATH or in {cache}/node_modules/.bin); install it with "
-        f"`npm install -g {package}` or set {knob}=/path/to/{command} for cao-server"
-    )
-
-
 class ClaudeCodeProvider(Provider):
     name: ClassVar[str] = "claude_code"
     description: ClassVar[str] = "Claude Code (Anthropic), `claude`"
@@ -132,7 +112,7 @@ class ClaudeCodeProvider(Provider):
         allowed = (
             None if profile is None or profile.allowed_tools is None else [*profile.allowed_tools, "mcp__cao"]
         )
-        bypass = _flag(ctx, "CAO_CLAUDE_BYPASS", allowed is None)
+        bypass = flag(ctx, "CAO_CLAUDE_BYPASS", allowed is None)
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(
@@ -178,7 +158,7 @@ class ClaudeCodeProvider(Provider):
             home / ".claude" / "settings.json": json.dumps(settings, indent=2),
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
-        command = [_find_cli(ctx, "CAO_CLAUDE_BIN", "claude", "@anthropic-ai/claude-code")]
+        command = [find_cli(ctx, "CAO_CLAUDE_BIN", "claude", "@anthropic-ai/claude-code")]
         command += ["--mcp-config", str(home / "mcp.json")]
         if model := knobs.get("CAO_CLAUDE_MODEL") or (profile and profile.model):
             command += ["--model", model]

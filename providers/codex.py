@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
-from pathlib import Path
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
+from providers._cli import find_cli, flag
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -118,25 +117,6 @@ def _mcp_table(name: str, spec: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def _flag(ctx: LaunchContext, name: str, default: bool) -> bool:
-    raw = ctx.settings_env.get(name, "").strip().lower()
-    return default if not raw else raw in ("1", "true", "yes", "on")
-
-
-def _find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
-    """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache."""
-    home = Path(ctx.base_env.get("HOME") or "~").expanduser()
-    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
-    wanted = ctx.settings_env.get(knob) or command
-    for path in (ctx.base_env.get("PATH", ""), str(cache.expanduser() / "node_modules" / ".bin")):
-        if found := shutil.which(wanted, path=path):
-            return found
-    raise ProviderError(
-        f"{wanted} not found (on PATH or in {cache}/node_modules/.bin); install it with "
-        f"`npm install -g {package}` or set {knob}=/path/to/{command} for cao-server"
-    )
-
-
 class CodexProvider(Provider):
     name: ClassVar[str] = "codex"
     description: ClassVar[str] = "OpenAI Codex CLI, `codex` (input only when idle)"
@@ -149,7 +129,7 @@ class CodexProvider(Provider):
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         knobs, profile = ctx.settings_env, ctx.profile
         codex_home = ctx.terminal_home / ".codex"
-        bypass = _flag(ctx, "CAO_CODEX_BYPASS", True)
+        bypass = flag(ctx, "CAO_CODEX_BYPASS", True)
         base_url = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
         key = knobs.get("CAO_OPENAI_API_KEY") or (FAKE_KEY if base_url else "")
         if not key:
@@ -212,7 +192,7 @@ show_tooltips = false
         env.setdefault("SHELL", "/bin/bash")
         env.update(HOME=str(ctx.terminal_home), CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
         # Inline mode keeps the transcript in tmux's scrollback (delivery recovery looks there).
-        command = [_find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex"), "--no-alt-screen"]
+        command = [find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex"), "--no-alt-screen"]
         if bypass:
             command.append("--dangerously-bypass-approvals-and-sandbox")
         files = {codex_home / "config.toml": config}

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from itertools import takewhile
-from pathlib import Path
 from typing import ClassVar
 
 from cao.errors import ProviderError
+from providers._cli import find_cli, flag
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -121,25 +120,6 @@ def _blocks(lines: list[str]) -> list[str]:
     return ["\n".join(block).strip() for block in blocks]
 
 
-def _flag(ctx: LaunchContext, name: str, default: bool) -> bool:
-    raw = ctx.settings_env.get(name, "").strip().lower()
-    return default if not raw else raw in ("1", "true", "yes", "on")
-
-
-def _find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
-    """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache."""
-    home = Path(ctx.base_env.get("HOME") or "~").expanduser()
-    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
-    wanted = ctx.settings_env.get(knob) or command
-    for path in (ctx.base_env.get("PATH", ""), str(cache.expanduser() / "node_modules" / ".bin")):
-        if found := shutil.which(wanted, path=path):
-            return found
-    raise ProviderError(
-        f"{wanted} not found (on PATH or in {cache}/node_modules/.bin); install it with "
-        f"`npm install -g {package}` or set {knob}=/path/to/{command} for cao-server"
-    )
-
-
 class GeminiCliProvider(Provider):
     name: ClassVar[str] = "gemini_cli"
     description: ClassVar[str] = "Gemini CLI (Google), `gemini`"
@@ -151,7 +131,7 @@ class GeminiCliProvider(Provider):
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = _flag(ctx, "CAO_GEMINI_BYPASS", True)
+        bypass = flag(ctx, "CAO_GEMINI_BYPASS", True)
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(HOME=str(home), GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
@@ -183,7 +163,7 @@ class GeminiCliProvider(Provider):
             "ui": {"hideTips": True},
             "mcpServers": servers,
         }
-        command = [_find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")]
+        command = [find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")]
         if model := knobs.get("CAO_GEMINI_MODEL") or (profile and profile.model):
             command += ["--model", model]
         if bypass:

@@ -107,7 +107,6 @@ class ScriptedProvider(Provider):
             return None
         return lines[-1][2:].rstrip()
 
-
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         """Idle before: the generic check. Busy before (eager delivery): the spinner keeps changing
         the screen, so look for firmer evidence: one more queued input, or a new turn's echo."""

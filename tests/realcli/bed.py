@@ -291,6 +291,8 @@ class Bed:
     def _fake_up(self) -> bool:
         if self.fake is not None and self.fake.poll() is not None:
             raise BedUnavailable(f"the fake model server exited: {self.fake_log.read_text()[-500:]}")
+        if not os.path.exists(self.fake_uds):
+            return False  # not listening yet; a connect now would fail (and leak its socket)
         try:
             return self.fake_get("/_fake/health").get("ok") is True
         except (httpx.HTTPError, OSError):
