@@ -39,6 +39,11 @@ def _new_terminal(
     return t.id
 
 
+def _settle(core: Cao, tid: str) -> None:
+    """Wait until no delivery runs and the receiver is idle: a duplicate paste would show by now."""
+    wait_until(lambda: core.engine.idle() and _idle(core, tid), what="deliveries settled")
+
+
 def _status_of(core: Cao, msg_id: int) -> str:
     return core.store.get_message(msg_id).status
 
@@ -97,7 +102,7 @@ def test_3_crash_after_claim_before_paste_is_pasted_once_after_restart(
     assert received_bodies(settings.home, tid) == []
     core = make_core(settings)  # restart: not in scrollback -> pending -> pasted
     wait_until(lambda: _status_of(core, msg.id or 0) == "delivered")
-    time.sleep(0.3)  # would a second paste follow? (nothing should)
+    _settle(core, tid)  # would a second paste follow? (nothing should)
     assert received_bodies(settings.home, tid) == ["token-s3"]
 
 
@@ -111,7 +116,7 @@ def test_4_crash_after_paste_is_found_in_scrollback_and_not_repasted(make_core: 
     core = make_core(settings)
     got = core.store.get_message(msg.id or 0)
     assert got.status == "delivered"  # resolved by start() before any trigger ran
-    time.sleep(0.3)
+    _settle(core, tid)
     assert received_bodies(settings.home, tid) == ["token-s4"]
 
 
@@ -150,7 +155,7 @@ def test_5_retried_send_same_key_is_one_message_also_after_restart(make_core: Ca
     r3 = core2.send_message(tid, "token-s5", sender_id="sender1", idempotency_key="k5")
     assert r3.duplicate and r3.message.id == r1.message.id
     assert r3.as_dict()["status"] == "delivered"
-    time.sleep(0.3)
+    _settle(core2, tid)
     assert received_bodies(settings.home, tid) == ["token-s5"]
 
 
@@ -219,7 +224,7 @@ def test_9_immediate_watchdog_and_sweep_together_paste_once(make_core: Callable[
         wait_until(lambda m=msg: _status_of(core, m.id or 0) == "delivered", what="delivered")
         assert results.count(Outcome.DELIVERED) <= 1
         wait_until(lambda: _idle(core, tid))
-    time.sleep(0.3)
+    _settle(core, tid)
     assert received_bodies(settings.home, tid) == [f"token-s9-{i}" for i in range(5)]
 
 
@@ -246,7 +251,7 @@ def test_10_busy_receiver_gets_nothing_until_idle(make_core: Callable[..., Cao],
     core = make_core(settings)
     tid = _new_terminal(core, "slow")
     msg_id, _ = _busy_then_send(core, tid, "token-s10")
-    time.sleep(0.5)
+    wait_until(lambda: core.delivery.waiting.get(tid, ("",))[0] == "receiver busy", what="gate closed")
     assert core.store.get_message(msg_id).status == "pending"
     assert core.message_view(core.store.get_message(msg_id))["waiting_reason"] == "receiver busy"
     wait_until(lambda: _status_of(core, msg_id) == "delivered", timeout=15)
@@ -296,10 +301,8 @@ def test_11b_never_into_a_starting_pane_even_when_eager(make_core: Callable[...,
     core = make_core(settings.with_(eager_delivery=True))
     t = core.terminals.create(provider="scripted_eager", agent_profile="sleepy")
     receipt = core.send_message(t.id, "token-s11b", sender_id="s")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(t.id)) == "processing", what="starting")
-    time.sleep(0.3)
+    wait_until(lambda: core.delivery.waiting.get(t.id, ("",))[0] == "receiver starting", what="gate closed")
     assert _status_of(core, receipt.message.id or 0) == "pending"
-    assert core.delivery.waiting[t.id][0] == "receiver starting"
     wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered", timeout=15)
     assert received_bodies(settings.home, t.id) == ["token-s11b"]
     assert read_records(settings.home, t.id)[0]["arrived_busy"] is False
@@ -407,7 +410,7 @@ def test_16_hostile_body_arrives_as_one_message_and_types_nothing(core: Cao):
     tid = _new_terminal(core)
     receipt = core.send_message(tid, HOSTILE, sender_id="s")
     wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered")
-    time.sleep(0.3)
+    _settle(core, tid)
     recs = read_records(core.settings.home, tid)
     assert len(recs) == 1, recs  # one submit, nothing typed as keys
     [msg] = recs[0]["messages"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from cao.tmux import Tmux
@@ -112,7 +111,6 @@ def test_cli_without_server_says_how_to_start_it(tmp_path: Path):
     )
     assert proc.returncode == 1
     assert "not reachable" in proc.stderr and "cao-server" in proc.stderr
-    time.sleep(0)
 
 
 def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path):
