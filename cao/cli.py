@@ -427,13 +427,14 @@ def install(name_or_path: str, as_json: bool) -> None:
         console.print(f"installed profile [bold]{profile.name}[/] at {escape(str(path))}")
 
 
-def _register_demo() -> None:
-    from cao.demo import demo
+@cli.command(epilog="\b\nExamples:\n  cao demo\n  cao demo --keep   # leave the agents running to look at")
+@click.option("--keep", is_flag=True, help="Leave the server and agents running (prints how to attach).")
+@click.option("--timeout", default=60.0, show_default=True, help="Give up after this many seconds.")
+def demo(keep: bool, timeout: float) -> None:
+    """Watch three scripted agents coordinate through the inbox (no API key needed)."""
+    from cao.demo import run
 
-    cli.add_command(demo)
-
-
-_register_demo()
+    run(keep, timeout)
 
 
 def main() -> NoReturn:

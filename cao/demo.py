@@ -77,11 +77,8 @@ def _table(messages: list[dict[str, Any]], names: dict[str, str]) -> Table:
     return table
 
 
-@click.command(epilog="Example:\n\n\b\n  cao demo\n  cao demo --keep   # leave the agents running to look at")
-@click.option("--keep", is_flag=True, help="Leave the server and agents running (prints how to attach).")
-@click.option("--timeout", default=60.0, show_default=True, help="Give up after this many seconds.")
-def demo(keep: bool, timeout: float) -> None:
-    """Watch three scripted agents coordinate through the inbox (no API key needed)."""
+def run(keep: bool, timeout: float) -> None:
+    """The demo itself (``cao demo`` imports this module only when it runs)."""
     console = Console()
     home = Path(tempfile.mkdtemp(prefix="cao-demo-"))
     socket_name = f"cao-demo-{os.getpid()}"
