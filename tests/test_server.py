@@ -136,3 +136,18 @@ def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path):
     assert not Tmux(socket.name).is_alive()
     assert not socket.exists()
     assert list(tmp_path.glob("cao-demo-*")) == []
+
+
+def test_message_bodies_never_reach_the_logs(make_server, tmp_path: Path):
+    srv: ServerProcess = make_server()  # runs at --log-level debug
+    secret = "token-body-must-not-be-logged-7f3a"
+    with srv.client() as c:
+        tid = c.post("/sessions", json={"session_name": "logs"}).json()["id"]
+        wait_until(lambda: _status(c, tid) == "idle")
+        # JSON body and the reference query form (which would put the body in an access log)
+        for kwargs in ({"json": {"message": secret}}, {"params": {"message": secret + "-q"}}):
+            mid = c.post(f"/terminals/{tid}/inbox/messages", **kwargs).json()["message_id"]
+            wait_until(lambda mid=mid: c.get(f"/messages/{mid}").json()["status"] == "delivered")
+    logs = srv.log() + (srv.home / "logs" / "server.log").read_text()
+    assert "messages delivered" in logs  # the log is there and has the delivery
+    assert secret not in logs
