@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from cao.errors import ProviderError
-from providers.base import LaunchContext
+from providers.base import LaunchContext, Provider, TerminalStatus
+
+BUSY = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
 
 
 def flag(ctx: LaunchContext, name: str, default: bool) -> bool:
@@ -26,3 +29,19 @@ def find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
         f"{wanted} not found (on PATH or in {cache}/node_modules/.bin); install it with "
         f"`npm install -g {package}` or set {knob}=/path/to/{command} for cao-server"
     )
+
+
+def judge_submit(
+    provider: Provider, before: str, after: str, marks: Callable[[str], tuple[str | None, int]]
+) -> bool | None:
+    """Firm evidence only (a spinner tick proves nothing): True on a new echoed turn, one more queued
+    input, or idle → busy; False while the text still sits in the input box (delivery presses Enter
+    again); None otherwise. ``marks(screen)`` gives (last echoed turn, queued inputs)."""
+    box = provider.input_text(after)
+    if box and box.strip():
+        return False
+    (echo, queued), (echo_now, queued_now) = marks(before), marks(after)
+    if queued_now > queued or echo_now not in (None, echo):
+        return True
+    went_busy = provider.detect_status(before) not in BUSY and provider.detect_status(after) in BUSY
+    return True if went_busy else None

@@ -33,7 +33,7 @@ import sys
 from typing import ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import find_cli, flag
+from providers._cli import find_cli, flag, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "sk-ant-api03-cao-local-model-server-key-0123456789abcdef"
@@ -199,16 +199,7 @@ class ClaudeCodeProvider(Provider):
         return blocks[-1] if blocks else ""
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
-        """Firm evidence only, a spinner tick proves nothing: a new echoed turn, one more queued
-        input, or idle → busy. The text still in the box: False (delivery presses Enter again)."""
-        box = self.input_text(after)
-        if box and box.strip():
-            return False
-        (echo, queued), (echo_now, queued_now) = _marks(before), _marks(after)
-        if queued_now > queued or echo_now not in (None, echo):
-            return True
-        busy = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
-        return True if self.detect_status(before) not in busy and self.detect_status(after) in busy else None
+        return judge_submit(self, before, after, _marks)
 
     def input_text(self, screen: str) -> str | None:
         lines = _lines(screen)

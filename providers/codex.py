@@ -30,7 +30,7 @@ import sys
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import find_cli, flag
+from providers._cli import find_cli, flag, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -228,15 +228,8 @@ show_tooltips = false
         return blocks[-1] if blocks else ""
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
-        """Firm evidence only: a new echoed turn, or idle → busy. The text still in the box: False
-        (delivery presses Enter again)."""
-        box = self.input_text(after)
-        if box and box.strip():
-            return False
-        if _last_echo(after) not in (None, _last_echo(before)):
-            return True
-        busy = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
-        return True if self.detect_status(before) not in busy and self.detect_status(after) in busy else None
+        """See ``judge_submit``; Codex has no queue (input only when idle)."""
+        return judge_submit(self, before, after, lambda screen: (_last_echo(screen), 0))
 
     def input_text(self, screen: str) -> str | None:
         lines = _lines(screen)

@@ -33,7 +33,7 @@ from itertools import takewhile
 from typing import ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import find_cli, flag
+from providers._cli import find_cli, flag, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -196,17 +196,8 @@ class GeminiCliProvider(Provider):
         return blocks[-1] if blocks else ""
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
-        """Firm evidence only, a spinner tick proves nothing: a new echoed turn, one more queued
-        input, or idle → busy. The text still in the box (Gemini kept the Enter as a newline):
-        False, and delivery presses Enter again."""
-        box = self.input_text(after)
-        if box and box.strip():
-            return False
-        (echo, queued), (echo_now, queued_now) = _marks(before), _marks(after)
-        if queued_now > queued or echo_now not in (None, echo):
-            return True
-        busy = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
-        return True if self.detect_status(before) not in busy and self.detect_status(after) in busy else None
+        """See ``judge_submit`` (text left in the box: Gemini kept the Enter as a newline)."""
+        return judge_submit(self, before, after, _marks)
 
     def input_text(self, screen: str) -> str | None:
         lines = _lines(screen)
