@@ -53,6 +53,8 @@ CACHE = cache_dir()
 INSTALL = os.environ.get("CAO_REALCLI_INSTALL", "1").strip().lower() not in ("0", "false", "no", "off")
 PORTS = itertools.count(9889)  # inside the namespace: its own port space, nothing else listens there
 COMMANDS = {"claude_code": "claude", "codex": "codex", "gemini_cli": "gemini"}  # knobs: CAO_CLAUDE_BIN …
+# Seconds to wait for another run's bed (the lock below) before skipping; a CI run can hold it for minutes.
+LOCK_WAIT = float(os.environ.get("CAO_REALCLI_LOCK_WAIT", "90"))
 
 
 def knob(provider: str, what: str) -> str:
@@ -222,9 +224,12 @@ def bed() -> Iterator[Bed]:
     CACHE.mkdir(parents=True, exist_ok=True)
     with (CACHE / ".bed.lock").open("w") as lock:
         try:
-            wait_for(lambda: _try_lock(lock), 90, "the real-CLI bed lock", interval=0.5)
+            wait_for(lambda: _try_lock(lock), LOCK_WAIT, "the real-CLI bed lock", interval=0.5)
         except AssertionError:
-            pytest.skip(f"another real-CLI bed kept {CACHE / '.bed.lock'} for 90 s; run one at a time")
+            pytest.skip(
+                f"another real-CLI bed kept {CACHE / '.bed.lock'} for {LOCK_WAIT:g} s; run one at a time "
+                "(CAO_REALCLI_LOCK_WAIT=<seconds> waits longer)"
+            )
         with quiet_socket_leaks():
             started = Bed().start()
         try:
