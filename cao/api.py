@@ -199,6 +199,17 @@ def create_app(core: Cao) -> FastAPI:
             return PlainTextResponse(out)
         return {"output": out, "mode": mode}
 
+    @app.post("/terminals/{terminal_id}/mcp-ready")
+    async def mcp_ready(terminal_id: str) -> dict[str, Any]:
+        """Called by cao-mcp-server when it starts: the agent's cao tools are about to be there."""
+
+        def work() -> None:
+            core.terminals.note_mcp_ready(terms.get(terminal_id))
+            core.engine.kick(terminal_id, "mcp_ready")
+
+        await _off_loop(work)
+        return {"success": True}
+
     @app.post("/terminals/{terminal_id}/exit")
     async def exit_terminal(terminal_id: str) -> dict[str, Any]:
         confirmed = await _off_loop(lambda: terms.exit(terms.get(terminal_id)))

@@ -81,10 +81,10 @@ def format_batch(messages: list[Message]) -> str:
     return "\n\n".join(f"{header(m)}\n{neutralise(m.body)}" for m in messages)
 
 
-def gate(status: str, provider: Provider, *, eager: bool, ready: bool) -> str | None:
+def gate(status: str, provider: Provider, *, eager: bool, ready: bool, mcp_ready: bool = True) -> str | None:
     """``None`` when a paste may happen now, else why not (shown to operators)."""
     if status in (TerminalStatus.IDLE, TerminalStatus.COMPLETED):
-        return None
+        return None if mcp_ready else "receiver's MCP tools not connected yet"
     if status in (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER):
         if not ready:
             return "receiver starting"
@@ -168,7 +168,13 @@ class Delivery:
         if terminal.ready_at is None or terminal.state != "live":
             self.terminals.remember_status(terminal, status)  # first sight of ready, or back from gone
         # 2. gate
-        why = gate(status, provider, eager=self.settings.eager_delivery, ready=terminal.ready_at is not None)
+        why = gate(
+            status,
+            provider,
+            eager=self.settings.eager_delivery,
+            ready=terminal.ready_at is not None,
+            mcp_ready=self.terminals.mcp_ready(terminal),
+        )
         if why is not None:
             return self._wait(receiver_id, why)
         # 3. claim

@@ -373,7 +373,7 @@ class AgentTools:
                     "removed. Retry the handoff, or check the agent CLI starts (`cao launch --agents "
                     f"{profile}`)"
                 )
-            if not task_sent and status in READY:
+            if not task_sent and status in READY and term.get("mcp_ready") is not False:
                 return
             if task_sent:
                 if status == "completed" or (status == "idle" and busy_seen):
@@ -533,6 +533,11 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
 
 async def serve(server_url: str, terminal_id: str | None) -> None:
     async with httpx.AsyncClient(base_url=server_url, timeout=HTTP_TIMEOUT) as http:
+        if terminal_id:  # tell cao-server this agent's tools are up: it holds input until then
+            try:
+                await http.post(f"/terminals/{terminal_id}/mcp-ready")
+            except httpx.HTTPError as exc:
+                logger.warning("could not report in to cao-server: %s", exc)
         await build_server(AgentTools(http, terminal_id)).run_stdio_async()
 
 

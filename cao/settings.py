@@ -57,6 +57,7 @@ class Settings:
     max_attempts: int = 5
     lease_seconds: float = 60.0
     delivery_workers: int = 32
+    mcp_ready_timeout: float = 30.0
     batch_max_messages: int = 20
     # tmux / logs
     log_cap_bytes: int = 8 * 1024 * 1024
@@ -113,6 +114,7 @@ class Settings:
             max_attempts=int(_number(env, "CAO_DELIVERY_MAX_ATTEMPTS", 5, minimum=1)),
             lease_seconds=_number(env, "CAO_DELIVERY_LEASE_SECONDS", 60.0, minimum=1),
             delivery_workers=int(_number(env, "CAO_DELIVERY_WORKERS", 32, minimum=1)),
+            mcp_ready_timeout=_number(env, "CAO_MCP_READY_TIMEOUT", 30.0),
             log_cap_bytes=int(_number(env, "CAO_LOG_CAP_BYTES", 8 * 1024 * 1024, minimum=4096)),
             busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
             fault_point=env.get("CAO_FAULT_POINT") or None,

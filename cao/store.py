@@ -40,7 +40,7 @@ from cao.errors import (
     StoreBusy,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 TerminalState = Literal["live", "gone", "deleted"]
 MessageStatus = Literal["pending", "delivering", "delivered", "failed", "cancelled"]
@@ -66,6 +66,7 @@ class Terminal(SQLModel):
     created_at: float
     last_active: float
     ready_at: float | None = None
+    mcp_ready_at: float | None = None  # when the agent's cao MCP server reported in (schema 2)
 
 
 class Message(SQLModel):
@@ -138,6 +139,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # outstanding claims only: keeps mark_delivered/release O(batch) however big the table grows
         "CREATE INDEX ix_message_claim ON message (claim) WHERE status = 'delivering'",
     ),
+    # 2: agents whose CLI starts cao's MCP server report in, so input can wait for their tools
+    2: ("ALTER TABLE terminal ADD COLUMN mcp_ready_at REAL",),
 }
 
 M = TypeVar("M", Terminal, Message)

@@ -56,6 +56,7 @@ class TerminalView:
 
     terminal: Terminal
     status: str
+    mcp_ready: bool | None = None  # None: this provider doesn't wait for cao's MCP server
 
     def as_dict(self) -> dict[str, object]:
         t = self.terminal
@@ -70,6 +71,7 @@ class TerminalView:
             "state": t.state,
             "pane_id": t.pane_id,
             "supervisor_id": t.supervisor_id,
+            "mcp_ready": self.mcp_ready,
             "created_at": _iso(t.created_at),
             "last_active": _iso(t.last_active),
         }
@@ -277,7 +279,20 @@ class Terminals:
             logger.warning("terminal pane gone", extra={"terminal_id": terminal.id})
 
     def view(self, terminal: Terminal) -> TerminalView:
-        return TerminalView(terminal, self.status(terminal))
+        waits = self.provider(terminal).waits_for_mcp
+        return TerminalView(terminal, self.status(terminal), self.mcp_ready(terminal) if waits else None)
+
+    def mcp_ready(self, terminal: Terminal) -> bool:
+        """Has the agent's cao MCP server reported in (or have we waited long enough)?"""
+        if terminal.mcp_ready_at is not None or not self.provider(terminal).waits_for_mcp:
+            return True
+        return self.clock() - terminal.created_at > self.settings.mcp_ready_timeout
+
+    def note_mcp_ready(self, terminal: Terminal) -> None:
+        if terminal.mcp_ready_at is None:
+            terminal.mcp_ready_at = self.clock()
+            self.store.update_terminal(terminal.id, mcp_ready_at=terminal.mcp_ready_at)
+            logger.info("agent's MCP server reported in", extra={"terminal_id": terminal.id})
 
     def output(self, terminal: Terminal, mode: str = "full") -> str:
         if mode not in ("full", "last"):

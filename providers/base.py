@@ -76,6 +76,10 @@ class Provider:
     enter_count: ClassVar[int] = 1
     # How long to wait for proof that a submit took (the pane left idle / the box emptied).
     submit_timeout: ClassVar[float] = 2.0
+    # The CLI starts cao's MCP server itself and may take input before it is connected (the turn
+    # would then run without cao's tools): hold inbox deliveries and handoff tasks until the MCP
+    # server reports in (POST /terminals/{id}/mcp-ready), or until CAO_MCP_READY_TIMEOUT passes.
+    waits_for_mcp: ClassVar[bool] = False
     # Typed (then Enter) to leave the CLI politely.
     exit_command: ClassVar[str] = "/exit"
     # Cheap check on the last line of the raw pane log: could the agent be idle now?

@@ -101,6 +101,7 @@ class ClaudeCodeProvider(Provider):
     name: ClassVar[str] = "claude_code"
     description: ClassVar[str] = "Claude Code (Anthropic), `claude`"
     accepts_input_while_processing: ClassVar[bool] = True
+    waits_for_mcp: ClassVar[bool] = True
     paste_enter_delay: ClassVar[float] = 0.2
     submit_timeout: ClassVar[float] = 3.0
     exit_command: ClassVar[str] = "/exit"

@@ -121,6 +121,7 @@ class CodexProvider(Provider):
     name: ClassVar[str] = "codex"
     description: ClassVar[str] = "OpenAI Codex CLI, `codex` (input only when idle)"
     accepts_input_while_processing: ClassVar[bool] = False  # a paste mid-turn cancels the turn
+    waits_for_mcp: ClassVar[bool] = True
     paste_enter_delay: ClassVar[float] = 0.2
     submit_timeout: ClassVar[float] = 3.0
     exit_command: ClassVar[str] = "/quit"

@@ -124,6 +124,7 @@ class GeminiCliProvider(Provider):
     name: ClassVar[str] = "gemini_cli"
     description: ClassVar[str] = "Gemini CLI (Google), `gemini`"
     accepts_input_while_processing: ClassVar[bool] = True
+    waits_for_mcp: ClassVar[bool] = True
     paste_enter_delay: ClassVar[float] = 0.2  # < 50 ms and Gemini drops the Enter
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/quit"

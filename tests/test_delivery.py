@@ -496,3 +496,25 @@ def test_self_send_and_bad_ids_are_rejected(core: Cao):
         assert r.status_code == 201
         assert client.post(f"/messages/{r.json()['message_id']}/cancel").status_code in (200, 409)
     assert len(core.store.list_messages()) == 1
+
+
+def test_gate_holds_input_until_the_agents_mcp_tools_are_up():
+    from cao.delivery import gate
+    from providers import get
+
+    claude = get("claude_code")
+    assert claude.waits_for_mcp and not get("scripted").waits_for_mcp
+    assert gate("idle", claude, eager=False, ready=True, mcp_ready=False) == (
+        "receiver's MCP tools not connected yet"
+    )
+    assert gate("idle", claude, eager=False, ready=True, mcp_ready=True) is None
+    assert gate("processing", claude, eager=True, ready=True, mcp_ready=True) is None
+
+
+def test_mcp_ready_report_is_recorded_and_shown(core: Cao):
+    tid = _new_terminal(core)
+    with TestClient(create_app(core)) as client:
+        assert client.get(f"/terminals/{tid}").json()["mcp_ready"] is None  # scripted: not waited for
+        assert client.post(f"/terminals/{tid}/mcp-ready").json() == {"success": True}
+        assert client.post("/terminals/abcdef12/mcp-ready").status_code == 404
+    assert core.store.get_terminal(tid).mcp_ready_at is not None

@@ -282,3 +282,23 @@ def test_cancel_only_pending(store: Store):
         store.cancel(m.id or 0)
     with pytest.raises(NotFound):
         store.cancel(999)
+
+
+def test_version_1_database_migrates_forward_keeping_rows(tmp_path: Path):
+    from cao.store import MIGRATIONS
+
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:
+        for statement in MIGRATIONS[1]:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO terminal (id, name, session_name, provider, agent_profile, working_directory, "
+            "created_at, last_active) VALUES ('aaaa0001', 'w', 'cao-x', 'scripted', 'developer', '/', 1, 1)"
+        )
+        conn.execute("PRAGMA user_version = 1")
+    store = Store(path)
+    assert store.schema_version() == SCHEMA_VERSION >= 2
+    term = store.get_terminal(RID)
+    assert term.mcp_ready_at is None and term.provider == "scripted"
+    store.update_terminal(RID, mcp_ready_at=5.0)
+    assert store.get_terminal(RID).mcp_ready_at == 5.0

@@ -253,9 +253,14 @@ def test_handoff_returns_the_real_workers_answer_and_removes_it(bed: Bed, new_se
 
 
 # -- assign + report back: the demo recipe, for real ---------------------------------------------
-def test_assigned_real_worker_reports_back_to_its_supervisor_once(bed: Bed, new_server: NewServer) -> None:
+@pytest.mark.parametrize("worker_cli", [GEMINI, CODEX], ids=["gemini-worker", "codex-worker"])
+def test_assigned_real_worker_reports_back_to_its_supervisor_once(
+    bed: Bed, new_server: NewServer, worker_cli: CLI
+) -> None:
+    # Codex takes input before its MCP server is connected; cao holds the task until cao-mcp-server
+    # reports in (POST /terminals/{id}/mcp-ready), else the report would be made without the tool.
     server = new_server()
-    install_profile(server, "developer", GEMINI.provider)
+    install_profile(server, "developer", worker_cli.provider)
     supervisor = start(server, bed, CLAUDE, profile="code_supervisor")
 
     tok, job = token("assign"), token("job")
@@ -278,7 +283,7 @@ def test_assigned_real_worker_reports_back_to_its_supervisor_once(bed: Bed, new_
         10,
         "the assigned worker terminal",
     )
-    assert (worker["provider"], worker["agent_profile"]) == (GEMINI.provider, "developer")
+    assert (worker["provider"], worker["agent_profile"]) == (worker_cli.provider, "developer")
     wid = worker["id"]
 
     # The worker reports with send_message (no receiver_id): it lands in the supervisor's inbox.
@@ -305,7 +310,7 @@ def test_assigned_real_worker_reports_back_to_its_supervisor_once(bed: Bed, new_
     assert report in turns[0]["prompt"]
     assert server.message(message_id)["status"] == "delivered"
     # The worker got its task once, with the note naming its supervisor, and finished its turn.
-    task_turns = user_turns(bed, GEMINI, job)
+    task_turns = user_turns(bed, worker_cli, job)
     assert len(task_turns) == 1, task_turns
     assert f"terminal {supervisor.id} assigned you this task" in task_turns[0]["prompt"]
     reported = f"Reported {job}."
