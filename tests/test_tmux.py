@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -80,8 +79,8 @@ def test_second_window_joins_existing_session_and_exact_names(tmux: Tmux, tmp_pa
 def test_bracketed_paste_multiline_is_one_read_and_enter_follows(tmux: Tmux, tmp_path: Path):
     # `cat -v` shows the paste markers the program received.
     info = _window(tmux, tmp_path, "printf '\\033[?2004h'; stty raw -echo; exec cat -v > got.txt")
-    wait_until(lambda: tmux.capture(info.pane_id) is not None)
-    time.sleep(0.2)  # let the program switch the terminal to bracketed-paste mode
+    # got.txt exists once the shell has set bracketed-paste mode and raw input and started cat
+    wait_until(lambda: (tmp_path / "got.txt").exists(), what="cat started")
     tmux.paste(info.pane_id, "line one\nline two ünïcode", enter_delay=0.05)
     got = wait_until(
         lambda: (tmp_path / "got.txt").read_text() if "^M" in (tmp_path / "got.txt").read_text() else "",
