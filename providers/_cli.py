@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -45,3 +46,23 @@ def judge_submit(
         return True
     went_busy = provider.detect_status(before) not in BUSY and provider.detect_status(after) in BUSY
     return True if went_busy else None
+
+
+def bullet_blocks(
+    lines: list[str], marks: tuple[str, ...], *, stop: re.Pattern[str] | None = None
+) -> list[str]:
+    """The blocks that start with one of ``marks`` (e.g. ``"● "``) and go on with indented or blank
+    lines, each without its mark or indent; reading ends at the first line matching ``stop``."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for line in lines:
+        if stop is not None and stop.match(line):
+            break
+        if line.startswith(marks):
+            current = [line[2:]]
+            blocks.append(current)
+        elif current is not None and (line.startswith("  ") or not line.strip()):
+            current.append(line[2:])
+        else:
+            current = None
+    return ["\n".join(block).strip() for block in blocks]

@@ -30,7 +30,7 @@ import sys
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import find_cli, flag, judge_submit
+from providers._cli import bullet_blocks, find_cli, flag, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -87,19 +87,7 @@ def _last_echo(screen: str) -> str | None:
 
 def _blocks(lines: list[str]) -> list[str]:
     """The ``• …`` and ``■ …`` blocks in ``lines``, without bullet or indent, up to a Worked-for line."""
-    blocks: list[list[str]] = []
-    current: list[str] | None = None
-    for line in lines:
-        if WORKED_RE.match(line):
-            break
-        if line.startswith(("• ", FAILED)):
-            current = [line[2:]]
-            blocks.append(current)
-        elif current is not None and (line.startswith("  ") or not line.strip()):
-            current.append(line[2:])
-        else:
-            current = None
-    return ["\n".join(block).strip() for block in blocks]
+    return bullet_blocks(lines, ("• ", FAILED), stop=WORKED_RE)
 
 
 def _toml(value: str) -> str:

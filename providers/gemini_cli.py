@@ -33,7 +33,7 @@ from itertools import takewhile
 from typing import ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import find_cli, flag, judge_submit
+from providers._cli import bullet_blocks, find_cli, flag, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -107,17 +107,7 @@ def _marks(screen: str) -> tuple[str | None, int]:
 
 def _blocks(lines: list[str]) -> list[str]:
     """The ``✦ …`` answers and ``✕ …`` errors in ``lines``, without marker or indent."""
-    blocks: list[list[str]] = []
-    current: list[str] | None = None
-    for line in lines:
-        if line.startswith(("✦ ", "✕ ")):
-            current = [line[2:]]
-            blocks.append(current)
-        elif current is not None and (line.startswith("  ") or not line.strip()):
-            current.append(line[2:])
-        else:
-            current = None
-    return ["\n".join(block).strip() for block in blocks]
+    return bullet_blocks(lines, ("✦ ", "✕ "))
 
 
 class GeminiCliProvider(Provider):
