@@ -261,7 +261,7 @@ class Tmux:
 
         Some CLIs ignore the SIGHUP that closing a pane sends, so we signal them ourselves.
         """
-        pids = _descendants(pane_pid) if pane_pid else set()
+        pids = descendants(pane_pid) if pane_pid else set()
         if pane_pid:
             pids.add(pane_pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -273,7 +273,7 @@ class Tmux:
             self.run("kill-pane", "-t", pane_id, target=pane_id)
         deadline = time.monotonic() + grace
         while pids and time.monotonic() < deadline:
-            pids = {p for p in pids if _alive(p)}
+            pids = {p for p in pids if pid_alive(p)}
             if pids:
                 time.sleep(0.02)
         for pid in pids:
@@ -293,7 +293,7 @@ class Tmux:
             Path(base, f"tmux-{os.getuid()}", self.socket_name).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             state = fh.read().rsplit(")", 1)[1].split()[0]
@@ -302,7 +302,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _descendants(root: int) -> set[int]:
+def descendants(root: int) -> set[int]:
     """All descendants of ``root`` (from /proc; empty where /proc is missing)."""
     children: dict[int, list[int]] = {}
     try:

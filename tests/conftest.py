@@ -22,7 +22,7 @@ import pytest
 
 from cao.core import Cao
 from cao.settings import Settings
-from cao.tmux import Tmux
+from cao.tmux import Tmux, pid_alive  # noqa: F401 - pid_alive re-exported for tests
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -214,11 +214,3 @@ def write_rules(home: Path, profile: str, rules: dict[str, Any]) -> None:
 
     (home / "scripted").mkdir(parents=True, exist_ok=True)
     (home / "scripted" / f"{profile}.json").write_text(json.dumps(rules))
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False

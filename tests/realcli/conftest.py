@@ -37,7 +37,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +45,7 @@ from typing import IO, Any
 import httpx
 import pytest
 
+from tests.conftest import wait_until
 from tests.realcli.bed import REPO_ROOT, Bed, cache_dir, installed_bins, why_bed_cannot_run
 
 # Read at import, before tests/conftest.py's autouse fixture points HOME at a temp dir per test.
@@ -95,14 +95,7 @@ asyncio.run(main())
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     """Poll ``pred`` until it returns something truthy (returned); fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+    return wait_until(pred, timeout, interval, what)
 
 
 class CaoServer:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any, NamedTuple
 import pytest
 
 import providers
+from cao.tmux import descendants, pid_alive
 from tests.realcli.bed import Bed
 from tests.realcli.conftest import CaoServer, knob, wait_for
 
@@ -138,32 +138,6 @@ def assert_delivered_at_first_or_second_try(cli: CLI, message: dict[str, Any]) -
     assert message["attempts"] <= 2, message
 
 
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                children.setdefault(int(fh.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -238,11 +212,11 @@ def test_delete_leaves_no_process_behind(cli: CLI, bed: Bed, make_server: Callab
     tree = {pid: cmdline(pid) for pid in {pane_pid, *descendants(pane_pid)}}
 
     server.call("DELETE", f"/terminals/{agent.id}")
-    wait_for(lambda: not [p for p in tree if alive(p)], 10, "the pane's process tree to end")
-    assert {p: tree[p] for p in tree if alive(p)} == {}
+    wait_for(lambda: not [p for p in tree if pid_alive(p)], 10, "the pane's process tree to end")
+    assert {p: tree[p] for p in tree if pid_alive(p)} == {}
 
     def strays() -> dict[int, str]:
-        return {p: cmdline(p) for p in set(bed.namespace_pids()) - infrastructure if alive(p)}
+        return {p: cmdline(p) for p in set(bed.namespace_pids()) - infrastructure if pid_alive(p)}
 
     wait_for(lambda: not strays(), 10, "nothing of the terminal left in the namespace")
 
