@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -164,7 +163,6 @@ def test_registry():
 
     with pytest.raises(ProviderError, match="choose one of"):
         providers.get("nope")
-    json.dumps(providers.names())
 
 
 @pytest.mark.parametrize(

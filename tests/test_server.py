@@ -83,7 +83,6 @@ def test_launch_headless_to_idle_and_shutdown_leaves_nothing(make_server, tmp_pa
     term = json.loads(launched.stdout)
     with srv.client() as c:
         wait_until(lambda: _status(c, term["id"]) == "idle", what="idle")
-        pid = c.get(f"/terminals/{term['id']}").json()
     assert run("send-input", term["id"], "from the cli").returncode == 0
     wait_until(lambda: run("output", term["id"], "--mode", "last").stdout.strip() == "ok: from the cli")
     status = json.loads(run("status", "--json").stdout)
@@ -94,7 +93,6 @@ def test_launch_headless_to_idle_and_shutdown_leaves_nothing(make_server, tmp_pa
     assert json.loads(run("status", "--json").stdout) == []
     wait_until(lambda: not pid_alive(pane_pid), what="agent process gone")
     assert Tmux(tmux_socket).list_sessions() == []
-    assert pid
 
 
 def _pane_pid(srv: ServerProcess, tid: str) -> int:
