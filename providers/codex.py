@@ -41,6 +41,9 @@ WAITING_RE = re.compile(
     r"enter to (?:confirm|submit)\b.*esc to cancel",
     re.IGNORECASE,
 )
+# The last line of a start-up dialog (update available, trust this folder, sign in): "enter continue ·
+# esc skip", "enter continue · esc back", "Press enter to continue". Its options start "› 1." like the box.
+DIALOG_HINT_RE = re.compile(r"^\s*(?:press enter to continue|enter continue(?: · esc \w+)?)$", re.IGNORECASE)
 WORKED_RE = re.compile(r"^\s*(?:─+ )?Worked for \S")
 FAILED = "■ "
 INTERRUPTED = "■ Conversation interrupted"
@@ -62,6 +65,9 @@ def _box(lines: list[str]) -> int | None:
 
 
 def _waiting(lines: list[str]) -> bool:
+    """An approval prompt near the bottom, or a start-up dialog (its key hint is the last line)."""
+    if lines and DIALOG_HINT_RE.match(lines[-1]):
+        return True
     return any(WAITING_RE.search(line) for line in lines[-15:])
 
 

@@ -43,6 +43,8 @@ RULE_RE = re.compile(r"^─{10,}$")
 BUSY_RE = re.compile(r"\(esc to cancel, \d+[ms]")
 PROMPT_RE = re.compile(r"^ [>*!] ")  # " > " (" * " under --yolo, " ! " in shell mode)
 MENU_RE = re.compile(r"^[│ ]*● \d+\. ")
+# A framed dialog without a menu (the API-key entry box) or with one: its key hint.
+DIALOG_HINT_RE = re.compile(r"^[│ ]*\((?:Press|Use) Enter to (?:submit|select)\b")
 PLACEHOLDERS = ("Type your message or @path/to/file",)
 QUEUED = "Queued (press ↑ to edit):"  # then one line per input typed while busy, indented 4
 
@@ -167,8 +169,8 @@ class GeminiCliProvider(Provider):
     def detect_status(self, screen: str) -> TerminalStatus:
         lines = _lines(screen)
         box = _box(lines)
-        if box is None:  # a permission prompt or a question replaces the box
-            if any(MENU_RE.match(line) for line in lines):
+        if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
+            if any(MENU_RE.match(line) or DIALOG_HINT_RE.match(line) for line in lines):
                 return TerminalStatus.WAITING_USER_ANSWER
             return TerminalStatus.PROCESSING  # starting up
         if any(BUSY_RE.search(line) for line in lines[: box[0]]):

@@ -4,8 +4,9 @@ Screens: ``tests/screens/<provider>/<state>.txt`` with the expected status in th
 ``meta.json`` (captured from the real CLIs by ``python -m tests.realcli.capture``); the bundled
 scripted agent's screens are captured live here, from the real program in a private tmux server,
 so they can't drift from it. For each screen: ``detect_status`` gives the expected status,
-``input_text`` is ``""`` where an idle box shows, falsy while busy and ``None`` under a prompt, and
-``extract_last_message`` returns the model's answer without chrome.
+``input_text`` is ``""`` where an idle box shows, falsy while busy, ``None`` under a prompt or a
+start-up dialog (``dialog_*``: cao must never type into one) and the pasted text on ``typed``, and
+``extract_last_message`` returns the model's answer without chrome (nothing under a dialog).
 
 ``TRAPS`` adds screens of the traps found while building the providers (text typed into the box,
 collapsed pastes, an echo scrolled off the top, a queued message, Gemini's box that reads like an
@@ -33,8 +34,14 @@ from providers.base import LaunchContext, TerminalStatus
 SCREENS = Path(__file__).parent / "screens"
 SCRIPTED = ("scripted", "scripted_eager")  # one program, two declarations: same screens
 # What the fake model answered in the saved captures (and the scripted agent's rules below).
-ANSWERS = {"completed": "The fake model says hello.", "completed_tools": "Both tools ran."}
-BUSY_STATES = ("processing", "queued")
+ANSWERS = {
+    "completed": "The fake model says hello.",
+    "completed_tools": "Both tools ran.",
+    "typed": "Hello from the fake model.",
+}
+BUSY_STATES = ("processing", "queued", "retrying")
+# Pasted into the box without Enter for the saved "typed" screens (tests/realcli/capture.py TYPED).
+TYPED = "[cao message #7 from abcd1234]\nPlease reply typed-but-not-sent"
 
 
 class Case(NamedTuple):
@@ -146,9 +153,11 @@ def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) 
     assert provider.detect_status(screen) == case.status
     box = provider.input_text(screen)
     if case.status == TerminalStatus.WAITING_USER_ANSWER:
-        assert box is None  # a prompt replaces the input box
+        assert box is None  # a prompt or a start-up dialog replaces the input box
     elif case.state in BUSY_STATES:
         assert not box  # the box may stay visible (empty) while busy, or be gone
+    elif case.state == "typed":
+        assert box == TYPED
     else:
         assert box == ""
     last = provider.extract_last_message(screen)
@@ -156,7 +165,7 @@ def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) 
         assert last == ANSWERS[case.state]
     if case.status == TerminalStatus.ERROR:
         assert "400" in last
-    if case.state == "idle":
+    if case.state == "idle" or case.state.startswith("dialog_"):
         assert last == ""
 
 

@@ -1,6 +1,7 @@
 """Capture the real agent CLIs' screens in each status, for the providers' contract tests.
 
     python -m tests.realcli.capture [--out tests/screens] [--only claude_code,codex,gemini_cli]
+                                    [--phases turns,prompts,typed,retrying,dialogs]
 
 For each CLI, one at a time, inside a loopback-only bed (tests/realcli/bed.py): seed a throwaway
 HOME so no first-run dialog appears, launch the CLI in a 200x50 tmux window with an environment
@@ -8,6 +9,12 @@ built from nothing (``env -i`` + exactly the variables below), drive it with bra
 fake-model markers (cao/testing/fakemodel.py) and save ``capture-pane -p`` of each state to
 ``<out>/<provider>/<state>.txt``, plus ``<out>/<provider>/meta.json`` (CLI version, state -> expected
 status, launch recipe, observed timings). Every process started is killed at the end.
+
+Phases: ``turns`` (idle, processing, completed, tools, queued, error), ``prompts`` (permission
+prompts and questions), ``typed`` (text pasted into the box but not submitted), ``retrying`` (a 5xx
+the CLI is still retrying) and ``dialogs`` (each start-up dialog the CLI can show offline, brought
+back by leaving one piece out of the seeded HOME; saved as ``dialog_<name>.txt``). A run of only
+some phases keeps the other screens and updates meta.json's states.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +63,18 @@ def lines(screen: Screen) -> list[str]:
     return screen.rstrip("\n").split("\n")
 
 
+def _edit_json(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _edit_text(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new))
+
+
 # --------------------------------------------------------------------------------------------------
 # Per-CLI recipes
 # --------------------------------------------------------------------------------------------------
@@ -79,6 +100,17 @@ class Launch:
         }
 
 
+@dataclass(frozen=True)
+class Dialog:
+    """A start-up dialog: launch with one piece of the seed left out and wait until it shows."""
+
+    name: str  # saved as dialog_<name>.txt
+    shows: Pred
+    unseed: Callable[[Launch], None] = lambda launch: None
+    drop_env: tuple[str, ...] = ()  # variables left out of the pane's environment
+    bypass: bool = True
+
+
 @dataclass
 class Recipe:
     provider: str
@@ -89,6 +121,7 @@ class Recipe:
     error: Pred
     enter_delay: float = 0.2
     asks_questions: bool = True  # the CLI offers the fake model a question tool outside plan mode
+    retry_shown: Pred | None = None  # what the CLI shows while it retries a failed request, if anything
 
     def ready(self, screen: Screen) -> bool:
         """Idle and done starting up (for a stable idle screen; input is accepted before this)."""
@@ -107,6 +140,13 @@ class Recipe:
     def argv(self, launch: Launch, bypass: bool) -> list[str]:
         raise NotImplementedError
 
+    def dialogs(self) -> list[Dialog]:
+        """The start-up dialogs this CLI shows offline when a piece of the seed is missing."""
+        return []
+
+    def seed_retries(self, launch: Launch) -> None:
+        """Let the CLI retry a failed request (the default seed may turn retries off)."""
+
 
 class Claude(Recipe):
     def __init__(self) -> None:
@@ -117,6 +157,7 @@ class Claude(Recipe):
             idle=lambda s: "esc to interrupt" not in s and any(line.startswith("❯\xa0") for line in lines(s)),
             permission=lambda s: "Do you want to proceed?" in s or "Enter to select" in s,
             error=lambda s: "API Error" in s,
+            retry_shown=lambda s: "Retrying in" in s,
         )
 
     def seed(self, launch: Launch, bypass: bool) -> None:
@@ -159,6 +200,33 @@ class Claude(Recipe):
         argv = [str(launch.bin), "--mcp-config", str(launch.home / "mcp.json")]
         return [*argv, "--dangerously-skip-permissions"] if bypass else argv
 
+    def dialogs(self) -> list[Dialog]:
+        def state(edit: Callable[[dict[str, Any]], None]) -> Callable[[Launch], None]:
+            return lambda launch: _edit_json(launch.home / ".claude.json", edit)
+
+        return [
+            Dialog(
+                "trust",
+                lambda s: "Yes, I trust this folder" in s,
+                state(lambda d: d.update(projects={})),
+            ),
+            Dialog(
+                "api_key",
+                lambda s: "Do you want to use this API key?" in s,
+                state(lambda d: d.pop("customApiKeyResponses")),
+            ),
+            Dialog(
+                "onboarding",  # its first step, the theme picker
+                lambda s: "Choose the text style" in s,
+                state(lambda d: d.pop("hasCompletedOnboarding")),
+            ),
+            Dialog(
+                "bypass",
+                lambda s: "Yes, I accept" in s,
+                lambda launch: _edit_json(launch.home / ".claude" / "settings.json", dict.clear),
+            ),
+        ]
+
 
 def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
@@ -180,6 +248,7 @@ class Codex(Recipe):
             ),
             error=lambda s: any(line.startswith("■") for line in lines(s)),
             asks_questions=False,  # request_user_input is offered but only works in Plan mode
+            retry_shown=lambda s: "Reconnecting..." in s,  # after its silent request retries
         )
 
     def seed(self, launch: Launch, bypass: bool) -> None:
@@ -238,6 +307,35 @@ env = {{ {mcp_env} }}
         argv = [str(launch.bin)]
         return [*argv, "--dangerously-bypass-approvals-and-sandbox"] if bypass else argv
 
+    def seed_retries(self, launch: Launch) -> None:
+        _edit_text(
+            launch.home / ".codex" / "config.toml", "request_max_retries = 0\nstream_max_retries = 0\n", ""
+        )
+
+    def dialogs(self) -> list[Dialog]:
+        def update(launch: Launch) -> None:
+            config = launch.home / ".codex" / "config.toml"
+            _edit_text(config, "check_for_update_on_startup = false", "check_for_update_on_startup = true")
+            checked = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # fresh: no network check
+            version = {"latest_version": "99.0.0", "last_checked_at": checked, "dismissed_version": None}
+            (launch.home / ".codex" / "version.json").write_text(json.dumps(version))
+
+        def untrusted_repo(launch: Launch) -> None:
+            # The prompt only shows for a folder inside a git repository.
+            trusted = f'[projects.{_toml_str(str(launch.work))}]\ntrust_level = "trusted"\n'
+            _edit_text(launch.home / ".codex" / "config.toml", trusted, "")
+            subprocess.run(["git", "init", "-q", str(launch.work)], check=True, timeout=30)
+
+        def no_provider(launch: Launch) -> None:
+            # The built-in OpenAI provider and no stored login: the sign-in screen.
+            _edit_text(launch.home / ".codex" / "config.toml", 'model_provider = "fake"\n', "")
+
+        return [
+            Dialog("update", lambda s: "Update available" in s and "Skip" in s, update),
+            Dialog("trust", lambda s: "Trust this folder?" in s, untrusted_repo),
+            Dialog("login", lambda s: "Sign in with ChatGPT" in s, no_provider),
+        ]
+
     def ready(self, screen: Screen) -> bool:
         # The prompt shows over a "loading" splash; the model/cwd status line comes ~0.5-1 s later.
         return self.idle(screen) and "fake-model" in screen
@@ -293,6 +391,24 @@ class Gemini(Recipe):
         argv = [str(launch.bin)]
         return [*argv, "--yolo"] if bypass else argv
 
+    def dialogs(self) -> list[Dialog]:
+        def settings(edit: Callable[[dict[str, Any]], None]) -> Callable[[Launch], None]:
+            return lambda launch: _edit_json(launch.home / ".gemini" / "settings.json", edit)
+
+        return [
+            Dialog(
+                "trust",
+                lambda s: "Do you trust the files in this folder?" in s,
+                settings(lambda d: d["security"]["folderTrust"].update(enabled=True)),
+            ),
+            Dialog(
+                "auth",
+                lambda s: "How would you like to authenticate" in s,
+                settings(lambda d: d["security"].pop("auth")),
+            ),
+            Dialog("api_key", lambda s: "Enter Gemini API Key" in s, drop_env=("GEMINI_API_KEY",)),
+        ]
+
     def ready(self, screen: Screen) -> bool:
         # The input box shows ~1-2 s before the header; prompts sent before then are queued
         # ("Waiting for MCP servers to initialize... prompts will be queued").
@@ -312,7 +428,14 @@ STATUS = {
     "waiting_user_answer_question": "waiting_user_answer",
     "error": "error",
     "queued": "processing",
+    "typed": "completed",  # the turn before is answered; the pasted text waits in the box
+    "retrying": "processing",
 }
+
+
+def status_of(state: str) -> str:
+    """The status a provider must report for saved screen ``state`` (start-up dialogs wait for an answer)."""
+    return "waiting_user_answer" if state.startswith("dialog_") else STATUS[state]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -341,19 +464,26 @@ class Session:
         self.out, self.timings, self.debug = out, timings, debug
         self.pane = ""
 
-    def start(self, timeout: float = 60) -> Screen:
+    def open(
+        self, unseed: Callable[[Launch], None] = lambda launch: None, drop_env: tuple[str, ...] = ()
+    ) -> None:
+        """Seed the HOME (then ``unseed`` takes a piece out again) and start the CLI in a new window."""
         self.launch.home.mkdir(parents=True, exist_ok=True)
         self.launch.work.mkdir(parents=True, exist_ok=True)
         self.recipe.seed(self.launch, self.bypass)
+        unseed(self.launch)
         env = self.recipe.env(self.launch, self.bypass)
         argv = [
             "env",
             "-i",
-            *(f"{k}={v}" for k, v in env.items()),
+            *(f"{k}={v}" for k, v in env.items() if k not in drop_env),
             *self.recipe.argv(self.launch, self.bypass),
         ]
-        began = time.monotonic()
         self.pane = self.bed.new_window(self.recipe.bin_name, argv, cwd=self.launch.work)
+
+    def start(self, timeout: float = 60, unseed: Callable[[Launch], None] = lambda launch: None) -> Screen:
+        began = time.monotonic()
+        self.open(unseed)
         self.wait("idle", self.recipe.idle, timeout)
         self.time("start_to_idle", began)
         self.wait("ready", self.recipe.ready, timeout)
@@ -466,8 +596,19 @@ def after_echo(screen: Screen, needle: str) -> str:
     return screen[idx:] if idx >= 0 else ""
 
 
+PHASES = ("turns", "prompts", "typed", "retrying", "dialogs")
+# Pasted into the box without Enter for the "typed" screen (a delivery whose Enter was lost).
+TYPED = "[cao message #7 from abcd1234]\nPlease reply typed-but-not-sent"
+
+
 def capture_provider(
-    bed: Bed, recipe: Recipe, bin_path: Path, out: Path, run_dir: Path, debug: Path | None
+    bed: Bed,
+    recipe: Recipe,
+    bin_path: Path,
+    out: Path,
+    run_dir: Path,
+    debug: Path | None,
+    phases: tuple[str, ...] = PHASES,
 ) -> dict[str, Any]:
     timings: dict[str, list[Any]] = {}
     mcp_log = run_dir / f"{recipe.provider}-mcp-calls.jsonl"
@@ -484,8 +625,34 @@ def capture_provider(
             bin=bin_path,
         )
 
-    # --- bypass mode: idle, processing, completed, tools, queued, error ---------------------------
-    session = Session(bed, recipe, launch_for("bypass"), True, out, timings, debug)
+    message = f'[[mcp:send_message {{"receiver_id":"{RECEIVER_ID}","message":"hi from {recipe.provider}"}}]]'
+    if "turns" in phases:
+        leftovers += capture_turns(bed, recipe, launch_for("bypass"), out, timings, debug, message)
+    if "prompts" in phases:
+        leftovers += capture_prompts(bed, recipe, launch_for("ask"), out, timings, debug, message)
+    if "typed" in phases:
+        leftovers += capture_typed(bed, recipe, launch_for("typed"), out, timings, debug)
+    if "retrying" in phases:
+        leftovers += capture_retrying(bed, recipe, launch_for("retrying"), out, timings, debug)
+    if "dialogs" in phases:
+        for dialog in recipe.dialogs():
+            launch = launch_for(f"dialog-{dialog.name}")
+            leftovers += capture_dialog(bed, recipe, launch, out, timings, debug, dialog)
+    calls = mcp_log.read_text().splitlines() if mcp_log.exists() else []
+    return {"timings": timings, "leftover_processes": leftovers, "mcp_calls": calls}
+
+
+def capture_turns(
+    bed: Bed,
+    recipe: Recipe,
+    launch: Launch,
+    out: Path,
+    timings: dict[str, list[Any]],
+    debug: Path | None,
+    message: str,
+) -> list[str]:
+    """Bypass mode: idle, processing, completed, tools, queued, error."""
+    session = Session(bed, recipe, launch, True, out, timings, debug)
     try:
         session.save("idle", session.start())
 
@@ -499,9 +666,6 @@ def capture_provider(
         session.save("completed", screen)
 
         tools_reply = "Both tools ran."
-        message = (
-            f'[[mcp:send_message {{"receiver_id":"{RECEIVER_ID}","message":"hi from {recipe.provider}"}}]]'
-        )
         session.send(f"Run the tools [[shell:echo shell-ran-here]]{message}[[reply:{tools_reply}]]")
         screen = session.wait("completed_tools", lambda s: recipe.finished(s, tools_reply), 60)
         session.save("completed_tools", screen)
@@ -521,10 +685,21 @@ def capture_provider(
         session.wait("error", lambda s: recipe.error(s) and recipe.idle(s), 60)
         session.save("error", session.settle(lambda s: recipe.error(s) and recipe.idle(s), quiet=0.5))
     finally:
-        leftovers += session.stop()
+        leftovers = session.stop()
+    return leftovers
 
-    # --- default (non-bypass) mode: permission prompts and questions ------------------------------
-    session = Session(bed, recipe, launch_for("ask"), False, out, timings, debug)
+
+def capture_prompts(
+    bed: Bed,
+    recipe: Recipe,
+    launch: Launch,
+    out: Path,
+    timings: dict[str, list[Any]],
+    debug: Path | None,
+    message: str,
+) -> list[str]:
+    """Default (non-bypass) mode: permission prompts and questions."""
+    session = Session(bed, recipe, launch, False, out, timings, debug)
     try:
         session.start()
         session.send("Make a probe file [[permission]][[reply:Probe made.]]")
@@ -546,10 +721,82 @@ def capture_provider(
             session.save("waiting_user_answer_question", session.settle(recipe.permission, quiet=0.5))
             session.approve("Colour noted.")
     finally:
-        leftovers += session.stop()
+        leftovers = session.stop()
+    return leftovers
 
-    calls = mcp_log.read_text().splitlines() if mcp_log.exists() else []
-    return {"timings": timings, "leftover_processes": leftovers, "mcp_calls": calls}
+
+def capture_typed(
+    bed: Bed, recipe: Recipe, launch: Launch, out: Path, timings: dict[str, list[Any]], debug: Path | None
+) -> list[str]:
+    """After an answered turn, a message pasted into the box whose Enter never came."""
+    session = Session(bed, recipe, launch, True, out, timings, debug)
+    try:
+        session.start()
+        reply = "Hello from the fake model."
+        session.send(f"Say hello [[reply:{reply}]]")
+        session.wait("typed turn answered", lambda s: recipe.finished(s, reply), 30)
+        bed.paste(session.pane, TYPED, enter=False)
+        # The last line of the text shows near the bottom (Claude may fold a paste into a placeholder).
+        tail = TYPED.rsplit("\n", 1)[-1]
+
+        def in_box(screen: Screen) -> bool:
+            return any(tail in line or "Pasted" in line for line in lines(screen)[-12:])
+
+        session.wait("typed text in the box", in_box, 10)
+        session.save("typed", session.settle(in_box, quiet=0.5))
+    finally:
+        leftovers = session.stop()
+    return leftovers
+
+
+def capture_retrying(
+    bed: Bed, recipe: Recipe, launch: Launch, out: Path, timings: dict[str, list[Any]], debug: Path | None
+) -> list[str]:
+    """A turn whose request failed with a 5xx and that the CLI is still retrying (busy, not error)."""
+    session = Session(bed, recipe, launch, True, out, timings, debug)
+    try:
+        session.start(unseed=recipe.seed_retries)
+        prompt = "Please fail and retry"
+        session.send(f"{prompt} [[error:500]]")
+
+        def tries() -> int:
+            return sum(
+                1
+                for r in bed.fake_requests()
+                if r.get("kind") == "main" and prompt in (r.get("prompt") or "")
+            )
+
+        if wait_until(lambda: tries() >= 2, 30) is None:
+            raise CaptureError(f"{recipe.provider}: the failed request was not retried")
+        shown = recipe.retry_shown or recipe.busy  # Gemini retries silently under its spinner
+        session.wait("retrying", lambda s: recipe.busy(s) and shown(s), 30)
+        time.sleep(0.5)  # past the first frame of the retry notice
+        session.save("retrying", session.wait("retrying", lambda s: recipe.busy(s) and shown(s), 5))
+    finally:
+        leftovers = session.stop()
+    return leftovers
+
+
+def capture_dialog(
+    bed: Bed,
+    recipe: Recipe,
+    launch: Launch,
+    out: Path,
+    timings: dict[str, list[Any]],
+    debug: Path | None,
+    dialog: Dialog,
+) -> list[str]:
+    """A start-up dialog: the HOME seeded but for one piece, the CLI started, the dialog saved."""
+    session = Session(bed, recipe, launch, dialog.bypass, out, timings, debug)
+    try:
+        began = time.monotonic()
+        session.open(dialog.unseed, dialog.drop_env)
+        session.wait(f"dialog {dialog.name}", dialog.shows, 60)
+        session.time(f"start_to_dialog_{dialog.name}", began)
+        session.save(f"dialog_{dialog.name}", session.settle(dialog.shows))
+    finally:
+        leftovers = session.stop()
+    return leftovers
 
 
 def describe_launch(recipe: Recipe) -> dict[str, Any]:
@@ -581,6 +828,31 @@ def cli_version(bed: Bed, recipe: Recipe, bin_path: Path, run_dir: Path) -> str:
     return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-200:]
 
 
+def write_meta(
+    path: Path, recipe: Recipe, version: str, result: dict[str, Any], phases: tuple[str, ...]
+) -> None:
+    """meta.json for the screens now in ``path``'s folder; a run of some phases keeps the rest."""
+    partial = set(phases) != set(PHASES) and path.exists()
+    meta: dict[str, Any] = json.loads(path.read_text()) if partial else {}
+    saved = sorted(p.stem for p in path.parent.glob("*.txt"))
+    meta.update(
+        provider=recipe.provider,
+        cli=recipe.bin_name,
+        version=version,
+        window="200x50",
+        launch=describe_launch(recipe),
+        states={state: status_of(state) for state in saved},
+    )
+    meta["timings_s"] = {**meta.get("timings_s", {}), **result["timings"]}
+    if not partial or result["mcp_calls"]:
+        meta["mcp_calls"] = result["mcp_calls"]
+    left = result["leftover_processes"]
+    meta["leftover_processes_after_kill"] = (
+        [*meta.get("leftover_processes_after_kill", []), *left] if partial else left
+    )
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.realcli.capture", description=__doc__.split("\n")[0]
@@ -590,7 +862,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=18081)
     parser.add_argument("--debug", type=Path, help="save timed-out screens and request logs here")
     parser.add_argument("--keep", action="store_true", help="keep the throwaway HOMEs")
+    parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated phases (see above)")
     args = parser.parse_args(argv)
+    phases = tuple(phase.strip() for phase in args.phases.split(","))
+    if unknown := set(phases) - set(PHASES):
+        parser.error(f"unknown phases {sorted(unknown)}; choose from {', '.join(PHASES)}")
 
     reason = why_bed_cannot_run(install=True)
     if reason:
@@ -610,7 +886,9 @@ def main(argv: list[str] | None = None) -> int:
             with Bed(port=args.port) as bed:
                 version = cli_version(bed, recipe, bins[recipe.bin_name], run_dir)
                 try:
-                    result = capture_provider(bed, recipe, bins[recipe.bin_name], out, run_dir, args.debug)
+                    result = capture_provider(
+                        bed, recipe, bins[recipe.bin_name], out, run_dir, args.debug, phases
+                    )
                 except CaptureError as exc:
                     print(f"  FAILED: {exc}", file=sys.stderr)
                     failed = True
@@ -622,19 +900,7 @@ def main(argv: list[str] | None = None) -> int:
                             json.dumps(bed.fake_requests(bodies=True), indent=1)
                         )
             if result:
-                saved = sorted(p.stem for p in (out / recipe.provider).glob("*.txt"))
-                meta = {
-                    "provider": recipe.provider,
-                    "cli": recipe.bin_name,
-                    "version": version,
-                    "window": "200x50",
-                    "launch": describe_launch(recipe),
-                    "states": {state: STATUS[state] for state in saved},
-                    "timings_s": result["timings"],
-                    "mcp_calls": result["mcp_calls"],
-                    "leftover_processes_after_kill": result["leftover_processes"],
-                }
-                (out / recipe.provider / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+                write_meta(out / recipe.provider / "meta.json", recipe, version, result, phases)
                 print(f"  version {version}; leftovers: {result['leftover_processes'] or 'none'}")
     finally:
         if not args.keep:
