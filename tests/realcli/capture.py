@@ -204,6 +204,10 @@ class Claude(Recipe):
         def state(edit: Callable[[dict[str, Any]], None]) -> Callable[[Launch], None]:
             return lambda launch: _edit_json(launch.home / ".claude.json", edit)
 
+        def project_mcp(launch: Launch) -> None:
+            servers = {"mcpServers": {"repo-tool": {"command": "true"}}}
+            (launch.work / ".mcp.json").write_text(json.dumps(servers))
+
         return [
             Dialog(
                 "trust",
@@ -224,6 +228,12 @@ class Claude(Recipe):
                 "bypass",
                 lambda s: "Yes, I accept" in s,
                 lambda launch: _edit_json(launch.home / ".claude" / "settings.json", dict.clear),
+            ),
+            Dialog(
+                "project_mcp",  # a .mcp.json in the workdir; bypass mode skips this dialog
+                lambda s: "New MCP server found" in s,
+                project_mcp,
+                bypass=False,
             ),
         ]
 
