@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cao.errors import InvalidInput
@@ -42,6 +42,11 @@ def _number(environ: Mapping[str, str], name: str, default: float, minimum: floa
     return value
 
 
+def _words(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list, e.g. ``CAO_ALLOWED_ORIGINS=http://a:3000,http://b``."""
+    return tuple(word.strip() for word in (environ.get(name) or "").split(",") if word.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -58,9 +63,13 @@ class Settings:
     lease_seconds: float = 60.0
     delivery_workers: int = 32
     mcp_ready_timeout: float = 30.0
+    input_ready_timeout: float = 60.0  # typed input waits this long for a starting agent
+    recovery_settle: float = 0.5  # recovery waits this long after fencing a pane before it looks
     batch_max_messages: int = 20
+    retry_delay: float = 1.0  # a failed attempt is retried after this long (and by the sweep)
     # tmux / logs
     log_cap_bytes: int = 8 * 1024 * 1024
+    log_cap_interval: float = 0.5  # how often pane logs are checked against the cap
     pane_width: int = 200
     pane_height: int = 50
     history_limit: int = 50000
@@ -70,6 +79,10 @@ class Settings:
     fault_point: str | None = None
     # bundled scripted agent
     scripted_record: bool = False
+    # who may call the API (docs/security.md)
+    api_token: str | None = field(default=None, repr=False)  # never in a log line
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
 
     @property
     def db_path(self) -> Path:
@@ -90,6 +103,11 @@ class Settings:
     @property
     def profiles_dir(self) -> Path:
         return self.home / "agent-store"
+
+    @property
+    def token_file(self) -> Path:
+        """Where cao-server publishes the API token it uses, for cao, agents and their MCP servers."""
+        return self.home / "api-token"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -115,10 +133,16 @@ class Settings:
             lease_seconds=_number(env, "CAO_DELIVERY_LEASE_SECONDS", 60.0, minimum=1),
             delivery_workers=int(_number(env, "CAO_DELIVERY_WORKERS", 32, minimum=1)),
             mcp_ready_timeout=_number(env, "CAO_MCP_READY_TIMEOUT", 30.0),
+            input_ready_timeout=_number(env, "CAO_INPUT_READY_TIMEOUT", 60.0),
             log_cap_bytes=int(_number(env, "CAO_LOG_CAP_BYTES", 8 * 1024 * 1024, minimum=4096)),
+            log_cap_interval=_number(env, "CAO_LOG_CAP_INTERVAL", 0.5, minimum=0.05),
+            retry_delay=_number(env, "CAO_DELIVERY_RETRY_DELAY", 1.0, minimum=0.0),
             busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
             fault_point=env.get("CAO_FAULT_POINT") or None,
             scripted_record=_flag(env, "CAO_SCRIPTED_RECORD", False),
+            api_token=(env.get("CAO_API_TOKEN") or "").strip() or None,
+            allowed_origins=_words(env, "CAO_ALLOWED_ORIGINS"),
+            allowed_hosts=_words(env, "CAO_ALLOWED_HOSTS"),
         )
 
     def with_(self, **changes: object) -> Settings:

@@ -1,0 +1,139 @@
+"""Request inputs, checked so that odd input is a 4xx JSON error and never reaches tmux or SQLite.
+
+Every error cao-server answers has the shape ``{"detail": "<what is wrong and what to do>",
+"error": "<name>"}``, FastAPI's own (validation, unknown route, wrong method) included.
+
+Text parameters (query string or JSON body) must be valid Unicode without NUL; names, ids and
+paths are at most 4096 characters without control characters; ``working_directory`` must be a
+path the OS can look up; a ``message`` that is empty once whitespace and invisible characters
+(zero-width spaces, joiners, BOMs: Unicode category Cf) are taken away is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import unicodedata
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from cao.errors import InvalidInput
+
+logger = logging.getLogger(__name__)
+
+MAX_FIELD_CHARS = 4096  # everything but the message itself (which the store limits to 256 KiB)
+PATH_MAX, NAME_MAX = 4095, 255
+FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")  # letters that draw nothing
+HTTP_ERROR_NAMES = {
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    413: "PayloadTooLarge",
+    415: "UnsupportedMediaType",
+}
+
+
+async def read_params(request: Request) -> dict[str, Any]:
+    """Query parameters overlaid by a JSON object body (if any), every text value checked."""
+    params: dict[str, Any] = dict(request.query_params)
+    raw = await request.body()
+    if raw.strip():
+        params.update(json_object(raw))
+    for name, value in params.items():
+        if isinstance(value, str):
+            check_text(name, value)
+    return params
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # also bad UTF-8 and numbers too long to convert
+        raise InvalidInput(f"request body is not valid JSON ({exc}); send a JSON object") from None
+    except RecursionError:
+        raise InvalidInput("request body is nested too deeply; send a flat JSON object") from None
+    if not isinstance(data, dict):
+        raise InvalidInput('request body must be a JSON object, e.g. {"message": "hi"}')
+    return data
+
+
+def check_text(name: str, value: str) -> str:
+    field = name if name.isidentifier() and len(name) <= 64 else "a parameter"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            f"{field} is not valid text (it has a lone UTF-16 surrogate); fix its encoding"
+        ) from None
+    if "\x00" in value:
+        raise InvalidInput(f"{field} contains a NUL character; remove it")
+    if name == "message":
+        if value and blank(value):
+            raise InvalidInput("message is blank (only whitespace or invisible characters); send some text")
+        return value
+    if len(value) > MAX_FIELD_CHARS:
+        raise InvalidInput(f"{field} is {len(value)} characters long; the limit is {MAX_FIELD_CHARS}")
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise InvalidInput(f"{field} contains a control character; remove it")
+    if name == "working_directory":
+        check_path(field, value)
+    return value
+
+
+def check_path(field: str, value: str) -> None:
+    """What the OS would refuse before looking (too long, ~user that doesn't exist) is a 422 here."""
+    if value.startswith("~") and os.path.expanduser(value) == value:
+        raise InvalidInput(f"{field} {value[:80]!r} names an unknown user's home; pass an absolute path")
+    encoded = os.fsencode(os.path.expanduser(value))
+    if len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/")):
+        raise InvalidInput(f"{field} is longer than the OS allows ({PATH_MAX} bytes, {NAME_MAX} per name)")
+
+
+def blank(text: str) -> bool:
+    """True if nothing visible is left once whitespace, control and format characters are gone."""
+    return all(ch.isspace() or ch in FILLERS or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """FastAPI's own errors in cao's shape: ``{"detail": str, "error": name}``."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("query", "path", "body"))
+            parts.append(f"{where or 'request'}: {err.get('msg', 'invalid')}")
+        return JSONResponse({"detail": "; ".join(parts), "error": "InvalidInput"}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_request: Request, exc: HTTPException) -> JSONResponse:
+        detail = exc.detail
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = "no such route; the routes are listed at /docs and in docs/api.md"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "?")
+            detail = f"method not allowed here; this route takes {allowed}"
+        return JSONResponse(
+            {"detail": str(detail), "error": HTTP_ERROR_NAMES.get(exc.status_code, "HTTPError")},
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        logger.error(
+            "request crashed",
+            exc_info=exc,
+            extra={"method": request.method, "path": request.url.path[:200], "reason": type(exc).__name__},
+        )
+        return JSONResponse(
+            {
+                "detail": "internal error in cao-server; the server log has the details",
+                "error": "InternalError",
+            },
+            status_code=500,
+        )

@@ -1,0 +1,147 @@
+"""cao-server's OpenAPI schema, made honest: what FastAPI can't see from the route signatures.
+
+Routes read their parameters from the query string *or* a JSON body (``api._params``), answer
+errors in one shape (``{"detail", "error"}``), and the guard in front of them (cao/security.py)
+can refuse any request. FastAPI's generated schema knows none of that, so this module adds it after
+generation: the request bodies, every error status a route can answer, and the bearer scheme when
+a token is required. schemathesis fuzzes the server against the result (tests/test_fuzz.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from cao.store import MESSAGE_STATUSES
+
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "required": ["detail", "error"],
+    "properties": {
+        "detail": {"type": "string", "description": "what is wrong and what to do about it"},
+        "error": {"type": "string", "description": "the error's name, e.g. InvalidInput, NotFound"},
+    },
+}
+ERRORS = {
+    "400": "Host header is not one of this server's names (DNS rebinding guard)",
+    "404": "unknown terminal, session, message or route",
+    "410": "the terminal's tmux pane is gone",
+    "413": "request body over 1 MiB, or a message over 256 KiB",
+    "414": "URL over 64 KiB",
+    "415": "a request body that is not application/json",
+    "422": "a malformed value (the detail names the field and the fix)",
+    "502": "tmux failed",
+    "503": "SQLite stayed locked, or the tmux server is down: nothing was written, retry",
+}
+STATE_CHANGING_ERRORS = {
+    "403": "cross-origin request from an origin not in CAO_ALLOWED_ORIGINS",
+    "409": "idempotency key reused with another intent, or a state change that isn't possible now",
+}
+UNAUTHORIZED = {"401": "missing or wrong bearer token (CAO_API_TOKEN)"}
+
+_text = {"type": "string"}
+# names, ids and paths: what cao.inputs.check_text lets through
+_name = {"type": "string", "maxLength": 4096, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$"}
+_message = {"type": "string", "minLength": 1, "description": "at most 256 KiB; not only blanks"}
+# constraints the routes check that FastAPI can't see in their signatures
+PARAMETERS: dict[str, dict[str, Any]] = {
+    "terminal_id": {"type": "string", "pattern": "^[0-9a-f]{8}$"},
+    "receiver_id": {"type": "string", "pattern": "^[0-9a-f]{8}$"},
+    "message_id": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 50},
+    "status": {"type": "string", "enum": list(MESSAGE_STATUSES)},
+    "mode": {"type": "string", "enum": ["full", "last"], "default": "full"},
+    "format": {"type": "string", "enum": ["json", "text"], "default": "json"},
+}
+# The parameters each body-reading route takes, in the query string or a JSON object body.
+BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    ("post", "/sessions"): {
+        "provider": _name,
+        "agent_profile": _name,
+        "session_name": _name,
+        "working_directory": _name,
+    },
+    ("post", "/sessions/{name}/terminals"): {
+        "provider": _name,
+        "agent_profile": _name,
+        "working_directory": _name,
+        "supervisor_id": _name,
+    },
+    ("post", "/terminals/{terminal_id}/input"): {"message": _message},
+    ("post", "/terminals/{receiver_id}/inbox/messages"): {
+        "sender_id": _name,
+        "message": _message,
+        "idempotency_key": _name,
+    },
+}
+EXTRA_SUCCESS = {("post", "/terminals/{receiver_id}/inbox/messages"): "200"}  # a duplicate's receipt
+TEXT_OUTPUT = ("get", "/terminals/{terminal_id}/output")  # format=text answers text/plain
+
+
+def complete(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
+    """Add bodies, error responses and security to FastAPI's generated ``schema`` (in place)."""
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["Error"] = ERROR_SCHEMA
+    for path, ops in schema.get("paths", {}).items():
+        for method, op in ops.items():
+            _complete_operation(method, path, op, token=token)
+    if token:
+        schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        schema["security"] = [{"bearer": []}]
+        schema["paths"]["/health"]["get"]["security"] = []
+    return schema
+
+
+def _complete_operation(method: str, path: str, op: dict[str, Any], *, token: bool) -> None:
+    responses = op.setdefault("responses", {})
+    for param in op.get("parameters", []):
+        if param["name"] in PARAMETERS:
+            param["schema"] = {**PARAMETERS[param["name"]], "title": param["schema"].get("title", "")}
+    errors = dict(ERRORS)
+    if method in ("post", "put", "patch", "delete"):
+        errors |= STATE_CHANGING_ERRORS
+    if token and (method, path) != ("get", "/health"):
+        errors |= UNAUTHORIZED
+    for code, why in errors.items():
+        responses[code] = {"description": why, "content": {"application/json": {"schema": ERROR_REF}}}
+    if (method, path) in BODIES:
+        fields = BODIES[method, path]
+        op["requestBody"] = {
+            "required": False,
+            "description": "the same parameters as the query string (the body wins)",
+            "content": {
+                "application/json": {
+                    "schema": {"type": "object", "properties": fields, "additionalProperties": True}
+                }
+            },
+        }
+        declared = {p["name"] for p in op.get("parameters", [])}
+        op.setdefault("parameters", []).extend(
+            {"name": name, "in": "query", "required": False, "schema": spec}
+            for name, spec in fields.items()
+            if name not in declared
+        )
+    if (method, path) in EXTRA_SUCCESS:
+        created = next(code for code in ("201", "200") if code in responses)
+        responses[EXTRA_SUCCESS[method, path]] = {
+            **responses[created],
+            "description": "the receipt of an earlier send with the same idempotency key",
+        }
+    if (method, path) == TEXT_OUTPUT:
+        responses["200"].setdefault("content", {})["text/plain"] = {"schema": _text}
+
+
+def install(app: FastAPI, *, token: bool) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = complete(generate(), token=token)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
