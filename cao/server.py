@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import fcntl
+import ipaddress
+import json
 import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 
 import cao
+from cao import apitoken, security
 from cao.errors import CaoError
 from cao.settings import Settings
 
@@ -27,7 +31,14 @@ Examples:
 \b
 Environment: CAO_HOME (default ~/.cao), CAO_TMUX_SOCKET, CAO_API_HOST, CAO_API_PORT,
 CAO_EAGER_INBOX_DELIVERY, CAO_WATCH_INTERVAL, CAO_INBOX_RECONCILE_INTERVAL,
-CAO_INBOX_RECONCILE_GRACE_SECONDS, CAO_DELIVERY_MAX_ATTEMPTS (see docs/configuration.md).
+CAO_INBOX_RECONCILE_GRACE_SECONDS, CAO_DELIVERY_MAX_ATTEMPTS, CAO_API_TOKEN, CAO_ALLOWED_HOSTS,
+CAO_ALLOWED_ORIGINS (see docs/configuration.md and docs/security.md).
+
+\b
+Listening beyond loopback (--host 0.0.0.0) needs a token:
+  export CAO_API_TOKEN=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
+cao-server writes the token it uses to $CAO_HOME/api-token (mode 0600), where cao and the agents'
+MCP servers find it.
 """
 
 
@@ -62,14 +73,73 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+# What every LogRecord has; anything else on a record came from ``extra={...}``.
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and not k.startswith("_")}
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, every ``extra`` field, the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{record.msecs:03.0f}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **extra_fields(record),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str, ensure_ascii=False)
+
+
+class KeyValues(logging.Formatter):
+    """For people: the classic line, then ``key=value`` for every ``extra`` field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in extra_fields(record).items())
+        return f"{text} {fields}" if fields else text
+
+
 def configure_logging(settings: Settings, level: str) -> None:
+    """stderr for people, ``$CAO_HOME/logs/server.log`` as JSON lines for tools (uvicorn's too)."""
     settings.server_log.parent.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
     root = logging.getLogger()
     root.setLevel(level.upper())
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(settings.server_log)):
-        handler.setFormatter(fmt)
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(KeyValues("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    file = logging.FileHandler(settings.server_log)
+    file.setFormatter(JsonLines())
+    for handler in (stderr, file):
         root.addHandler(handler)
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings) -> None:
+    """Beyond loopback, whoever reaches the port could run commands as you: a token is required."""
+    if settings.api_token is not None:
+        apitoken.check(settings.api_token)
+    elif not is_loopback(settings.api_host):
+        raise click.ClickException(
+            f"refusing to listen on {settings.api_host} without an API token: anyone who can reach it "
+            "could type into your agents. Set one and start again:\n"
+            f"  export CAO_API_TOKEN=$({apitoken.GENERATE})\n"
+            "cao and your agents pick it up from $CAO_HOME/api-token (docs/security.md); "
+            "or listen on 127.0.0.1"
+        )
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
@@ -105,6 +175,10 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
     settings = settings.with_(
         api_host=host, api_port=port, server_url=os.environ.get("CAO_SERVER_URL") or f"http://{host}:{port}"
     )
+    try:
+        check_exposure(settings)
+    except CaoError as exc:
+        raise click.ClickException(exc.message) from None
     lock = _lock(settings.home)
     if not _port_free(host, port):
         raise click.ClickException(
@@ -119,6 +193,7 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
         core = Cao(settings)
     except CaoError as exc:
         raise click.ClickException(exc.message) from None
+    apitoken.publish(settings)
     adopted = core.start()
     logger.info(
         "cao-server listening on %s:%s (home %s, tmux socket %s, adopted %d, gone %d)",
@@ -130,7 +205,16 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
         len(adopted["gone"]),
     )
     try:
-        uvicorn.run(create_app(core), host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.run(
+            create_app(core),
+            host=host,
+            port=port,
+            http="h11",  # its limit below is what lets a long URL reach the guard and get a 414
+            h11_max_incomplete_event_size=security.H11_MAX_EVENT,
+            log_config=None,  # uvicorn's lines go through our handlers (JSON in the file)
+            log_level="warning",
+            access_log=False,  # the query form would put message bodies in it
+        )
     finally:
         core.stop()
         lock.close()
