@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import cao
+from cao import apitoken
 from cao.errors import CaoError
 from cao.settings import Settings
 
@@ -30,9 +31,16 @@ err_console = Console(stderr=True)
 class Client:
     """A small httpx client for cao-server; errors become ClickException (exit 1)."""
 
-    def __init__(self, base_url: str, *, http: httpx.Client | None = None, timeout: float = 60.0):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        http: httpx.Client | None = None,
+        timeout: float = 60.0,
+        auth: httpx.Auth | None = None,
+    ):
         self.base_url = base_url
-        self.http = http or httpx.Client(base_url=base_url, timeout=timeout)
+        self.http = http or httpx.Client(base_url=base_url, timeout=timeout, auth=auth)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -74,7 +82,8 @@ def _settings() -> Settings:
 def _client(ctx: click.Context) -> Client:
     obj = ctx.ensure_object(dict)
     if "client" not in obj:
-        obj["client"] = Client(_settings().server_url)
+        settings = _settings()  # the token: CAO_API_TOKEN, else the one cao-server wrote to CAO_HOME
+        obj["client"] = Client(settings.server_url, auth=apitoken.BearerAuth(settings))
     client: Client = obj["client"]
     return client
 
@@ -122,7 +131,8 @@ def _styled(value: str) -> str:
 def cli(ctx: click.Context) -> None:
     """Run CLI coding agents side by side in tmux and let them message each other.
 
-    Commands talk to a running cao-server (CAO_SERVER_URL, default http://127.0.0.1:9889).
+    Commands talk to a running cao-server (CAO_SERVER_URL, default http://127.0.0.1:9889) and
+    send its API token if it has one (CAO_API_TOKEN, else $CAO_HOME/api-token).
     """
     ctx.ensure_object(dict)
 

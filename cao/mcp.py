@@ -2,7 +2,7 @@
 
 Every agent CLI that cao launches starts one of these over stdio. It speaks for one terminal, its
 *caller* (``CAO_TERMINAL_ID``, set by cao in every agent's environment), and reaches cao-server at
-``CAO_SERVER_URL``. Tools:
+``CAO_SERVER_URL`` with its API token, if any (``CAO_API_TOKEN``, else ``$CAO_HOME/api-token``). Tools:
 
     send_message(message, receiver_id=None)   into an inbox; no receiver = the caller's supervisor
     assign(agent_profile, message, ...)        start a worker, queue its task, return its id at once
@@ -47,7 +47,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 import cao
-from cao import profiles
+from cao import apitoken, profiles
 from cao.errors import CaoError
 from cao.settings import Settings
 
@@ -531,8 +531,8 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
     return server
 
 
-async def serve(server_url: str, terminal_id: str | None) -> None:
-    async with httpx.AsyncClient(base_url=server_url, timeout=HTTP_TIMEOUT) as http:
+async def serve(server_url: str, terminal_id: str | None, auth: httpx.Auth | None = None) -> None:
+    async with httpx.AsyncClient(base_url=server_url, timeout=HTTP_TIMEOUT, auth=auth) as http:
         if terminal_id:  # tell cao-server this agent's tools are up: it holds input until then
             try:
                 await http.post(f"/terminals/{terminal_id}/mcp-ready")
@@ -545,7 +545,8 @@ EPILOG = """\b
 Example (an agent CLI's MCP configuration; cao's providers write it for you):
   {"mcpServers": {"cao": {"command": "cao-mcp-server",
                           "env": {"CAO_TERMINAL_ID": "1a2b3c4d",
-                                  "CAO_SERVER_URL": "http://127.0.0.1:9889"}}}}
+                                  "CAO_SERVER_URL": "http://127.0.0.1:9889",
+                                  "CAO_HOME": "/home/me/.cao"}}}}
 
 \b
 Try it by hand:
@@ -575,16 +576,18 @@ def main(terminal_id: str | None, server_url: str | None, log_level: str) -> Non
     """MCP server (stdio) with the tools agents use to work together.
 
     Tools: send_message, assign, handoff, my_inbox, my_workers, whoami. Each agent CLI started by
-    cao runs one; it acts as that agent (CAO_TERMINAL_ID) against cao-server (CAO_SERVER_URL).
+    cao runs one; it acts as that agent (CAO_TERMINAL_ID) against cao-server (CAO_SERVER_URL),
+    sending the server's API token if it has one (CAO_API_TOKEN, else $CAO_HOME/api-token).
     """
     logging.basicConfig(
         stream=sys.stderr, level=log_level.upper(), format="%(levelname)s %(name)s %(message)s"
     )
     try:
-        url = server_url or Settings.from_env().server_url
+        settings = Settings.from_env()
     except CaoError as exc:
         raise click.ClickException(exc.message) from None
-    anyio.run(serve, url.rstrip("/"), terminal_id)
+    url = server_url or settings.server_url
+    anyio.run(serve, url.rstrip("/"), terminal_id, apitoken.BearerAuth(settings))
 
 
 if __name__ == "__main__":

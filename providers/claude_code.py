@@ -142,7 +142,11 @@ class ClaudeCodeProvider(Provider):
         servers["cao"] = {
             "command": sys.executable,
             "args": ["-m", "cao.mcp"],
-            "env": {"CAO_TERMINAL_ID": ctx.terminal_id, "CAO_SERVER_URL": ctx.server_url},
+            "env": {
+                "CAO_TERMINAL_ID": ctx.terminal_id,
+                "CAO_SERVER_URL": ctx.server_url,
+                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
+            },
         }
         files = {
             home / ".claude.json": json.dumps(state, indent=2),

@@ -145,7 +145,11 @@ class CodexProvider(Provider):
         servers["cao"] = {
             "command": sys.executable,
             "args": ["-m", "cao.mcp"],
-            "env": {"CAO_TERMINAL_ID": ctx.terminal_id, "CAO_SERVER_URL": ctx.server_url},
+            "env": {
+                "CAO_TERMINAL_ID": ctx.terminal_id,
+                "CAO_SERVER_URL": ctx.server_url,
+                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
+            },
         }
         mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in servers.items())
         config = f"""\

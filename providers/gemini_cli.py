@@ -145,7 +145,11 @@ class GeminiCliProvider(Provider):
         servers["cao"] = {
             "command": sys.executable,
             "args": ["-m", "cao.mcp"],
-            "env": {"CAO_TERMINAL_ID": ctx.terminal_id, "CAO_SERVER_URL": ctx.server_url},
+            "env": {
+                "CAO_TERMINAL_ID": ctx.terminal_id,
+                "CAO_SERVER_URL": ctx.server_url,
+                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
+            },
         }
         settings = {
             "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},

@@ -80,6 +80,19 @@ def split_messages(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def api_token() -> str | None:
+    """cao-server's API token, as cao.apitoken finds it: $CAO_API_TOKEN, else $CAO_HOME/api-token."""
+    if token := os.environ.get("CAO_API_TOKEN", "").strip():
+        return token
+    home = os.environ.get("CAO_HOME")
+    if not home:
+        return None
+    try:
+        return (Path(home) / "api-token").read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 class Agent:
     def __init__(self, args: argparse.Namespace) -> None:
         self.tid = args.terminal_id or os.environ.get("CAO_TERMINAL_ID", "local")
@@ -344,11 +357,11 @@ class Agent:
 
     def send(self, to: str, message: str) -> str:
         data = json.dumps({"sender_id": self.tid, "message": message}).encode()
+        headers = {"Content-Type": "application/json"}
+        if token := api_token():
+            headers["Authorization"] = f"Bearer {token}"
         req = urllib.request.Request(
-            f"{self.server}/terminals/{to}/inbox/messages",
-            data=data,
-            headers={"Content-Type": "application/json"},
-            method="POST",
+            f"{self.server}/terminals/{to}/inbox/messages", data=data, headers=headers, method="POST"
         )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:

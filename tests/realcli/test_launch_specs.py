@@ -125,7 +125,11 @@ def test_environment_is_built_from_nothing_but_what_the_cli_needs(spec: Spec, tm
 def test_mcp_server_speaks_for_this_terminal(spec: Spec, tmp_path: Path) -> None:
     server = mcp_server(spec, launch(spec, tmp_path))
     assert (server["command"], server["args"]) == (sys.executable, ["-m", "cao.mcp"])
-    assert server["env"] == {"CAO_TERMINAL_ID": "1a2b3c4d", "CAO_SERVER_URL": "http://127.0.0.1:9889"}
+    assert server["env"] == {
+        "CAO_TERMINAL_ID": "1a2b3c4d",
+        "CAO_SERVER_URL": "http://127.0.0.1:9889",
+        "CAO_HOME": str(tmp_path / "cao"),  # where it finds cao-server's API token
+    }
 
 
 def test_bypass_by_default_and_a_knob_to_get_prompts(spec: Spec, tmp_path: Path) -> None:
