@@ -83,6 +83,7 @@ def settings(tmp_path: Path, tmux_socket: str) -> Settings:
         sweep_interval=0.5,
         sweep_grace=1.0,
         scripted_record=True,
+        allowed_hosts=("testserver",),  # FastAPI's TestClient sends Host: testserver
     )
 
 
