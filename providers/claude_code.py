@@ -41,6 +41,8 @@ RULE_RE = re.compile(r"^─{10,}$")
 BOX = "❯\u00a0"
 ECHO_RE = re.compile(r"^❯ (?!\d+\. )")  # a user turn; "❯ 1. Yes" is a menu option
 MENU_RE = re.compile(r"^\s*❯ \d+\. ")
+# The key hint under a prompt or dialog, for one whose cursor line isn't a numbered option.
+HINT_RE = re.compile(r"^\s*(?:Enter to (?:confirm|select)|Esc to cancel) · ")
 QUEUED_RE = re.compile(r"^  ❯ ")  # a message typed while busy, waiting for its turn
 SPINNER_RE = re.compile(r"^[·✢✳✶✻✽*] \S.*…")
 ERROR_RE = re.compile(r"^(API Error|Invalid API key|Credit balance is too low|OAuth token|Request timed out)")
@@ -170,7 +172,7 @@ class ClaudeCodeProvider(Provider):
         lines = _lines(screen)
         box = _box(lines)
         if box is None:  # a permission prompt, a question or a dialog replaces the box
-            if any(MENU_RE.match(line) for line in lines):
+            if any(MENU_RE.match(line) or HINT_RE.match(line) for line in lines):
                 return TerminalStatus.WAITING_USER_ANSWER
             return TerminalStatus.PROCESSING  # starting up
         first, end = box
