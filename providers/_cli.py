@@ -48,6 +48,11 @@ def judge_submit(
     return True if went_busy else None
 
 
+def head(screen: str, end: int) -> str:
+    """The first ``end`` lines of ``screen``, as captured (the providers' line lists keep its indices)."""
+    return "\n".join(screen.split("\n")[:end])
+
+
 def bullet_blocks(
     lines: list[str], marks: tuple[str, ...], *, stop: re.Pattern[str] | None = None
 ) -> list[str]:

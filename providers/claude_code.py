@@ -33,7 +33,7 @@ import sys
 from typing import ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, find_cli, flag, judge_submit
+from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "sk-ant-api03-cao-local-model-server-key-0123456789abcdef"
@@ -194,6 +194,12 @@ class ClaudeCodeProvider(Provider):
         turn = _turn(transcript)
         blocks = _blocks(transcript if turn is None else turn)
         return blocks[-1] if blocks else ""
+
+    def transcript(self, screen: str) -> str:
+        """Everything above the rule that opens the input box (queued inputs included: they were
+        submitted and will run as their own turns); the whole screen while a prompt or dialog shows."""
+        box = _box(_lines(screen))
+        return screen if box is None else head(screen, box[0] - 1)
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         return judge_submit(self, before, after, _marks)

@@ -30,7 +30,7 @@ import sys
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, find_cli, flag, judge_submit
+from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -225,6 +225,12 @@ show_tooltips = false
         transcript = lines[:box] if box is not None and not _waiting(lines) else lines
         blocks = _blocks(transcript[_turn_start(transcript) or 0 :])
         return blocks[-1] if blocks else ""
+
+    def transcript(self, screen: str) -> str:
+        """Everything above the input box (the last ``› `` line); the whole screen under a prompt."""
+        lines = _lines(screen)
+        box = _box(lines)
+        return screen if box is None or _waiting(lines) else head(screen, box)
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         """See ``judge_submit``; Codex has no queue (input only when idle)."""

@@ -33,7 +33,7 @@ from itertools import takewhile
 from typing import ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, find_cli, flag, judge_submit
+from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -191,6 +191,17 @@ class GeminiCliProvider(Provider):
         turn = _turn(lines, box)
         blocks = _blocks(turn if turn is not None else lines)
         return blocks[-1] if blocks else ""
+
+    def transcript(self, screen: str) -> str:
+        """Everything above the composer (the rule over the mode line and the box); the whole
+        screen while a prompt or dialog shows."""
+        lines = _lines(screen)
+        box = _box(lines)
+        if box is None:
+            return screen
+        top = box[0] - 1  # the ▄ row
+        rules = [i for i in range(max(0, top - 3), top) if RULE_RE.match(lines[i])]
+        return head(screen, rules[-1] if rules else top)
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         """See ``judge_submit`` (text left in the box: Gemini kept the Enter as a newline)."""

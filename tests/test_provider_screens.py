@@ -7,6 +7,8 @@ so they can't drift from it. For each screen: ``detect_status`` gives the expect
 ``input_text`` is ``""`` where an idle box shows, falsy while busy, ``None`` under a prompt or a
 start-up dialog (``dialog_*``: cao must never type into one) and the pasted text on ``typed``, and
 ``extract_last_message`` returns the model's answer without chrome (nothing under a dialog).
+``transcript`` is the screen above the input box: it holds the echoed user turns and answers and
+never the text still sitting in the box.
 
 ``TRAPS`` adds screens of the traps found while building the providers (text typed into the box,
 collapsed pastes, an echo scrolled off the top, a queued message, Gemini's box that reads like an
@@ -42,6 +44,16 @@ ANSWERS = {
 BUSY_STATES = ("processing", "queued", "retrying")
 # Pasted into the box without Enter for the saved "typed" screens (tests/realcli/capture.py TYPED).
 TYPED = "[cao message #7 from abcd1234]\nPlease reply typed-but-not-sent"
+# The start of the user turn each saved screen echoes (the last one the CLI took).
+ECHOES = {
+    "processing": "Say hello slowly",
+    "completed": "Say hello slowly",
+    "completed_tools": "Run the tools",
+    "queued": "Second task, sent while busy",
+    "error": "Please fail",
+    "typed": "Say hello [[reply:",
+    "retrying": "Please fail and retry",
+}
 
 
 class Case(NamedTuple):
@@ -167,6 +179,30 @@ def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) 
         assert "400" in last
     if case.state == "idle" or case.state.startswith("dialog_"):
         assert last == ""
+
+
+SAVED = saved_cases()
+
+
+@pytest.mark.parametrize("case", SAVED, ids=[f"{c.provider}-{c.state}" for c in SAVED])
+def test_transcript_is_the_screen_above_the_box(case: Case) -> None:
+    provider = providers.get(case.provider)
+    screen = (SCREENS / case.provider / f"{case.state}.txt").read_text()
+    transcript = provider.transcript(screen)
+
+    assert screen.startswith(transcript)
+    box = provider.input_text(screen)
+    if box is None:
+        assert transcript.rstrip() == screen.rstrip()  # no box: nothing to leave out
+    for line in filter(str.strip, (box or "").split("\n")):
+        assert line not in transcript  # pasted but not submitted
+    if case.state in ECHOES:
+        assert ECHOES[case.state] in transcript
+    if last := provider.extract_last_message(screen):
+        assert last.split("\n")[0] in transcript
+    # A whole-scrollback capture: the history scrolled off the top comes first and stays.
+    history = "earlier history\n" * 3
+    assert provider.transcript(history + screen) == history + transcript
 
 
 def test_every_registered_provider_has_screens() -> None:
@@ -313,6 +349,15 @@ def test_provider_handles_trap(trap: Trap) -> None:
     assert provider.detect_status(screen) == trap.status
     assert provider.input_text(screen) == trap.box
     assert provider.extract_last_message(screen) == trap.last
+    transcript = provider.transcript(screen)
+    assert screen.startswith(transcript)
+    for line in filter(str.strip, (trap.box or "").split("\n")):
+        assert line not in transcript  # typed into the box, never submitted
+    if trap.last:
+        assert trap.last in transcript
+    for echo in ("hello there", "First long task"):
+        if echo in screen and echo not in (trap.box or ""):
+            assert echo in transcript  # an echoed user turn
 
 
 # -- submit confirmation --------------------------------------------------------------------------
