@@ -12,13 +12,17 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from cao.delivery import Delivery, DeliveryEngine
-from cao.errors import InvalidInput
+import providers
+from cao.delivery import Delivery, Faults
+from cao.engine import DeliveryEngine
+from cao.errors import InvalidInput, NotFound
 from cao.settings import Settings
-from cao.store import Message, Store
-from cao.terminals import Terminals, validate_terminal_id
-from cao.tmux import Tmux
+from cao.states import MessageStatus
+from cao.store import MESSAGE_STATUSES, Message, Store
+from cao.terminals import Terminals, is_blank, validate_terminal_id
+from cao.tmux import Tmux, session_name_for
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +65,11 @@ class Cao:
         self.clock = clock
         self.store = Store(settings.db_path, busy_timeout=settings.busy_timeout, clock=clock)
         self.tmux = Tmux(settings.tmux_socket)
+        self.faults = Faults(settings.fault_point)
         self.terminals = Terminals(
-            settings, self.store, self.tmux, environ=environ or os.environ, clock=clock
+            settings, self.store, self.tmux, environ=environ or os.environ, clock=clock, fault=self.faults.hit
         )
-        self.delivery = Delivery(settings, self.store, self.terminals, clock=clock)
+        self.delivery = Delivery(settings, self.store, self.terminals, clock=clock, faults=self.faults)
         self.engine = DeliveryEngine(self.delivery, clock=clock)
         self.started = False
 
@@ -90,6 +95,8 @@ class Cao:
         validate_sender(sender_id)
         if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
             raise InvalidInput("idempotency_key must be 1-200 characters")
+        if is_blank(body):
+            raise InvalidInput("message is empty (only whitespace or invisible characters); send some text")
         if sender_id == receiver_id:
             raise InvalidInput(
                 f"terminal {receiver_id} can't send a message to itself; pick another receiver"
@@ -99,15 +106,15 @@ class Cao:
             receiver_id=receiver_id,
             body=body,
             idempotency_key=idempotency_key,
-            before_commit=lambda: self.delivery.faults.hit("before_commit"),
+            before_commit=lambda: self.faults.hit("before_commit"),
         )
-        self.delivery.faults.hit("after_commit")
+        self.faults.hit("after_commit")
         if not duplicate and self.started:
             self.engine.immediate(receiver_id)
         return Receipt(message, duplicate)
 
     def message_view(self, message: Message) -> dict[str, object]:
-        waiting = self.delivery.waiting.get(message.receiver_id) if message.status == "pending" else None
+        waiting = message.waiting_reason if message.status == MessageStatus.PENDING else None
         return {
             "id": message.id,
             "message_id": message.id,
@@ -121,5 +128,111 @@ class Cao:
             "delivered_at": message.delivered_at,
             "attempts": message.attempts,
             "last_error": message.last_error,
-            "waiting_reason": waiting[0] if waiting else None,
+            "waiting_reason": waiting,
         }
+
+    def list_inbox(
+        self, terminal_id: str, *, status: str | None = None, limit: int = 50
+    ) -> list[dict[str, object]]:
+        validate_terminal_id(terminal_id)
+        _check_listing(status, limit)
+        self.store.get_terminal(terminal_id, include_deleted=True)
+        rows = self.store.list_messages(receiver_id=terminal_id, status=status, limit=limit)
+        return [self.message_view(m) for m in rows]
+
+    def list_messages(self, *, status: str | None = None, limit: int = 50) -> list[dict[str, object]]:
+        _check_listing(status, limit)
+        return [self.message_view(m) for m in self.store.list_messages(status=status, limit=limit)]
+
+    def get_message(self, message_id: int) -> dict[str, object]:
+        return self.message_view(self.store.get_message(message_id))
+
+    def cancel_message(self, message_id: int) -> dict[str, object]:
+        return self.message_view(self.store.cancel(message_id))
+
+    # -- terminals and sessions (what the HTTP routes call) ---------------------------------------
+    def create_terminal(self, **kwargs: Any) -> dict[str, object]:
+        terminal = self.terminals.create(**kwargs)
+        return self.terminals.view(terminal).as_dict()
+
+    def terminal_view(self, terminal_id: str) -> dict[str, object]:
+        return self.terminals.view(self.terminals.get(terminal_id)).as_dict()
+
+    def list_terminals(self, session_name: str | None = None) -> list[dict[str, object]]:
+        session = session_name_for(session_name) if session_name else None
+        return [self.terminals.view(t).as_dict() for t in self.store.list_terminals(session_name=session)]
+
+    def send_input(self, terminal_id: str, text: str) -> bool:
+        return self.terminals.send_input(self.terminals.get(terminal_id), text)
+
+    def send_key(self, terminal_id: str, key: str) -> None:
+        self.terminals.send_key(self.terminals.get(terminal_id), key)
+
+    def output(self, terminal_id: str, mode: str = "full") -> str:
+        return self.terminals.output(self.terminals.get(terminal_id), mode)
+
+    def exit_terminal(self, terminal_id: str) -> bool:
+        return self.terminals.exit(self.terminals.get(terminal_id))
+
+    def delete_terminal(self, terminal_id: str) -> int:
+        return self.terminals.delete(self.terminals.get(terminal_id))
+
+    def mcp_ready(self, terminal_id: str) -> None:
+        self.terminals.note_mcp_ready(self.terminals.get(terminal_id))
+        self.engine.kick(terminal_id, "mcp_ready")
+
+    def session_view(self, name: str) -> dict[str, object]:
+        session = session_name_for(name)
+        rows = self.store.list_terminals(session_name=session)
+        alive = self.tmux.has_session(session)
+        if not rows and not alive:
+            raise NotFound(f"session {session} not found; list sessions with `cao status`")
+        return {
+            "id": session,
+            "name": session,
+            "status": "active" if alive else "gone",
+            "terminals": [self.terminals.view(t).as_dict() for t in rows],
+        }
+
+    def list_sessions(self) -> list[dict[str, object]]:
+        live = set(self.tmux.list_sessions())
+        counts: dict[str, int] = {}
+        for t in self.store.list_terminals():
+            counts[t.session_name] = counts.get(t.session_name, 0) + 1
+        return [
+            {"id": n, "name": n, "status": "active" if n in live else "gone", "terminal_count": counts[n]}
+            for n in sorted(counts)
+        ]
+
+    def delete_session(self, name: str) -> list[str]:
+        return self.terminals.delete_session(name)
+
+    def info(self) -> dict[str, object]:
+        s = self.settings
+        return {
+            "version": _version(),
+            "home": str(s.home),
+            "database": str(s.db_path),
+            "tmux_socket": s.tmux_socket,
+            "tmux_running": self.tmux.is_alive(),
+            "eager_delivery": s.eager_delivery,
+            "watch_interval": s.watch_interval,
+            "sweep_interval": s.sweep_interval,
+            "sweep_grace": s.sweep_grace,
+            "providers": providers.names(),
+            "messages": self.store.counts_by_status(),
+            "engine": dict(self.engine.stats),
+        }
+
+
+def _version() -> str:
+    import cao
+
+    return cao.__version__
+
+
+def _check_listing(status: str | None, limit: int) -> None:
+    if status is not None and status not in MESSAGE_STATUSES:
+        raise InvalidInput(f"status {status!r} is unknown; use one of {', '.join(MESSAGE_STATUSES)}")
+    if not 1 <= limit <= 10000:
+        raise InvalidInput("limit must be between 1 and 10000")

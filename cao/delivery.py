@@ -1,101 +1,72 @@
-"""Inbox delivery: the one status-gated delivery function and the three triggers that call it.
+"""Inbox delivery: the one status-gated delivery function, and crash recovery.
 
-    send (API) ──commit──► kick(receiver) ─┐
-    PollingObserver on logs/terminal/*.log ├─► DeliveryEngine ──► Delivery.deliver(receiver)
-    reconcile sweep (every 30 s, grace) ───┘      (per-receiver       read status → gate → claim
-                                                   coalescing,         → paste → confirm → record
-                                                   thread pool)
+    deliver(receiver)   (called by the engine's three triggers: cao/engine.py)
+      pending? ─► read the screen (identity-checked) ─► gate: ready? box empty? ─► claim
+        ─► [retried batch: look for each message's own header first] ─► fenced paste
+        ─► confirm the submit ─► acknowledge (conditional on the claim, retried on a busy DB)
 
-Triggers only *wake* delivery; ``Delivery.deliver`` decides. Exactly-once comes from the claim in
-the store (a conditional UPDATE only one caller wins, per receiver), not from the triggers
-agreeing with each other. See docs/inbox-delivery.md for the full contract.
+Exactly-once comes from three things that travel together (docs/inbox-delivery.md):
+- the **claim** in the store: a conditional UPDATE only one caller wins per receiver; every
+  acknowledgement names it and checks its row count (zero rows: ownership lost, nothing reported);
+- the **fence**: each claim (and each recovery) takes the receiver's next fence number, and tmux
+  pastes only if the pane has seen no newer one (checked and recorded in the same tmux call), so a
+  deliverer whose lease expired can't paste after a recovery took over;
+- the **nonce** in each message's header: evidence that a message arrived is its own header (or
+  trailer) above the input box, which no body and no other message can produce.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import partial
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers.api import BaseObserver
-from watchdog.observers.polling import PollingEmitter, PollingObserver
-
-from cao.errors import CaoError, PaneGone, TmuxError, TmuxServerDown
+from cao.errors import CaoError, FenceLost, PaneGone, StoreBusy, TmuxError, TmuxServerDown
+from cao.paste import arrived, format_batch, is_ours
 from cao.settings import Settings
-from cao.store import Message, Store
+from cao.states import ENDED, RECEIVER_GONE, TerminalState, WaitReason
+from cao.store import Claim, Message, Store, Terminal
 from cao.terminals import Terminals
 from providers.base import Provider, TerminalStatus
 
 logger = logging.getLogger(__name__)
 
 TAIL_BYTES = 2048
-PASTE_RE = re.compile(r"\[Pasted", re.I)  # CLIs' placeholder for a long paste in the input box
-_C0_KEEP = {"\n", "\t"}
 
 
 class Outcome(StrEnum):
     NOTHING = "nothing"  # no pending message
-    WAITING = "waiting"  # gate closed (busy, starting, error, tmux down)
-    LOST_RACE = "lost_race"  # another caller holds the claim
+    WAITING = "waiting"  # gate closed (busy, starting, dialog, text in the box)
+    LOST_RACE = "lost_race"  # another caller holds the claim, or took it over
     DELIVERED = "delivered"
     RETRY = "retry"  # paste or confirmation failed; back to pending
     FAILED = "failed"  # past the retry limit, or receiver gone
 
 
-def neutralise(body: str) -> str:
-    """Make a body safe to paste: no escape sequence, paste marker or control key survives.
+def gate(
+    status: str, provider: Provider, *, eager: bool, ready: bool, mcp_ready: bool = True
+) -> WaitReason | None:
+    """``None`` when a paste may happen now, else why not (stored with the message).
 
-    ESC becomes the visible ``␛`` (so ``ESC[201~`` can't end the bracketed paste), other C0
-    controls their Unicode control pictures, CR/CRLF a newline, C1 controls ``<U+XXXX>``.
-    Printable text (any language) is untouched.
+    Ready: idle, completed, or a turn that failed with the prompt back (``error``). Eager delivery
+    (flag + a provider that queues mid-turn input) opens the gate only for ``processing`` of an
+    agent that has been ready before; a permission/question prompt or a start-up dialog
+    (``waiting_user_answer``) always waits: Enter would pick an option.
     """
-    body = body.replace("\r\n", "\n").replace("\r", "\n")
-    out: list[str] = []
-    for ch in body:
-        code = ord(ch)
-        if code < 0x20 and ch not in _C0_KEEP:
-            out.append(chr(0x2400 + code))
-        elif code == 0x7F:
-            out.append("␡")
-        elif 0x80 <= code < 0xA0:
-            out.append(f"<U+{code:04X}>")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def header(message: Message) -> str:
-    return f"[cao message #{message.id} from {message.sender_id}]"
-
-
-def format_batch(messages: list[Message]) -> str:
-    """One paste carrying several messages, in order, each attributed to its sender."""
-    return "\n\n".join(f"{header(m)}\n{neutralise(m.body)}" for m in messages)
-
-
-def gate(status: str, provider: Provider, *, eager: bool, ready: bool, mcp_ready: bool = True) -> str | None:
-    """``None`` when a paste may happen now, else why not (shown to operators)."""
-    if status in (TerminalStatus.IDLE, TerminalStatus.COMPLETED):
-        return None if mcp_ready else "receiver's MCP tools not connected yet"
-    if status in (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER):
+    if status == TerminalStatus.WAITING_USER_ANSWER:
+        return WaitReason.ANSWER
+    if status in (TerminalStatus.IDLE, TerminalStatus.COMPLETED, TerminalStatus.ERROR):
+        return None if mcp_ready else WaitReason.MCP
+    if status == TerminalStatus.PROCESSING:
         if not ready:
-            return "receiver starting"
+            return WaitReason.STARTING
         if eager and provider.accepts_input_while_processing:
-            return None
-        return (
-            "receiver busy" if status == TerminalStatus.PROCESSING else "receiver waiting for a user answer"
-        )
-    if status == TerminalStatus.ERROR:
-        return "receiver in error"
-    return "receiver gone"
+            return None if mcp_ready else WaitReason.MCP
+        return WaitReason.BUSY
+    return WaitReason.UNREADABLE
 
 
 @dataclass
@@ -106,22 +77,27 @@ class Result:
 
 
 class Faults:
-    """Test-only fault injection: ``os._exit(1)`` at a named point when ``CAO_FAULT_POINT`` names it."""
+    """Test-only fault injection: ``os._exit(1)`` at a named point when ``CAO_FAULT_POINT`` names it;
+    tests in the same process may also hang a callable on a point (``hooks``)."""
 
     def __init__(self, point: str | None) -> None:
         self.point = point
+        self.hooks: dict[str, Callable[[], None]] = {}
 
     def active(self, name: str) -> bool:
         return self.point == name
 
     def hit(self, name: str) -> None:
+        hook = self.hooks.get(name)
+        if hook is not None:
+            hook()
         if self.point == name:
             logger.error("fault point reached; exiting", extra={"fault_point": name})
             os._exit(1)
 
 
 class Delivery:
-    """The one status-gated delivery function (``deliver``) and crash recovery."""
+    """The one status-gated delivery function (``deliver``) and crash recovery (``recover``)."""
 
     def __init__(
         self,
@@ -130,44 +106,53 @@ class Delivery:
         terminals: Terminals,
         *,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        faults: Faults | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.terminals = terminals
-        self.tmux = terminals.tmux
         self.clock = clock
-        self.faults = Faults(settings.fault_point)
-        self.waiting: dict[str, tuple[str, float]] = {}  # receiver -> (why still pending, since)
+        self.sleep = sleep
+        self.faults = faults or Faults(settings.fault_point)
+        # receiver -> (reason stored, newest pending id it was stored for): skip repeated writes
+        self._noted: dict[str, tuple[str, int]] = {}
 
     # -- the delivery function ------------------------------------------------------------------
     def deliver(self, receiver_id: str, *, trigger: str = "manual") -> Result:
-        if not self.store.has_pending(receiver_id):
-            self.waiting.pop(receiver_id, None)
+        newest = self.store.newest_pending(receiver_id)
+        if newest is None:
+            self._noted.pop(receiver_id, None)
             return Result(Outcome.NOTHING)
         try:
             terminal = self.store.get_terminal(receiver_id, include_deleted=True)
         except CaoError:
             return Result(Outcome.NOTHING)
-        if terminal.state == "deleted":
-            n = self.store.fail_all_pending([receiver_id], "receiver_gone")
-            return Result(Outcome.FAILED, n, "receiver_gone")
+        if terminal.state in ENDED:
+            n = self.store.fail_undelivered(receiver_id, RECEIVER_GONE)
+            return Result(Outcome.FAILED, n, RECEIVER_GONE)
+        if terminal.state == TerminalState.STARTING:
+            return self._wait(receiver_id, newest, WaitReason.STARTING)
         provider = self.terminals.provider(terminal)
         eager = self.settings.eager_delivery and provider.accepts_input_while_processing
         if trigger == "watchdog" and not eager and not self._tail_idle(receiver_id, provider):
-            return Result(Outcome.WAITING, reason="receiver busy")
-        # 1. status
+            return Result(Outcome.WAITING, reason=WaitReason.BUSY)
+        with self.terminals.lock(receiver_id):
+            return self._deliver_locked(terminal, provider, newest, trigger)
+
+    def _deliver_locked(self, terminal: Terminal, provider: Provider, newest: int, trigger: str) -> Result:
+        rid = terminal.id
+        # 1. status (one identity-checked capture)
         try:
             screen = self.terminals.screen(terminal)
-        except TmuxServerDown:
-            self.terminals.mark_gone(terminal)
-            return self._wait(receiver_id, "tmux server not running")
-        except PaneGone as exc:
-            self.terminals.mark_gone(terminal)
-            return self._fail_attempt(receiver_id, f"receiver pane gone: {exc}")
+        except (PaneGone, TmuxServerDown):
+            return Result(Outcome.FAILED, reason=RECEIVER_GONE)  # lose() failed its mail
+        except TmuxError as exc:
+            return self._wait(rid, newest, f"{WaitReason.UNREADABLE} ({exc.message})")
         status = provider.detect_status(screen).value
-        if terminal.ready_at is None or terminal.state != "live":
-            self.terminals.remember_status(terminal, status)  # first sight of ready, or back from gone
-        # 2. gate
+        if terminal.ready_at is None:
+            self.terminals.remember_status(terminal, status)  # first sight of ready
+        # 2. gate: ready, and an empty input box (or one holding cao's own unsubmitted paste)
         why = gate(
             status,
             provider,
@@ -176,66 +161,135 @@ class Delivery:
             mcp_ready=self.terminals.mcp_ready(terminal),
         )
         if why is not None:
-            return self._wait(receiver_id, why)
+            return self._wait(rid, newest, why)
+        box = provider.input_text(screen)
+        ours = False
+        if box and box.strip():
+            oldest = self.store.oldest_pending(rid)
+            ours = oldest is not None and oldest.recheck is not None and is_ours(box, oldest)
+            if not ours:
+                return self._wait(rid, newest, WaitReason.BOX_TEXT)
         # 3. claim
-        claim, batch = self.store.claim(receiver_id, limit=self.settings.batch_max_messages)
-        if not batch:
+        claim = self.store.claim(rid, limit=self.settings.batch_max_messages)
+        if claim is None:
             return Result(Outcome.LOST_RACE)
-        self.waiting.pop(receiver_id, None)
+        self._noted.pop(rid, None)
         self.faults.hit("after_claim")
-        ids = [m.id for m in batch]
-        assert terminal.pane_id is not None
-        try:
-            # A retried batch may have arrived after all (a slow agent): look before pasting again.
-            if any(m.attempts > 0 for m in batch) and self._in_scrollback(terminal.pane_id, batch[0]):
-                self.store.mark_delivered(claim)
-                logger.info(
-                    "message found already delivered", extra={"terminal_id": receiver_id, "message_ids": ids}
-                )
-                return Result(Outcome.DELIVERED, len(batch))
-            confirmed = self.terminals.submit(
-                terminal,
-                format_batch(batch),
-                before=screen,
-                after_paste=lambda: self.faults.hit("after_paste"),
-            )
-        except (PaneGone, TmuxServerDown) as exc:
-            self.terminals.mark_gone(terminal)
-            return self._release(claim, receiver_id, f"paste failed: receiver pane gone ({exc.message})")
-        except TmuxError as exc:
-            return self._release(claim, receiver_id, f"paste failed: {exc.message}")
-        if not confirmed:
-            return self._release(claim, receiver_id, "submit not confirmed (the input box kept the text)")
-        self.store.mark_delivered(claim)
-        self.faults.hit("after_delivered")
-        logger.info(
-            "messages delivered",
-            extra={"terminal_id": receiver_id, "message_ids": ids, "trigger": trigger},
-        )
-        return Result(Outcome.DELIVERED, len(batch))
+        return self._paste(terminal, provider, claim, screen, ours, trigger)
 
-    def _wait(self, receiver_id: str, why: str) -> Result:
-        prior = self.waiting.get(receiver_id)
-        if prior is None or prior[0] != why:
-            self.waiting[receiver_id] = (why, self.clock())
+    def _paste(
+        self, terminal: Terminal, provider: Provider, claim: Claim, screen: str, ours: bool, trigger: str
+    ) -> Result:
+        rid = terminal.id
+        todo = claim.messages
+        done = 0
+        lease = _Lease(self.store, claim.token, self.settings.lease_seconds / 3, self.clock)
+        try:
+            if claim.recheck:
+                # pasted before (crash, unconfirmed submit): look for each one's own header first
+                transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
+                seen = [m for m in todo if arrived(m, transcript)]
+                if seen:
+                    done = self._ack(claim, seen, trigger, found=True)
+                    todo = [m for m in todo if m not in seen]
+                if not todo:
+                    return Result(Outcome.DELIVERED, done)
+            if ours and not is_ours(provider.input_text(screen) or "", todo[0]):
+                ours = False
+            if ours:
+                # cao's own earlier paste sits unsubmitted in the box: submit it, don't paste again
+                self.terminals.fence(terminal, claim.fence)
+                confirmed = self.terminals.submit(
+                    terminal, None, before=screen, fence=claim.fence, renew=lease.renew
+                )
+            else:
+                confirmed = self.terminals.submit(
+                    terminal,
+                    format_batch(todo),  # type: ignore[arg-type]
+                    before=screen,
+                    fence=claim.fence,
+                    after_paste=lambda: self.faults.hit("after_paste"),
+                    renew=lease.renew,
+                )
+        except FenceLost as exc:
+            logger.warning(
+                "delivery lost its claim; not acknowledged",
+                extra={
+                    "terminal_id": rid,
+                    "message_ids": claim.ids,
+                    "claim": claim.token,
+                    "error": exc.message,
+                },
+            )
+            return Result(Outcome.LOST_RACE, reason=exc.message)
+        except (PaneGone, TmuxServerDown):
+            return Result(Outcome.FAILED, reason=RECEIVER_GONE)  # lose() failed its mail
+        except TmuxError as exc:
+            return self._release(claim, rid, f"paste failed: {exc.message}")
+        if not confirmed:
+            return self._release(claim, rid, "submit not confirmed (the input box kept the text)")
+        self.faults.hit("before_ack")
+        n = self._ack(claim, todo, trigger)
+        self.faults.hit("after_delivered")
+        if n < len(todo):
+            return Result(Outcome.LOST_RACE, done + n, "claim lost before the acknowledgement")
+        return Result(Outcome.DELIVERED, done + n)
+
+    def _ack(self, claim: Claim, messages: list[Message], trigger: str, *, found: bool = False) -> int:
+        """Mark delivered, conditional on the claim, retrying while the database is busy."""
+        ids = [m.id or 0 for m in messages]
+        try:
+            n = self.store.retrying(
+                lambda: self.store.mark_delivered(claim.token, ids), for_seconds=self.settings.lease_seconds
+            )
+        except StoreBusy:
+            logger.error(
+                "acknowledgement failed: database busy",
+                extra={"terminal_id": messages[0].receiver_id, "message_ids": ids, "claim": claim.token},
+            )
+            return 0
+        extra = {
+            "terminal_id": messages[0].receiver_id,
+            "message_ids": ids,
+            "claim": claim.token,
+            "trigger": trigger,
+        }
+        if n < len(ids):
+            logger.warning("delivery lost its claim before the acknowledgement", extra=extra)
+        else:
+            logger.info("messages found already delivered" if found else "messages delivered", extra=extra)
+        return n
+
+    def _wait(self, receiver_id: str, newest: int, why: str) -> Result:
+        """Gate closed: store the reason with the pending messages (once per reason and arrival)."""
+        if self._noted.get(receiver_id) != (why, newest):
+            try:
+                self.store.note_waiting(receiver_id, why)
+                self._noted[receiver_id] = (why, newest)
+            except StoreBusy:
+                pass  # only a note; the next attempt stores it
         return Result(Outcome.WAITING, reason=why)
 
-    def _release(self, claim: str, receiver_id: str, error: str) -> Result:
-        counts = self.store.release(claim, error, max_attempts=self.settings.max_attempts)
-        logger.warning(
-            "delivery attempt failed", extra={"terminal_id": receiver_id, "error": error, **counts}
+    def _release(self, claim: Claim, receiver_id: str, error: str) -> Result:
+        counts = self.store.retrying(
+            lambda: self.store.release(
+                claim.token, error, max_attempts=self.settings.max_attempts, recheck=True
+            ),
+            for_seconds=self.settings.lease_seconds,
         )
-        self._wait(receiver_id, error)
+        logger.warning(
+            "delivery attempt failed",
+            extra={
+                "terminal_id": receiver_id,
+                "message_ids": claim.ids,
+                "claim": claim.token,
+                "error": error,
+                **counts,
+            },
+        )
         if counts["failed"]:
             return Result(Outcome.FAILED, counts["failed"], error)
         return Result(Outcome.RETRY, counts["pending"], error)
-
-    def _fail_attempt(self, receiver_id: str, error: str) -> Result:
-        """The pane is gone: count an attempt against the oldest pending batch."""
-        claim, batch = self.store.claim(receiver_id, limit=self.settings.batch_max_messages)
-        if not batch:
-            return Result(Outcome.LOST_RACE)
-        return self._release(claim, receiver_id, error)
 
     def _tail_idle(self, receiver_id: str, provider: Provider) -> bool:
         path = self.terminals.log_path(receiver_id)
@@ -249,251 +303,97 @@ class Delivery:
             return True  # no log: let the screen decide
         return provider.tail_looks_idle(tail)
 
-    def _in_scrollback(self, pane_id: str, message: Message) -> bool:
-        return header(message) in self.tmux.capture(pane_id, scrollback=True, join=True)
-
     # -- recovery ------------------------------------------------------------------------------
-    def recover(self, *, older_than: float | None = None) -> dict[str, int]:
-        """Resolve ``delivering`` rows left by a crash (or a lease that expired).
+    def recover(self, receiver_id: str | None = None, *, older_than: float | None = None) -> dict[str, int]:
+        """Resolve ``delivering`` rows left by a crash or a lease that expired (of one receiver, or
+        all). Runs under the receiver's lock (the engine calls it from the receiver's runner).
 
-        If the paste still sits unsubmitted in the input box (its header, or the placeholder some
-        CLIs show for long pastes such as ``[Pasted text #1 +41 lines]``), Enter is pressed and the
-        batch counts as delivered. Otherwise the header is looked for in the receiver's scrollback:
-        found → delivered; not found → back to pending, to be pasted once.
+        Per stale claim: take it over (new token, new fence), fence the pane so the old deliverer
+        can't paste any more, let a paste already sent reach the screen, then look: a message
+        whose own header (or trailer) shows above the input box → delivered; the batch's text
+        sitting unsubmitted in the box under its header → Enter, confirmed → delivered; otherwise
+        back to pending, marked so the next attempt looks again before it pastes. Nothing is ever
+        submitted that cao can't prove is its own.
         """
         done = {"delivered": 0, "pending": 0, "failed": 0}
-        for claim, batch in self.store.stale_claims(older_than=older_than):
-            receiver_id = batch[0].receiver_id
-            try:
-                terminal = self.store.get_terminal(receiver_id, include_deleted=True)
-                if terminal.state == "deleted" or terminal.pane_id is None:
-                    raise PaneGone("receiver deleted")
-                provider = self.terminals.provider(terminal)
-                marker = header(batch[0])
-                box = provider.input_text(self.tmux.capture(terminal.pane_id)) or ""
-                if box.strip() and (
-                    marker in box or marker.startswith(box.split(" [+")[0]) or PASTE_RE.search(box)
-                ):
-                    self.tmux.send_keys(terminal.pane_id, "Enter")
-                    done["delivered"] += self.store.mark_delivered(claim)
-                    continue
-                if marker in self.tmux.capture(terminal.pane_id, scrollback=True, join=True):
-                    done["delivered"] += self.store.mark_delivered(claim)
-                    continue
-            except (PaneGone, TmuxServerDown):
-                counts = self.store.release(claim, "receiver gone during recovery", max_attempts=10**9)
-                done["pending"] += counts["pending"]
+        for token, batch in self.store.stale_claims(older_than=older_than):
+            rid = batch[0].receiver_id
+            if receiver_id is not None and rid != receiver_id:
                 continue
-            except CaoError:
-                continue
-            counts = self.store.release(
-                claim,
-                "recovered after an interrupted delivery (not pasted)",
-                max_attempts=10**9,
-                count_attempt=False,
-            )
-            done["pending"] += counts["pending"]
+            with self.terminals.lock(rid):
+                for key, n in self._recover_claim(token, batch).items():
+                    done[key] += n
         if any(done.values()):
             logger.info("interrupted deliveries resolved", extra=done)
         return done
 
-
-class _LogEvents(FileSystemEventHandler):
-    """Watchdog callback: only wakes the engine for the terminal whose log changed."""
-
-    def __init__(self, wake: Callable[[str], None]) -> None:
-        self.wake = wake
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.is_directory or event.event_type not in ("modified", "created"):
-            return
-        path = event.src_path if isinstance(event.src_path, str) else event.src_path.decode()
-        name = os.path.basename(path)
-        if name.endswith(".log"):
-            self.wake(name[:-4])
-
-
-class InboxLogObserver(PollingObserver):
-    """watchdog's PollingObserver over ``logs/terminal/``, polling only the logs that matter.
-
-    Each poll snapshots just the log files of receivers that have messages waiting (``watched``),
-    so 50 idle agents with empty inboxes cost nothing, and the poll interval can be short enough
-    to catch "turned idle" within tens of milliseconds.
-    """
-
-    def __init__(self, watched: set[str], *, timeout: float) -> None:
-        self.watched = watched
-
-        def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
-            if not self.watched:
-                return iter(())
-            with os.scandir(path) as entries:
-                return iter([e for e in entries if e.name[:-4] in self.watched and e.name.endswith(".log")])
-
-        BaseObserver.__init__(self, partial(PollingEmitter, listdir=listdir), timeout=timeout)  # type: ignore[arg-type]
-
-
-class DeliveryEngine:
-    """Runs the three triggers and a thread pool; deliveries to different receivers run in parallel,
-    deliveries to one receiver are coalesced (one runner at a time, re-run if woken meanwhile)."""
-
-    def __init__(self, delivery: Delivery, *, clock: Callable[[], float] = time.time) -> None:
-        self.delivery = delivery
-        self.settings = delivery.settings
-        self.store = delivery.store
-        self.clock = clock
-        self.pool = ThreadPoolExecutor(
-            max_workers=self.settings.delivery_workers, thread_name_prefix="cao-deliver"
-        )
-        self._lock = threading.Lock()
-        self._running: dict[str, str] = {}  # receiver -> trigger of the next run
-        self._again: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._observer: InboxLogObserver | None = None
-        self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
-        self._sweeper: threading.Thread | None = None
-        self.stats: dict[str, int] = {"kicks": 0, "runs": 0, "delivered": 0, "sweeps": 0}
-
-    # -- waking -------------------------------------------------------------------------------
-    def kick(self, receiver_id: str, trigger: str) -> None:
-        with self._lock:
-            self.stats["kicks"] += 1
-            if receiver_id in self._running:
-                # A log change can't prove "idle" while a run is under way; a send or sweep can.
-                if trigger != "watchdog" or receiver_id not in self._again:
-                    self._again[receiver_id] = trigger
-                return
-            self._running[receiver_id] = trigger
+    def _recover_claim(self, token: str, batch: list[Message]) -> dict[str, int]:
+        rid = batch[0].receiver_id
+        out = {"delivered": 0, "pending": 0, "failed": 0}
         try:
-            self.pool.submit(self._run, receiver_id, trigger)
-        except RuntimeError:  # pool shut down
-            with self._lock:
-                self._running.pop(receiver_id, None)
-
-    def immediate(self, receiver_id: str) -> None:
-        """Trigger 1: right after a send commits (never waits for tmux)."""
-        if self.delivery.faults.active("skip_immediate"):  # DELIVERY.md scenario 12: make it miss
-            return
-        self.kick(receiver_id, "immediate")
-
-    def _run(self, receiver_id: str, trigger: str) -> None:
-        while True:
-            try:
-                self.stats["runs"] += 1
-                result = self.delivery.deliver(receiver_id, trigger=trigger)
-                if result.outcome == Outcome.DELIVERED:
-                    self.stats["delivered"] += result.count
-                    key = f"delivered_by_{trigger}"
-                    self.stats[key] = self.stats.get(key, 0) + result.count
-                    trigger = "after_delivery"
-                    continue  # more may be pending; the gate decides
-            except Exception:
-                logger.exception("delivery run crashed", extra={"terminal_id": receiver_id})
-            waiting = self._still_pending(receiver_id)
-            with self._lock:
-                if waiting:
-                    self.watched.add(receiver_id)
-                    self._ensure_watchdog()
-                else:
-                    self.watched.discard(receiver_id)
-                nxt = self._again.pop(receiver_id, None)
-                if nxt is None:
-                    self._running.pop(receiver_id, None)
-                    return
-                trigger = nxt
-
-    def _still_pending(self, receiver_id: str) -> bool:
+            terminal = self.store.get_terminal(rid, include_deleted=True)
+        except CaoError:
+            return out
+        if terminal.state in ENDED:
+            out["failed"] = self.store.fail_undelivered(rid, RECEIVER_GONE)
+            return out
+        took = self.store.take_over(token)
+        if took is None:
+            return out  # resolved meanwhile
+        new_token, fence = took
+        claim = Claim(new_token, fence, batch, recheck=True)
+        provider = self.terminals.provider(terminal)
         try:
-            return self.store.has_pending(receiver_id)
-        except Exception:
-            logger.exception("pending check failed", extra={"terminal_id": receiver_id})
-            return True
+            self.terminals.fence(terminal, fence)
+            self.sleep(self.settings.recovery_settle)
+            transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
+            seen = [m for m in batch if arrived(m, transcript)]
+            if seen:
+                out["delivered"] += self._ack(claim, seen, "recovery", found=True)
+            rest = [m for m in batch if m not in seen]
+            if not rest:
+                return out
+            screen = self.terminals.screen(terminal)
+            box = provider.input_text(screen) or ""
+            if is_ours(box, rest[0]) and self.terminals.submit(terminal, None, before=screen, fence=fence):
+                out["delivered"] += self._ack(claim, rest, "recovery")
+                return out
+            counts = self.store.release(
+                new_token,
+                "recovered after an interrupted delivery (not seen in the pane)",
+                max_attempts=10**9,
+                count_attempt=False,
+                recheck=True,
+            )
+            out["pending"] += counts["pending"]
+        except FenceLost:
+            pass  # a newer recovery owns it
+        except (PaneGone, TmuxServerDown):
+            out["failed"] += len(batch)  # lose() failed the mail
+        except TmuxError as exc:
+            counts = self.store.release(
+                new_token,
+                f"recovery failed: {exc.message}",
+                max_attempts=10**9,
+                count_attempt=False,
+                recheck=True,
+            )
+            out["pending"] += counts["pending"]
+        return out
 
-    # -- trigger 2: the watchdog ----------------------------------------------------------------
-    def _ensure_watchdog(self) -> None:
-        """Start the observer when some receiver has mail waiting (call with ``_lock`` held).
 
-        It polls every ``watch_interval`` (default 50 ms) while it runs; the sweep stops it once
-        no receiver is waiting, so an idle server with 50 quiet agents wakes only for the sweep.
-        """
-        if self._observer is not None or self._stop.is_set():
+class _Lease:
+    """Renews a claim's lease while a delivery is in flight (at most every ``every`` seconds);
+    raises :class:`FenceLost` when the claim was taken over meanwhile."""
+
+    def __init__(self, store: Store, token: str, every: float, clock: Callable[[], float]) -> None:
+        self.store, self.token, self.every, self.clock = store, token, every, clock
+        self.last = clock()
+
+    def renew(self) -> None:
+        now = self.clock()
+        if now - self.last < self.every:
             return
-        logs = self.settings.logs_dir
-        logs.mkdir(parents=True, exist_ok=True)
-        observer = InboxLogObserver(self.watched, timeout=self.settings.watch_interval)
-        observer.schedule(_LogEvents(self._on_log_change), str(logs), recursive=False)
-        observer.daemon = True
-        observer.start()
-        self._observer = observer
-
-    def _park_watchdog(self) -> None:
-        with self._lock:
-            observer = self._observer if not self.watched else None
-            if observer is not None:
-                self._observer = None
-        if observer is not None:
-            observer.stop()
-            observer.join(timeout=5)
-
-    @property
-    def watchdog_running(self) -> bool:
-        return self._observer is not None
-
-    def _on_log_change(self, terminal_id: str) -> None:
-        self.kick(terminal_id, "watchdog")
-
-    # -- trigger 3: the reconcile sweep ---------------------------------------------------------
-    def sweep_step(self, now: float | None = None) -> dict[str, int]:
-        now = self.clock() if now is None else now
-        self.stats["sweeps"] += 1
-        recovered = self.delivery.recover(older_than=now - self.settings.lease_seconds)
-        receivers = self.store.receivers_with_pending(older_than=now - self.settings.sweep_grace)
-        for rid in receivers:
-            self.kick(rid, "sweep")
-        self._park_watchdog()
-        self._cap_logs()
-        return {"kicked": len(receivers), **recovered}
-
-    def _cap_logs(self) -> None:
-        """Keep pane logs under the cap: truncate (the pipe appends with O_APPEND, so it goes on)."""
-        cap = self.settings.log_cap_bytes
-        try:
-            entries = list(os.scandir(self.settings.logs_dir))
-        except FileNotFoundError:
-            return
-        for entry in entries:
-            try:
-                if entry.is_file() and entry.stat().st_size > cap:
-                    os.truncate(entry.path, 0)
-            except OSError:
-                continue
-
-    def _sweep_loop(self) -> None:
-        while not self._stop.wait(self.settings.sweep_interval):
-            try:
-                self.sweep_step()
-            except Exception:
-                logger.exception("reconcile sweep failed")
-
-    # -- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> None:
-        self.delivery.recover()
-        self._sweeper = threading.Thread(target=self._sweep_loop, name="cao-sweep", daemon=True)
-        self._sweeper.start()
-        for rid in self.store.receivers_with_pending():
-            self.kick(rid, "startup")
-
-    def stop(self) -> None:
-        self._stop.set()
-        with self._lock:
-            observer, self._observer = self._observer, None
-        if observer is not None:
-            observer.stop()
-            observer.join(timeout=5)
-        if self._sweeper is not None:
-            self._sweeper.join(timeout=5)
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-    def idle(self) -> bool:
-        with self._lock:
-            return not self._running
+        self.last = now
+        if not self.store.renew(self.token):
+            raise FenceLost("the claim's lease was taken over while the delivery was in flight")

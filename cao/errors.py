@@ -10,7 +10,11 @@
     ├── SchemaTooNew             the database was written by a newer cao
     ├── TmuxError                tmux failed or is missing
     │   ├── PaneGone             the terminal's pane no longer exists
+    │   │   └── PaneMismatch     a pane answers at that id, but it is not the terminal's (another
+    │   │                        tmux server reused the id, or the program exited: pane_dead)
+    │   ├── FenceLost            the paste was refused: another deliverer took over the claim
     │   └── TmuxServerDown       no tmux server answers on the socket
+    ├── NotReady                 409: input held for an agent that never became ready (nothing typed)
     ├── ProviderError            unknown provider or a provider could not start
     └── ServerUnavailable        the CLI could not reach cao-server
 
@@ -62,6 +66,20 @@ class TmuxError(CaoError):
 
 class PaneGone(TmuxError):
     status_code = 410
+
+
+class PaneMismatch(PaneGone):
+    pass
+
+
+class FenceLost(TmuxError):
+    status_code = 409
+
+
+class NotReady(CaoError):
+    """Typed input waited for an agent that never became ready (nothing was typed)."""
+
+    status_code = 409
 
 
 class TmuxServerDown(TmuxError):

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import queue
+import secrets
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -39,18 +41,23 @@ from cao.errors import (
     SchemaTooNew,
     StoreBusy,
 )
+from cao.states import RECEIVER_GONE, MessageStatus, TerminalState
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
-TerminalState = Literal["live", "gone", "deleted"]
-MessageStatus = Literal["pending", "delivering", "delivered", "failed", "cancelled"]
-MESSAGE_STATUSES: tuple[str, ...] = ("pending", "delivering", "delivered", "failed", "cancelled")
+MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
 POOL_SIZE = 8
 
 
 class Terminal(SQLModel):
-    """A terminal row (plain model: cheap to build, free to mutate)."""
+    """A terminal row (plain model: cheap to build, free to mutate).
+
+    Its pane's identity is the triple (``tmux_server_pid``, ``pane_id``, ``pane_pid``): a new tmux
+    server reuses pane ids, so ``pane_id`` alone names nothing. ``fence`` counts delivery claims
+    and recoveries; the pane carries the last one that pasted (tmux option ``@cao_fence``), so a
+    deliverer that lost its claim can't paste (see cao/tmux.py).
+    """
 
     id: str = Field(primary_key=True)
     name: str
@@ -60,17 +67,26 @@ class Terminal(SQLModel):
     working_directory: str
     pane_id: str | None = None
     pane_pid: int | None = None
-    state: str = "live"
+    state: str = TerminalState.STARTING.value
     status: str = "processing"
     supervisor_id: str | None = None
     created_at: float
     last_active: float
     ready_at: float | None = None
     mcp_ready_at: float | None = None  # when the agent's cao MCP server reported in (schema 2)
+    tmux_server_pid: int | None = None  # schema 3
+    fence: int = 0  # schema 3
+    gone_reason: str | None = None  # schema 3: why the terminal is gone
 
 
 class Message(SQLModel):
-    """A message row (plain model: cheap to build, free to mutate)."""
+    """A message row (plain model: cheap to build, free to mutate).
+
+    ``nonce`` goes into the message's header when it is pasted, so evidence that it arrived can't
+    be forged by a body or mistaken for another message. ``recheck`` marks rows whose earlier paste
+    may have arrived (a crash, an unconfirmed submit): the next attempt re-claims exactly that
+    batch and looks for it before pasting. ``waiting_reason`` says why a pending row waits.
+    """
 
     id: int | None = Field(default=None, primary_key=True)
     sender_id: str
@@ -78,25 +94,42 @@ class Message(SQLModel):
     body: str
     body_sha256: str
     idempotency_key: str | None = None
-    status: str = "pending"
+    status: str = MessageStatus.PENDING.value
     created_at: float
     claimed_at: float | None = None
     delivered_at: float | None = None
     attempts: int = 0
     last_error: str | None = None
     claim: str | None = None
+    nonce: str | None = None  # schema 3
+    recheck: str | None = None  # schema 3
+    waiting_reason: str | None = None  # schema 3
 
 
 class TerminalTable(Terminal, table=True):
-    """The ``terminal`` table as sqlmodel metadata (the schema itself comes from MIGRATIONS)."""
+    """The ``terminal`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
     __tablename__ = "terminal"
 
 
 class MessageTable(Message, table=True):
-    """The ``message`` table as sqlmodel metadata (the schema itself comes from MIGRATIONS)."""
+    """The ``message`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
     __tablename__ = "message"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A won claim: the token that owns the rows, the pane fence for its paste, the rows in order."""
+
+    token: str
+    fence: int
+    messages: list[Message]
+    recheck: bool  # the batch was pasted before and may have arrived: look before pasting
+
+    @property
+    def ids(self) -> list[int]:
+        return [m.id or 0 for m in self.messages]
 
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -141,9 +174,20 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # 2: agents whose CLI starts cao's MCP server report in, so input can wait for their tools
     2: ("ALTER TABLE terminal ADD COLUMN mcp_ready_at REAL",),
+    # 3: pane identity (tmux server pid), paste fences, unforgeable headers, stored waiting reasons
+    3: (
+        "ALTER TABLE terminal ADD COLUMN tmux_server_pid INTEGER",
+        "ALTER TABLE terminal ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE terminal ADD COLUMN gone_reason TEXT",
+        "ALTER TABLE message ADD COLUMN nonce TEXT",
+        "ALTER TABLE message ADD COLUMN recheck TEXT",
+        "ALTER TABLE message ADD COLUMN waiting_reason TEXT",
+        "UPDATE message SET nonce = lower(hex(randomblob(6))) WHERE nonce IS NULL",
+    ),
 }
 
 M = TypeVar("M", Terminal, Message)
+T = TypeVar("T")
 
 
 def _row(model: type[M], row: Any) -> M:
@@ -280,6 +324,20 @@ class Store:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {version}")
 
+    def retrying(self, fn: Callable[[], T], *, for_seconds: float) -> T:
+        """Run a write, retrying while the database stays busy (acks must not be dropped: a row
+        left ``delivering`` would stall its receiver until the lease expires)."""
+        deadline = time.monotonic() + for_seconds
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except StoreBusy:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
     # -- terminals -------------------------------------------------------------------------------
     def add_terminal(self, terminal: Terminal) -> Terminal:
         row = terminal.model_dump()
@@ -292,46 +350,111 @@ class Store:
     def get_terminal(self, terminal_id: str, *, include_deleted: bool = False) -> Terminal:
         with self._read() as conn:
             row = conn.execute("SELECT * FROM terminal WHERE id = ?", (terminal_id,)).fetchone()
-        if row is None or (row["state"] == "deleted" and not include_deleted):
+        if row is None or (
+            row["state"] in (TerminalState.DELETING, TerminalState.DELETED) and not include_deleted
+        ):
             raise NotFound(f"terminal {terminal_id} not found; list terminals with `cao status`")
         return _row(Terminal, row)
 
     def list_terminals(
-        self, *, session_name: str | None = None, include_deleted: bool = False
+        self,
+        *,
+        session_name: str | None = None,
+        include_deleted: bool = False,
+        state: str | None = None,
     ) -> list[Terminal]:
         sql = "SELECT * FROM terminal WHERE 1=1"
         args: list[Any] = []
         if not include_deleted:
-            sql += " AND state != 'deleted'"
+            sql += " AND state NOT IN ('deleting', 'deleted')"
         if session_name is not None:
             sql += " AND session_name = ?"
             args.append(session_name)
+        if state is not None:
+            sql += " AND state = ?"
+            args.append(state)
         sql += " ORDER BY created_at, id"
         with self._read() as conn:
             rows = conn.execute(sql, tuple(args)).fetchall()
         return [_row(Terminal, r) for r in rows]
 
     def update_terminal(self, terminal_id: str, **fields: Any) -> None:
+        """Update plain fields of a terminal (status, timestamps). State changes have their own
+        methods below, each conditional on the state it moves from."""
         if not fields:
             return
+        assert "state" not in fields, "state moves only through the conditional methods"
         sets = ", ".join(f"{k} = :{k}" for k in fields)
         with self._write() as conn:
             conn.execute(f"UPDATE terminal SET {sets} WHERE id = :_id", {**fields, "_id": terminal_id})
 
-    def delete_terminal(self, terminal_id: str, *, reason: str = "receiver_gone") -> int:
-        """Mark a terminal deleted and fail its undelivered messages. Returns how many failed."""
-        now = self.clock()
+    def set_pane(self, terminal_id: str, *, server_pid: int, pane_id: str, pane_pid: int) -> bool:
+        """``starting`` → ``live`` with the pane's identity. False if the row moved on meanwhile."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE terminal SET state = 'live', tmux_server_pid = ?, pane_id = ?, pane_pid = ? "
+                "WHERE id = ? AND state = 'starting'",
+                (server_pid, pane_id, pane_pid, terminal_id),
+            )
+            return cur.rowcount == 1
+
+    def adopt_identity(self, terminal_id: str, server_pid: int) -> None:
+        """A terminal written before schema 3 gets its tmux server's pid (pane id + pid matched)."""
         with self._write() as conn:
             conn.execute(
-                "UPDATE terminal SET state = 'deleted', status = 'gone', last_active = ? WHERE id = ?",
-                (now, terminal_id),
+                "UPDATE terminal SET tmux_server_pid = ? WHERE id = ? AND tmux_server_pid IS NULL",
+                (server_pid, terminal_id),
             )
+
+    def mark_gone(self, terminal_id: str, reason: str) -> int:
+        """The terminal's pane is gone for good: the row never goes live again and its undelivered
+        mail fails with ``receiver_gone``. Returns how many messages failed (0 if already gone)."""
+        with self._write() as conn:
             cur = conn.execute(
-                "UPDATE message SET status = 'failed', last_error = ?, claim = NULL "
-                "WHERE receiver_id = ? AND status IN ('pending', 'delivering')",
-                (reason, terminal_id),
+                "UPDATE terminal SET state = 'gone', status = 'gone', gone_reason = ?, last_active = ? "
+                "WHERE id = ? AND state IN ('starting', 'live')",
+                (reason, self.clock(), terminal_id),
             )
-            return int(cur.rowcount)
+            if cur.rowcount == 0:
+                return 0
+            return self._fail_mail(conn, terminal_id, f"{RECEIVER_GONE}: {reason}")
+
+    def begin_delete(self, terminal_id: str) -> int:
+        """First half of a delete: mark the row ``deleting`` and fail its undelivered mail.
+
+        The pane is killed afterwards (identity verified), then :meth:`finish_delete`; a delete
+        interrupted in between is finished by the sweep (rows still ``deleting``).
+        """
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE terminal SET state = 'deleting', status = 'gone', last_active = ? "
+                "WHERE id = ? AND state != 'deleted'",
+                (self.clock(), terminal_id),
+            )
+            return self._fail_mail(conn, terminal_id, RECEIVER_GONE)
+
+    def finish_delete(self, terminal_id: str) -> None:
+        with self._write() as conn:
+            conn.execute("UPDATE terminal SET state = 'deleted' WHERE id = ?", (terminal_id,))
+
+    @staticmethod
+    def _fail_mail(conn: sqlite3.Connection, terminal_id: str, reason: str) -> int:
+        cur = conn.execute(
+            "UPDATE message SET status = 'failed', last_error = ?, claim = NULL, waiting_reason = NULL "
+            "WHERE receiver_id = ? AND status IN ('pending', 'delivering')",
+            (reason, terminal_id),
+        )
+        return int(cur.rowcount)
+
+    def fail_undelivered(self, terminal_id: str, reason: str) -> int:
+        with self._write() as conn:
+            return self._fail_mail(conn, terminal_id, reason)
+
+    def delete_terminal(self, terminal_id: str, *, reason: str = RECEIVER_GONE) -> int:
+        """Mark a terminal deleted at once (no pane to kill) and fail its undelivered messages."""
+        failed = self.begin_delete(terminal_id)
+        self.finish_delete(terminal_id)
+        return failed
 
     # -- messages: send --------------------------------------------------------------------------
     def add_message(
@@ -357,6 +480,7 @@ class Store:
             )
         digest = body_digest(receiver_id, body)
         now = self.clock()
+        nonce = secrets.token_hex(6)
         with self._write() as conn:
             if idempotency_key is not None:
                 prior = conn.execute(
@@ -373,14 +497,19 @@ class Store:
             recv = conn.execute("SELECT state FROM terminal WHERE id = ?", (receiver_id,)).fetchone()
             if recv is None:
                 raise NotFound(f"receiver terminal {receiver_id} not found; list terminals with `cao status`")
-            if recv[0] == "deleted":
+            if recv[0] in (TerminalState.DELETING, TerminalState.DELETED):
                 raise ReceiverGone(
                     f"receiver terminal {receiver_id} was deleted; send to a live terminal (`cao status`)"
                 )
+            if recv[0] == TerminalState.GONE:
+                raise ReceiverGone(
+                    f"receiver terminal {receiver_id} is gone (its agent exited or its pane was closed); "
+                    f"nothing was stored; delete it with `cao shutdown {receiver_id}` and send to a live one"
+                )
             cur = conn.execute(
                 "INSERT INTO message (sender_id, receiver_id, body, body_sha256, idempotency_key, status, "
-                "created_at, attempts) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0)",
-                (sender_id, receiver_id, body, digest, idempotency_key, now),
+                "created_at, attempts, nonce) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?)",
+                (sender_id, receiver_id, body, digest, idempotency_key, now, nonce),
             )
             msg_id = cur.lastrowid
             if before_commit is not None:
@@ -394,6 +523,7 @@ class Store:
                 body_sha256=digest,
                 idempotency_key=idempotency_key,
                 created_at=now,
+                nonce=nonce,
             ),
             False,
         )
@@ -429,11 +559,23 @@ class Store:
         return [_row(Message, r) for r in rows]
 
     def has_pending(self, receiver_id: str) -> bool:
+        return self.newest_pending(receiver_id) is not None
+
+    def newest_pending(self, receiver_id: str) -> int | None:
+        """The id of the newest pending message of ``receiver_id`` (None: nothing pending)."""
         with self._read() as conn:
             row = conn.execute(
-                "SELECT 1 FROM message WHERE receiver_id = ? AND status = 'pending' LIMIT 1", (receiver_id,)
+                "SELECT max(id) FROM message WHERE receiver_id = ? AND status = 'pending'", (receiver_id,)
             ).fetchone()
-        return row is not None
+        return None if row is None or row[0] is None else int(row[0])
+
+    def oldest_pending(self, receiver_id: str) -> Message | None:
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT * FROM message WHERE receiver_id = ? AND status = 'pending' ORDER BY id LIMIT 1",
+                (receiver_id,),
+            ).fetchone()
+        return None if row is None else _row(Message, row)
 
     def receivers_with_pending(self, *, older_than: float | None = None) -> list[str]:
         """Receivers with pending messages (created before ``older_than`` if given)."""
@@ -451,14 +593,14 @@ class Store:
         return {status: 0 for status in MESSAGE_STATUSES} | {r[0]: int(r[1]) for r in rows}
 
     # -- messages: the delivery lifecycle -------------------------------------------------------
-    def claim(
-        self, receiver_id: str, *, limit: int = 20, max_bytes: int = MAX_BODY_BYTES
-    ) -> tuple[str, list[Message]]:
+    def claim(self, receiver_id: str, *, limit: int = 20, max_bytes: int = MAX_BODY_BYTES) -> Claim | None:
         """Atomically move the oldest pending messages of one receiver to ``delivering``.
 
-        Wins only if no other claim on this receiver is outstanding; returns ``(claim, [])`` when it
-        lost or there was nothing to claim. The batch stops before ``max_bytes`` of bodies (the
-        first message is always taken).
+        Wins only if no other claim on this receiver is outstanding; None when it lost or there was
+        nothing to claim. If the oldest pending rows are marked ``recheck`` (an earlier paste of
+        theirs may have arrived), exactly that batch is claimed again, nothing newer joins it. Else
+        the batch stops before ``max_bytes`` of bodies (the first message is always taken). Each
+        claim takes the receiver's next pane fence.
         """
         token = uuid.uuid4().hex
         now = self.clock()
@@ -468,68 +610,135 @@ class Store:
                 (receiver_id,),
             ).fetchone()
             if busy is not None:
-                return token, []
-            rows = conn.execute(
-                "SELECT id, length(CAST(body AS BLOB)) FROM message "
-                "WHERE receiver_id = ? AND status = 'pending' ORDER BY id LIMIT ?",
-                (receiver_id, limit),
-            ).fetchall()
-            ids: list[int] = []
-            total = 0
-            for msg_id, size in rows:
-                if ids and total + int(size) > max_bytes:
-                    break
-                ids.append(int(msg_id))
-                total += int(size)
-            if not ids:
-                return token, []
+                return None
+            first = conn.execute(
+                "SELECT id, recheck FROM message WHERE receiver_id = ? AND status = 'pending' "
+                "ORDER BY id LIMIT 1",
+                (receiver_id,),
+            ).fetchone()
+            if first is None:
+                return None
+            recheck = first["recheck"]
+            if recheck is not None:
+                rows = conn.execute(
+                    "SELECT id FROM message WHERE receiver_id = ? AND status = 'pending' AND recheck = ? "
+                    "ORDER BY id",
+                    (receiver_id, recheck),
+                ).fetchall()
+                ids = [int(r[0]) for r in rows]
+            else:
+                rows = conn.execute(
+                    "SELECT id, length(CAST(body AS BLOB)) FROM message WHERE receiver_id = ? "
+                    "AND status = 'pending' AND recheck IS NULL ORDER BY id LIMIT ?",
+                    (receiver_id, limit),
+                ).fetchall()
+                ids = []
+                total = 0
+                for msg_id, size in rows:
+                    if ids and total + int(size) > max_bytes:
+                        break
+                    ids.append(int(msg_id))
+                    total += int(size)
+            fence_row = conn.execute(
+                "UPDATE terminal SET fence = fence + 1 WHERE id = ? RETURNING fence", (receiver_id,)
+            ).fetchone()
             marks = ",".join("?" * len(ids))
             conn.execute(
                 f"UPDATE message SET status = 'delivering', claim = ?, claimed_at = ? "
                 f"WHERE status = 'pending' AND id IN ({marks})",
                 (token, now, *ids),
             )
-            rows2 = conn.execute(
+            got = conn.execute(
                 "SELECT * FROM message WHERE claim = ? AND status = 'delivering' ORDER BY id", (token,)
             ).fetchall()
-        return token, [_row(Message, r) for r in rows2]
+        fence = int(fence_row[0]) if fence_row is not None else 0
+        return Claim(token, fence, [_row(Message, r) for r in got], recheck is not None)
 
-    def mark_delivered(self, claim: str) -> int:
-        now = self.clock()
+    def renew(self, token: str) -> bool:
+        """Extend a claim's lease; False means the claim was lost (recovered by someone else)."""
         with self._write() as conn:
             cur = conn.execute(
-                "UPDATE message SET status = 'delivered', delivered_at = ?, attempts = attempts + 1, "
-                "last_error = NULL WHERE claim = ? AND status = 'delivering'",
-                (now, claim),
+                "UPDATE message SET claimed_at = ? WHERE claim = ? AND status = 'delivering'",
+                (self.clock(), token),
             )
-            return int(cur.rowcount)
+            return cur.rowcount > 0
+
+    def take_over(self, token: str) -> tuple[str, int] | None:
+        """Recovery: own a stale claim under a new token and take the receiver's next pane fence.
+
+        Returns ``(new token, fence)``, or None if the claim was resolved meanwhile.
+        """
+        new = uuid.uuid4().hex
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT receiver_id FROM message WHERE claim = ? AND status = 'delivering' LIMIT 1", (token,)
+            ).fetchone()
+            if row is None:
+                return None
+            conn.execute(
+                "UPDATE message SET claim = ?, claimed_at = ? WHERE claim = ? AND status = 'delivering'",
+                (new, self.clock(), token),
+            )
+            fence = conn.execute(
+                "UPDATE terminal SET fence = fence + 1 WHERE id = ? RETURNING fence", (row[0],)
+            ).fetchone()
+        return new, int(fence[0]) if fence is not None else 0
+
+    def mark_delivered(self, token: str, ids: Sequence[int] | None = None) -> int:
+        """Acknowledge a paste. Conditional on the claim: returns how many rows this claim still
+        owned (0 = ownership was lost; the caller must not report them delivered)."""
+        now = self.clock()
+        sql = (
+            "UPDATE message SET status = 'delivered', delivered_at = ?, attempts = attempts + 1, "
+            "last_error = NULL, waiting_reason = NULL, recheck = NULL "
+            "WHERE claim = ? AND status = 'delivering'"
+        )
+        args: list[Any] = [now, token]
+        if ids is not None:
+            sql += f" AND id IN ({','.join('?' * len(ids))})"
+            args.extend(ids)
+        with self._write() as conn:
+            return int(conn.execute(sql, tuple(args)).rowcount)
 
     def release(
-        self, claim: str, error: str, *, max_attempts: int, count_attempt: bool = True
+        self,
+        token: str,
+        error: str,
+        *,
+        max_attempts: int,
+        count_attempt: bool = True,
+        recheck: bool = False,
     ) -> dict[str, int]:
-        """Return a failed claim to ``pending`` (attempts+1), or ``failed`` past the retry limit."""
+        """Return a claim to ``pending`` (attempts+1), or ``failed`` past the retry limit.
+
+        ``recheck``: the paste may have arrived (unconfirmed submit, recovered crash), so the next
+        attempt re-claims exactly these rows and looks before it pastes.
+        """
         inc = 1 if count_attempt else 0
         with self._write() as conn:
             failed = conn.execute(
-                "UPDATE message SET status = 'failed', attempts = attempts + ?, last_error = ?, claim = NULL "
+                "UPDATE message SET status = 'failed', attempts = attempts + ?, last_error = ?, "
+                "claim = NULL, waiting_reason = NULL "
                 "WHERE claim = ? AND status = 'delivering' AND attempts + ? >= ?",
-                (inc, error, claim, inc, max_attempts),
+                (inc, error, token, inc, max_attempts),
             ).rowcount
             pending = conn.execute(
                 "UPDATE message SET status = 'pending', attempts = attempts + ?, last_error = ?, "
-                "claim = NULL, claimed_at = NULL WHERE claim = ? AND status = 'delivering'",
-                (inc, error, claim),
+                "claim = NULL, claimed_at = NULL, recheck = CASE WHEN ? THEN ? ELSE recheck END "
+                "WHERE claim = ? AND status = 'delivering'",
+                (inc, error, recheck, token, token),
             ).rowcount
         return {"failed": int(failed), "pending": int(pending)}
 
-    def note_pending(self, receiver_id: str, reason: str) -> None:
-        """Record why a receiver's pending messages are still waiting (shown by `cao inbox`)."""
+    def note_waiting(self, receiver_id: str, reason: str | None) -> int:
+        """Store why a receiver's pending messages wait (shown by `cao inbox`, kept across restarts)."""
         with self._write() as conn:
-            conn.execute(
-                "UPDATE message SET last_error = ? WHERE receiver_id = ? AND status = 'pending' "
-                "AND (last_error IS NULL OR last_error != ?)",
+            cur = conn.execute(
+                "UPDATE message SET waiting_reason = ? WHERE receiver_id = ? AND status = 'pending' "
+                "AND waiting_reason IS NOT ?",
                 (reason, receiver_id, reason),
             )
+            return int(cur.rowcount)
 
     def stale_claims(self, *, older_than: float | None = None) -> list[tuple[str, list[Message]]]:
         """Outstanding claims (``delivering`` rows), grouped by claim, oldest first."""
@@ -551,22 +760,11 @@ class Store:
             row = conn.execute("SELECT status FROM message WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 raise NotFound(f"message {message_id} not found; list messages with `cao inbox`")
-            if row[0] != "pending":
+            if row[0] != MessageStatus.PENDING:
                 raise Conflict(f"message {message_id} is {row[0]}; only a pending message can be cancelled")
             conn.execute(
-                "UPDATE message SET status = 'cancelled', last_error = 'cancelled by operator' WHERE id = ?",
+                "UPDATE message SET status = 'cancelled', last_error = 'cancelled by operator', "
+                "waiting_reason = NULL WHERE id = ?",
                 (message_id,),
             )
         return self.get_message(message_id)
-
-    def fail_all_pending(self, receiver_ids: Sequence[str], reason: str) -> int:
-        if not receiver_ids:
-            return 0
-        marks = ",".join("?" * len(receiver_ids))
-        with self._write() as conn:
-            cur = conn.execute(
-                f"UPDATE message SET status = 'failed', last_error = ? "
-                f"WHERE status = 'pending' AND receiver_id IN ({marks})",
-                (reason, *receiver_ids),
-            )
-            return int(cur.rowcount)

@@ -1,28 +1,51 @@
-"""Terminals: create, find, read and delete agent terminals (one tmux window each).
+"""Terminals: create, find, read, type into and delete agent terminals (one tmux window each).
 
-This layer joins the store (rows), the tmux layer (panes) and the providers (screen meaning).
+This layer joins the store (rows), the tmux layer (panes) and the providers (screen meaning), and
+it is the **only owner of pane I/O**: every capture, paste, key and kill for a terminal goes
+through it, and each one checks the pane's identity (tmux server pid, pane id, pane pid) in the
+same tmux call as the action. A mismatch (a new tmux server reusing the pane id, a dead program,
+a vanished pane) makes the terminal ``gone`` for good and fails its mail with ``receiver_gone``.
+
+Typed input and inbox delivery for one terminal are serialised by :meth:`Terminals.lock`, so a
+status read and the paste that depends on it can't straddle another paste.
+
 Status is always read live from the rendered screen; the row keeps the last value seen.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import re
 import secrets
 import shutil
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import providers
 from cao import profiles
-from cao.errors import InvalidInput, NotFound, PaneGone, ProviderError, TmuxServerDown
+from cao.errors import (
+    CaoError,
+    InvalidInput,
+    NotFound,
+    NotReady,
+    PaneGone,
+    ProviderError,
+    TmuxError,
+    TmuxServerDown,
+)
+from cao.paste import neutralise
 from cao.profiles import Profile
 from cao.settings import Settings
+from cao.states import ENDED, TerminalState
 from cao.store import Store, Terminal
-from cao.tmux import PaneInfo, Tmux, session_name_for
+from cao.tmux import PaneInfo, PaneRef, Tmux, session_name_for
 from providers.base import LaunchContext, Provider, TerminalStatus
 from providers.scripted import ScriptedProvider
 
@@ -33,6 +56,8 @@ TERMINAL_ID_RE = re.compile(r"^[0-9a-f]{8}$")
 # Host variables a pane may inherit; everything else is left out on purpose.
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 GONE = "gone"
+READY = (TerminalStatus.IDLE, TerminalStatus.COMPLETED, TerminalStatus.ERROR)
+INVISIBLE_RE = re.compile("[\\s\u200b-\u200f\u2060-\u2064\ufeff\u00ad\u180e]+")
 
 
 def validate_terminal_id(value: str) -> str:
@@ -83,6 +108,11 @@ def _iso(ts: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}Z"
 
 
+def is_blank(text: str) -> bool:
+    """Nothing but whitespace and invisible characters (zero-width spaces, joiners, BOM…)."""
+    return not INVISIBLE_RE.sub("", text)
+
+
 class Terminals:
     def __init__(
         self,
@@ -93,6 +123,7 @@ class Terminals:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        fault: Callable[[str], None] = lambda _name: None,
     ) -> None:
         self.sleep = sleep
         self.settings = settings
@@ -100,6 +131,10 @@ class Terminals:
         self.tmux = tmux
         self.environ = dict(os.environ if environ is None else environ)
         self.clock = clock
+        self.fault = fault  # test-only crash points (see cao.delivery.Faults)
+        self.home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
+        self._locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
 
     # -- lookup ----------------------------------------------------------------------------------
     def get(self, terminal_id: str) -> Terminal:
@@ -110,6 +145,15 @@ class Terminals:
 
     def log_path(self, terminal_id: str) -> Path:
         return self.settings.logs_dir / f"{terminal_id}.log"
+
+    @contextmanager
+    def lock(self, terminal_id: str) -> Iterator[None]:
+        """Serialise everything that types into one terminal (typed input, inbox delivery,
+        recovery): a status read and the paste that depends on it never straddle another paste."""
+        with self._locks_guard:
+            lock = self._locks.setdefault(terminal_id, threading.RLock())
+        with lock:
+            yield
 
     # -- create ----------------------------------------------------------------------------------
     def create(
@@ -122,12 +166,23 @@ class Terminals:
         new_session: bool = True,
         supervisor_id: str | None = None,
     ) -> Terminal:
+        """Row first (``starting``), pane second, then the row goes ``live`` with the pane's
+        identity. A tmux failure in between undoes both; a crash in between is cleaned up by
+        :meth:`adopt` (the pane is tagged with the terminal id), so no agent runs untracked."""
         profile = validate_name(agent_profile or "developer", "agent_profile")
         loaded = self.resolve_profile(profile, provider)
         provider_name = provider or (loaded.provider if loaded else None) or providers.default_name()
         prov = providers.get(provider_name)
+        if working_directory is not None and (len(working_directory) > 4096 or "\x00" in working_directory):
+            raise InvalidInput(
+                "working_directory is not a usable path (too long or has a NUL); pass a directory"
+            )
         workdir = Path(working_directory or os.getcwd()).expanduser()
-        if not workdir.is_dir():
+        try:
+            is_dir = workdir.is_dir()
+        except OSError:
+            is_dir = False
+        if not is_dir:
             raise InvalidInput(f"working_directory {str(workdir)!r} is not a directory; pass an existing one")
         if session_name:
             session = session_name_for(validate_name(session_name, "session_name"))
@@ -182,17 +237,6 @@ class Terminals:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content)
         now = self.clock()
-        info: PaneInfo = self.tmux.create_window(
-            session_name=session,
-            window_name=window,
-            command=spec.command,
-            env=spec.env,
-            cwd=workdir,
-            log_path=self.log_path(terminal_id),
-            width=self.settings.pane_width,
-            height=self.settings.pane_height,
-            history_limit=self.settings.history_limit,
-        )
         terminal = Terminal(
             id=terminal_id,
             name=window,
@@ -200,17 +244,56 @@ class Terminals:
             provider=provider_name,
             agent_profile=profile,
             working_directory=str(workdir),
-            pane_id=info.pane_id,
-            pane_pid=info.pane_pid,
-            state="live",
+            state=TerminalState.STARTING.value,
             status=TerminalStatus.PROCESSING.value,
             supervisor_id=supervisor_id,
             created_at=now,
             last_active=now,
         )
         self.store.add_terminal(terminal)
+        try:
+            info: PaneInfo = self.tmux.create_window(
+                session_name=session,
+                window_name=window,
+                command=spec.command,
+                env=spec.env,
+                cwd=workdir,
+                log_path=self.log_path(terminal_id),
+                width=self.settings.pane_width,
+                height=self.settings.pane_height,
+                history_limit=self.settings.history_limit,
+                tags={"cao_terminal": terminal_id, "cao_home": self.home_tag},
+            )
+            self.fault("after_pane_created")
+            if not self.store.set_pane(
+                terminal_id, server_pid=info.server_pid, pane_id=info.pane_id, pane_pid=info.pane_pid
+            ):
+                raise TmuxError(f"terminal {terminal_id} was removed while its pane was being created")
+        except BaseException as exc:
+            self._undo_create(terminal_id, exc)
+            raise
+        terminal.state = TerminalState.LIVE.value
+        terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid = (
+            info.server_pid,
+            info.pane_id,
+            info.pane_pid,
+        )
         logger.info("terminal created", extra={"terminal_id": terminal_id, "provider": provider_name})
         return terminal
+
+    def _undo_create(self, terminal_id: str, exc: BaseException) -> None:
+        """A create failed half-way: kill any pane tagged with this terminal, retire the row."""
+        for pane in self.tmux.list_panes():
+            if pane.terminal_id == terminal_id and pane.home_tag == self.home_tag:
+                try:
+                    self.tmux.kill_checked(pane.ref)
+                except CaoError:
+                    logger.exception("could not kill a half-created pane", extra={"terminal_id": terminal_id})
+        self.store.delete_terminal(terminal_id)
+        logger.warning(
+            "terminal creation undone",
+            extra={"terminal_id": terminal_id, "error": str(exc) or type(exc).__name__},
+        )
 
     def resolve_profile(self, name: str, provider: str | None) -> Profile | None:
         """The agent profile ``name`` (store, then built-ins); 422 naming the choices if unknown.
@@ -240,18 +323,86 @@ class Terminals:
             except NotFound:
                 return candidate
 
-    # -- status and screens ---------------------------------------------------------------------
-    def screen(self, terminal: Terminal) -> str:
-        if terminal.state == "deleted" or not terminal.pane_id:
-            raise PaneGone(f"terminal {terminal.id} has no pane")
-        return self.tmux.capture(terminal.pane_id)
+    # -- identity-checked pane I/O -----------------------------------------------------------------
+    def ref(self, terminal: Terminal) -> PaneRef:
+        """The terminal's pane identity; :class:`PaneGone` if it has none any more."""
+        if terminal.state in ENDED:
+            raise PaneGone(
+                f"terminal {terminal.id} is {terminal.state}"
+                + (f" ({terminal.gone_reason})" if terminal.gone_reason else "")
+            )
+        if terminal.pane_id is None or terminal.pane_pid is None or terminal.tmux_server_pid is None:
+            raise PaneGone(f"terminal {terminal.id} has no pane yet (state {terminal.state})")
+        return PaneRef(terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid)
 
+    @contextmanager
+    def _pane(self, terminal: Terminal) -> Iterator[PaneRef]:
+        """Run pane I/O; a pane that is gone or not the terminal's makes the terminal gone for good."""
+        ref = self.ref(terminal)
+        try:
+            yield ref
+        except TmuxServerDown as exc:
+            self.lose(terminal, f"the tmux server is not running ({exc.message})")
+            raise
+        except PaneGone as exc:
+            self.lose(terminal, exc.message)
+            raise
+
+    def screen(self, terminal: Terminal, *, scrollback: bool = False, join: bool = False) -> str:
+        with self._pane(terminal) as ref:
+            return self.tmux.capture_checked(ref, scrollback=scrollback, join=join)
+
+    def paste(
+        self,
+        terminal: Terminal,
+        text: str,
+        *,
+        fence: int | None = None,
+        enter: bool = True,
+    ) -> None:
+        prov = self.provider(terminal)
+        with self._pane(terminal) as ref:
+            self.tmux.paste_checked(
+                ref,
+                text,
+                fence=fence,
+                enter_count=prov.enter_count if enter else 0,
+                enter_delay=prov.paste_enter_delay,
+            )
+
+    def keys(self, terminal: Terminal, *keys: str, fence: int | None = None, literal: bool = False) -> None:
+        with self._pane(terminal) as ref:
+            self.tmux.send_keys_checked(ref, *keys, fence=fence, literal=literal)
+
+    def fence(self, terminal: Terminal, fence: int) -> None:
+        with self._pane(terminal) as ref:
+            self.tmux.fence_pane(ref, fence)
+
+    def lose(self, terminal: Terminal, reason: str) -> None:
+        """The terminal's pane is gone for good: never live again; its undelivered mail fails."""
+        if terminal.state in ENDED:
+            return
+        failed = self.store.mark_gone(terminal.id, reason)
+        terminal.state = TerminalState.GONE.value
+        terminal.status = GONE
+        terminal.gone_reason = reason
+        logger.warning(
+            "terminal gone", extra={"terminal_id": terminal.id, "reason": reason, "failed_messages": failed}
+        )
+
+    def mark_gone(self, terminal: Terminal) -> None:
+        self.lose(terminal, "its pane is gone")
+
+    # -- status and screens ---------------------------------------------------------------------
     def status(self, terminal: Terminal) -> str:
-        """Live status from the screen; ``gone`` when the pane (or tmux server) is missing."""
+        """Live status from the screen; ``gone`` when the pane is gone or not the terminal's."""
+        if terminal.state in ENDED:
+            return GONE
+        if terminal.state == TerminalState.STARTING:
+            return TerminalState.STARTING.value
         try:
             screen = self.screen(terminal)
         except (PaneGone, TmuxServerDown):
-            self.mark_gone(terminal)
             return GONE
         status = self.provider(terminal).detect_status(screen).value
         self.remember_status(terminal, status)
@@ -262,21 +413,12 @@ class Terminals:
         if status != terminal.status:
             fields["status"] = status
             fields["last_active"] = self.clock()
-        if terminal.state == GONE:
-            fields["state"] = "live"
-        if terminal.ready_at is None and status in (TerminalStatus.IDLE, TerminalStatus.COMPLETED):
+        if terminal.ready_at is None and status in READY:
             fields["ready_at"] = self.clock()
-        if fields:
+        if fields and terminal.state == TerminalState.LIVE:
             self.store.update_terminal(terminal.id, **fields)
             for key, value in fields.items():
                 setattr(terminal, key, value)
-
-    def mark_gone(self, terminal: Terminal) -> None:
-        if terminal.state == "live":
-            self.store.update_terminal(terminal.id, state=GONE, status=GONE)
-            terminal.state = GONE
-            terminal.status = GONE
-            logger.warning("terminal pane gone", extra={"terminal_id": terminal.id})
 
     def view(self, terminal: Terminal) -> TerminalView:
         waits = self.provider(terminal).waits_for_mcp
@@ -297,43 +439,85 @@ class Terminals:
     def output(self, terminal: Terminal, mode: str = "full") -> str:
         if mode not in ("full", "last"):
             raise InvalidInput(f"output mode {mode!r} is unknown; use full or last")
-        if terminal.pane_id is None:
-            raise PaneGone(f"terminal {terminal.id} has no pane")
         if mode == "full":
-            return self.tmux.capture(terminal.pane_id, scrollback=True)
-        return self.provider(terminal).extract_last_message(self.tmux.capture(terminal.pane_id))
+            return self.screen(terminal, scrollback=True).rstrip("\n") + "\n"
+        return self.provider(terminal).extract_last_message(self.screen(terminal))
 
-    def send_input(self, terminal: Terminal, text: str) -> bool:
-        """Type ``text`` into the agent (bracketed paste + Enter), whatever its status.
+    # -- typed input -------------------------------------------------------------------------------
+    def send_input(self, terminal: Terminal, text: str, *, ready_timeout: float | None = None) -> bool:
+        """Type ``text`` into the agent (neutralised, bracketed paste + Enter), whatever its status
+        once it is ready: input to an agent that is still starting is held until it first shows
+        its prompt (and its cao MCP tools are up), at most ``ready_timeout`` seconds, else
+        :class:`NotReady` and nothing is typed. Serialised with inbox delivery to the same agent.
 
         Returns whether the submit was confirmed on screen (see :meth:`submit`).
         """
-        if not text:
-            raise InvalidInput("message is empty; send some text")
-        confirmed = self.submit(terminal, text)
+        if not text or is_blank(text):
+            raise InvalidInput("message is empty (only whitespace or invisible characters); send some text")
+        self.wait_ready(
+            terminal, self.settings.input_ready_timeout if ready_timeout is None else ready_timeout
+        )
+        with self.lock(terminal.id):
+            confirmed = self.submit(terminal, neutralise(text))
         self.store.update_terminal(terminal.id, last_active=self.clock())
         return confirmed
+
+    def send_key(self, terminal: Terminal, key: str) -> None:
+        """Press one named key (Escape, C-c, Enter, Up…) in the agent, serialised with delivery."""
+        with self.lock(terminal.id):
+            self.keys(terminal, key)
+
+    def wait_ready(self, terminal: Terminal, timeout: float) -> None:
+        """Until the agent has shown its prompt once (``ready_at``) and its MCP tools are up."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            status = self.status(terminal)
+            if status == GONE:
+                raise PaneGone(
+                    f"terminal {terminal.id} is gone ({terminal.gone_reason or 'its pane closed'}); "
+                    "nothing was typed"
+                )
+            if terminal.ready_at is not None and self.mcp_ready(terminal):
+                return
+            if time.monotonic() > deadline:
+                raise NotReady(
+                    f"terminal {terminal.id} did not become ready within {timeout:g} s (status {status}: "
+                    "still starting, or a start-up dialog waits for an answer); nothing was typed. "
+                    f"Look at it with `tmux attach -t {terminal.session_name}`, then retry"
+                )
+            self.sleep(delay)
+            delay = min(delay * 2, 0.1)
+            terminal = self.store.get_terminal(terminal.id, include_deleted=True)
 
     def submit(
         self,
         terminal: Terminal,
-        text: str,
+        text: str | None,
         *,
         before: str | None = None,
         after_paste: Callable[[], None] | None = None,
+        fence: int | None = None,
+        renew: Callable[[], None] | None = None,
     ) -> bool:
-        """Paste ``text``, press Enter, and confirm the agent took it (the one paste path).
+        """Paste ``text``, press Enter, and confirm the agent took it (the one paste path; the
+        caller holds :meth:`lock` and has neutralised ``text``).
 
         ``before`` is the screen before the paste (captured when not given). The provider judges
         fresh screens (``submit_confirmed``); if the text still sits in the input box halfway
-        through its ``submit_timeout``, Enter is pressed once more. Returns whether confirmed.
+        through its ``submit_timeout``, Enter is pressed once more. ``fence``: the paste and that
+        Enter happen only while the claim with this fence owns the pane (see cao/tmux.py).
+        ``renew`` is called while waiting (a delivery renews its lease). ``text=None``: the text
+        is already in the box (cao's own, proven by its header): only press Enter. Returns whether
+        confirmed.
         """
-        if terminal.pane_id is None:
-            raise PaneGone(f"terminal {terminal.id} has no pane")
-        pane, prov = terminal.pane_id, self.provider(terminal)
+        prov = self.provider(terminal)
         if before is None:
-            before = self.tmux.capture(pane)
-        self.tmux.paste(pane, text, enter_delay=prov.paste_enter_delay, enter_count=prov.enter_count)
+            before = self.screen(terminal)
+        if text is None:
+            self.keys(terminal, "Enter", fence=fence)
+        else:
+            self.paste(terminal, text, fence=fence)
         if after_paste is not None:
             after_paste()
         deadline = time.monotonic() + prov.submit_timeout
@@ -342,19 +526,21 @@ class Terminals:
         while True:
             self.sleep(delay)
             delay = min(delay * 2, 0.05)
-            verdict = prov.submit_confirmed(before, self.tmux.capture(pane))
+            verdict = prov.submit_confirmed(before, self.screen(terminal))
             if verdict is True:
                 return True
+            if renew is not None:
+                renew()
             now = time.monotonic()
             if verdict is False and not retried and now > deadline - prov.submit_timeout / 2:
                 logger.info("submit not seen; pressing Enter again", extra={"terminal_id": terminal.id})
-                self.tmux.send_keys(pane, "Enter")
+                self.keys(terminal, "Enter", fence=fence)
                 retried = True
             if now > deadline:
                 return False
 
     def exit(self, terminal: Terminal) -> bool:
-        """Type the provider's exit command; a pane that closes while we confirm has exited."""
+        """Type the provider's exit command; a pane that closes (or dies) meanwhile has exited."""
         try:
             return self.send_input(terminal, self.provider(terminal).exit_command)
         except (PaneGone, TmuxServerDown):
@@ -362,17 +548,38 @@ class Terminals:
 
     # -- delete ----------------------------------------------------------------------------------
     def delete(self, terminal: Terminal) -> int:
-        """Mark the terminal deleted (failing its pending mail), then kill its pane and processes.
+        """Mark the row ``deleting`` (failing its pending mail), kill the pane — only if it is
+        still the terminal's own — then mark it ``deleted``.
 
-        In that order, so no delivery attempt races the kill and reports a spurious failure.
+        A tmux failure (or a crash) after the first step leaves the row ``deleting``; the sweep
+        finishes it (:meth:`finish_deletes`). A pane that is not the terminal's is never touched.
         """
-        failed = self.store.delete_terminal(terminal.id, reason="receiver_gone")
-        if terminal.pane_id:
-            self.tmux.kill_pane(terminal.pane_id, terminal.pane_pid)
-        home = self.settings.home / "terminals" / terminal.id
-        shutil.rmtree(home, ignore_errors=True)
+        with self.lock(terminal.id):
+            failed = self.store.begin_delete(terminal.id)
+            self.fault("after_delete_marked")
+            self._kill_and_finish(terminal)
         logger.info("terminal deleted", extra={"terminal_id": terminal.id, "failed_messages": failed})
         return failed
+
+    def _kill_and_finish(self, terminal: Terminal) -> None:
+        if terminal.pane_id and terminal.pane_pid and terminal.tmux_server_pid:
+            # a pane that is not the terminal's (or none at all) is never touched
+            with contextlib.suppress(PaneGone, TmuxServerDown):
+                self.tmux.kill_checked(PaneRef(terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid))
+        self.store.finish_delete(terminal.id)
+        shutil.rmtree(self.settings.home / "terminals" / terminal.id, ignore_errors=True)
+
+    def finish_deletes(self) -> list[str]:
+        """Finish deletes that were interrupted (rows left ``deleting``); called by the sweep."""
+        done = []
+        for t in self.store.list_terminals(include_deleted=True, state=TerminalState.DELETING.value):
+            try:
+                with self.lock(t.id):
+                    self._kill_and_finish(t)
+                done.append(t.id)
+            except CaoError as exc:
+                logger.warning("delete still unfinished", extra={"terminal_id": t.id, "error": exc.message})
+        return done
 
     def delete_session(self, session_name: str) -> list[str]:
         session = session_name_for(session_name)
@@ -386,23 +593,50 @@ class Terminals:
 
     # -- restart ---------------------------------------------------------------------------------
     def adopt(self) -> dict[str, list[str]]:
-        """Re-adopt terminals whose panes are alive after a server restart; mark the rest gone."""
+        """After a server restart: re-adopt terminals whose panes are still theirs (server pid, pane
+        id and pid all match); mark the rest gone (for good); kill panes of creations that were
+        interrupted (rows still ``starting``, or no row at all) and finish interrupted deletes."""
         panes = self.tmux.list_panes()
-        result: dict[str, list[str]] = {"adopted": [], "gone": []}
-        for t in self.store.list_terminals():
-            alive = t.pane_id is not None and panes.get(t.pane_id) == t.pane_pid
-            if alive:
-                assert t.pane_id is not None
+        by_id = {p.pane_id: p for p in panes}
+        result: dict[str, list[str]] = {"adopted": [], "gone": [], "orphans_killed": []}
+        rows = {t.id: t for t in self.store.list_terminals(include_deleted=True)}
+        for pane in panes:
+            row = rows.get(pane.terminal_id)
+            if pane.home_tag != self.home_tag or not pane.terminal_id:
+                continue
+            if row is None or row.state in (TerminalState.STARTING, TerminalState.DELETED):
                 try:
-                    self.tmux.ensure_pipe(t.pane_id, self.log_path(t.id))
+                    self.tmux.kill_checked(pane.ref)
+                    result["orphans_killed"].append(pane.terminal_id)
+                except CaoError:
+                    logger.exception(
+                        "could not kill an orphaned pane", extra={"terminal_id": pane.terminal_id}
+                    )
+        for t in rows.values():
+            if t.state == TerminalState.STARTING:
+                self.store.delete_terminal(t.id)
+                continue
+            if t.state != TerminalState.LIVE:
+                continue
+            found = by_id.get(t.pane_id or "")
+            same = (
+                found is not None
+                and found.pane_pid == t.pane_pid
+                and not found.dead
+                and t.tmux_server_pid in (None, found.server_pid)
+            )
+            if same and found is not None:
+                if t.tmux_server_pid is None:  # a row from before schema 3
+                    self.store.adopt_identity(t.id, found.server_pid)
+                try:
+                    self.tmux.ensure_pipe(found.pane_id, self.log_path(t.id))
                 except (PaneGone, TmuxServerDown):
-                    alive = False
-            if alive:
-                if t.state != "live":
-                    self.store.update_terminal(t.id, state="live")
+                    same = False
+            if same:
                 result["adopted"].append(t.id)
             else:
-                if t.state != GONE:
-                    self.store.update_terminal(t.id, state=GONE, status=GONE)
+                why = "its pane is dead" if found is not None and found.dead else "its pane is gone"
+                self.lose(t, f"{why} (found at server start)")
                 result["gone"].append(t.id)
+        result["finished_deletes"] = self.finish_deletes()
         return result

@@ -23,11 +23,42 @@ from pathlib import Path
 
 import libtmux
 
-from cao.errors import PaneGone, TmuxError, TmuxServerDown
+from cao.errors import FenceLost, PaneGone, PaneMismatch, TmuxError, TmuxServerDown
 
 SESSION_PREFIX = "cao-"
 _PLACEHOLDER = "__cao_init"
 _SERVER_DOWN_WORDS = ("no server running", "error connecting to", "server exited unexpectedly")
+
+
+_ID_FMT = "#{pid}/#{pane_pid}/#{pane_dead}"
+_REFUSED = "cao-refused"
+
+
+@dataclass(frozen=True)
+class PaneRef:
+    """A pane instance: tmux server pid, pane id and the pane's process. A new tmux server hands
+    out ``%0``, ``%1``… again, and ``respawn-pane`` keeps the id with a new process, so only the
+    triple names one pane. Every read, paste and kill below checks it in the same tmux call."""
+
+    server_pid: int
+    pane_id: str
+    pane_pid: int
+
+    @property
+    def expected(self) -> str:
+        return f"{self.server_pid}/{self.pane_pid}/0"
+
+    def condition(self, fence: int | None = None, *, fence_op: str = "<", alive: bool = True) -> str:
+        """A tmux format that is 1 only for this pane, alive (and, with ``fence``, only while the
+        pane's ``@cao_fence`` compares ``fence_op`` to it). ``alive=False``: dead or alive."""
+        if alive:
+            ident = f"#{{==:{_ID_FMT},{self.expected}}}"
+        else:
+            ident = f"#{{==:#{{pid}}/#{{pane_pid}},{self.server_pid}/{self.pane_pid}}}"
+        if fence is None:
+            return ident
+        op = "<" if fence_op == "<" else "=="
+        return f"#{{&&:{ident},#{{e|{op}:#{{@cao_fence}},{fence}}}}}"
 
 
 @dataclass(frozen=True)
@@ -36,6 +67,41 @@ class PaneInfo:
     pane_pid: int
     session_name: str
     window_name: str
+    server_pid: int = 0
+
+    @property
+    def ref(self) -> PaneRef:
+        return PaneRef(self.server_pid, self.pane_id, self.pane_pid)
+
+
+@dataclass(frozen=True)
+class TaggedPane:
+    """A pane as ``list-panes`` sees it, with the tags cao set when it created it."""
+
+    server_pid: int
+    pane_id: str
+    pane_pid: int
+    dead: bool
+    terminal_id: str
+    home_tag: str
+
+    @property
+    def ref(self) -> PaneRef:
+        return PaneRef(self.server_pid, self.pane_id, self.pane_pid)
+
+
+def _mismatch(ref: PaneRef, seen: str) -> PaneMismatch:
+    server, _, rest = seen.partition("/")
+    pid, _, dead = rest.partition("/")
+    if server != str(ref.server_pid):
+        why = f"a new tmux server (pid {server}, was {ref.server_pid}) reuses pane id {ref.pane_id}"
+    elif pid != str(ref.pane_pid):
+        why = f"pane {ref.pane_id} runs another process (pid {pid}, was {ref.pane_pid})"
+    elif dead == "1":
+        why = f"the program in pane {ref.pane_id} exited"
+    else:
+        why = f"pane {ref.pane_id} is not the terminal's ({seen})"
+    return PaneMismatch(why)
 
 
 def session_name_for(name: str) -> str:
@@ -103,17 +169,32 @@ class Tmux:
             return []
         return [line for line in out.splitlines() if line]
 
-    def list_panes(self) -> dict[str, int]:
-        """Every live pane on the server: ``{pane_id: pane_pid}`` (empty when no server runs)."""
+    def list_panes(self) -> list[TaggedPane]:
+        """Every pane on the server with cao's tags (empty when no server runs)."""
         try:
-            out = self.run("list-panes", "-a", "-F", "#{pane_id} #{pane_pid}")
+            out = self.run(
+                "list-panes",
+                "-a",
+                "-F",
+                "#{pid} #{pane_id} #{pane_pid} #{pane_dead} #{@cao_terminal}. #{@cao_home}.",
+            )
         except TmuxServerDown:
-            return {}
-        panes: dict[str, int] = {}
+            return []
+        panes: list[TaggedPane] = []
         for line in out.splitlines():
-            pane_id, _, pid = line.partition(" ")
-            if pane_id and pid.isdigit():
-                panes[pane_id] = int(pid)
+            parts = line.split(" ")
+            if len(parts) != 6 or not (parts[0].isdigit() and parts[2].isdigit()):
+                continue
+            panes.append(
+                TaggedPane(
+                    server_pid=int(parts[0]),
+                    pane_id=parts[1],
+                    pane_pid=int(parts[2]),
+                    dead=parts[3] == "1",
+                    terminal_id=parts[4][:-1],
+                    home_tag=parts[5][:-1],
+                )
+            )
         return panes
 
     def create_window(
@@ -128,17 +209,22 @@ class Tmux:
         width: int = 200,
         height: int = 50,
         history_limit: int = 50000,
+        tags: Mapping[str, str] | None = None,
     ) -> PaneInfo:
         """Start ``command`` in a new window with exactly ``env`` (nothing inherited).
 
         Creates the session when missing. The pane's output is piped (appended) to ``log_path``.
+        ``tags`` become pane options (``@cao_terminal``…) so an interrupted create can be found.
+        The window keeps a pane whose program exited (``remain-on-exit``): a dead pane reads as
+        dead (``#{pane_dead}``) instead of vanishing, and the last agent's exit does not end the
+        tmux server (whose successor would hand out the same pane ids again).
         """
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
         shell_cmd = "exec env -i " + " ".join(
             [shlex.quote(f"{k}={v}") for k, v in env.items()] + [shlex.quote(c) for c in command]
         )
-        fmt = "#{pane_id} #{pane_pid}"
+        fmt = "#{pane_id} #{pane_pid} #{pid}"
         target = f"={session_name}:"
         new_window = [
             "new-window",
@@ -156,6 +242,9 @@ class Tmux:
         # pipe-pane runs in the same command list as new-window, so tmux reads no output of the new
         # pane before the pipe is open (the new window is the session's current one at that point).
         pipe = ["pipe-pane", "-t", target, f"exec cat >> {shlex.quote(str(log_path))}"]
+        pipe += [";", "set-option", "-w", "-t", target, "remain-on-exit", "on"]
+        for key, value in (tags or {}).items():
+            pipe += [";", "set-option", "-p", "-t", target, f"@{key}", value]
         if self.has_session(session_name):
             args = [*new_window, ";", *pipe]
         else:
@@ -191,9 +280,13 @@ class Tmux:
         out = self.run(*args).strip().splitlines()
         if not out:
             raise TmuxError(f"tmux did not report the new pane of {window_name}")
-        pane_id, _, pid = out[-1].partition(" ")
+        pane_id, pid, server_pid = out[-1].split(" ")
         return PaneInfo(
-            pane_id=pane_id, pane_pid=int(pid), session_name=session_name, window_name=window_name
+            pane_id=pane_id,
+            pane_pid=int(pid),
+            session_name=session_name,
+            window_name=window_name,
+            server_pid=int(server_pid),
         )
 
     def ensure_pipe(self, pane_id: str, log_path: Path) -> bool:
@@ -206,6 +299,141 @@ class Tmux:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.run("pipe-pane", "-t", pane_id, f"exec cat >> {shlex.quote(str(log_path))}", target=pane_id)
         return True
+
+    # -- identity-checked pane I/O (what the terminal layer uses) --------------------------------
+    def identity(self, pane_id: str) -> tuple[int, int, bool]:
+        """``(server pid, pane pid, dead)`` of the pane answering at ``pane_id`` now."""
+        out = self.run("display-message", "-p", "-t", pane_id, _ID_FMT, target=pane_id).strip()
+        server, pid, dead = out.split("/")
+        return int(server), int(pid), dead == "1"
+
+    def capture_checked(self, ref: PaneRef, *, scrollback: bool = False, join: bool = False) -> str:
+        """``capture-pane`` of ``ref``'s pane, in the same tmux call as a check of its identity.
+
+        Raises :class:`PaneMismatch` (a subclass of :class:`PaneGone`) when another pane answers
+        at that id or the program exited, :class:`PaneGone` when no pane does.
+        """
+        args = [
+            "display-message",
+            "-p",
+            "-t",
+            ref.pane_id,
+            _ID_FMT,
+            ";",
+            "capture-pane",
+            "-p",
+            "-t",
+            ref.pane_id,
+        ]
+        if join:
+            args.append("-J")
+        if scrollback:
+            args += ["-S", "-", "-E", "-"]
+        out = self.run(*args, target=ref.pane_id)
+        seen, _, screen = out.partition("\n")
+        if seen != ref.expected:
+            raise _mismatch(ref, seen)
+        return screen
+
+    def paste_checked(
+        self,
+        ref: PaneRef,
+        text: str,
+        *,
+        fence: int | None = None,
+        enter_count: int = 1,
+        enter_delay: float = 0.0,
+    ) -> None:
+        """Bracketed paste of ``text`` into ``ref``'s pane, then Enter — only if the pane is still
+        ``ref`` and, with ``fence``, only if no paste with a newer fence reached it (tmux checks
+        both and records the fence, all in one call, so nothing can slip in between).
+
+        Raises :class:`PaneMismatch` / :class:`PaneGone` for the wrong or no pane, and
+        :class:`FenceLost` when a newer claim (a recovery) owns the pane's input.
+        """
+        buf = f"cao-{uuid.uuid4().hex[:12]}"
+        pane = ref.pane_id
+        then = f"paste-buffer -p -d -r -b {buf} -t {pane}"
+        if fence is not None:
+            then = f"set-option -p -t {pane} @cao_fence {fence} ; {then}"
+        immediate_enter = enter_delay <= 0 and enter_count > 0
+        if immediate_enter:
+            then += f" ; send-keys -t {pane} Enter" * enter_count
+        refused = (
+            f"delete-buffer -b {buf} ; display-message -p -t {pane} '{_REFUSED} {_ID_FMT} #{{@cao_fence}}'"
+        )
+        args = [
+            "load-buffer",
+            "-b",
+            buf,
+            "-",
+            ";",
+            "if-shell",
+            "-F",
+            "-t",
+            pane,
+            ref.condition(fence),
+            then,
+            refused,
+        ]
+        try:
+            out = self.run(*args, input=text.encode("utf-8", "replace"), target=pane)
+        except TmuxError:
+            with contextlib.suppress(TmuxError):
+                self.run("delete-buffer", "-b", buf)
+            raise
+        self._raise_refused(ref, out, fence)
+        if not immediate_enter:
+            for _ in range(enter_count):
+                time.sleep(enter_delay)
+                self.send_keys_checked(ref, "Enter", fence=fence)
+
+    def send_keys_checked(
+        self, ref: PaneRef, *keys: str, fence: int | None = None, literal: bool = False
+    ) -> None:
+        """``send-keys`` to ``ref``'s pane only (with ``fence``: only while that fence owns it)."""
+        then = " ".join(
+            ["send-keys", "-t", ref.pane_id, *(["-l"] if literal else []), *(shlex.quote(k) for k in keys)]
+        )
+        refused = f"display-message -p -t {ref.pane_id} '{_REFUSED} {_ID_FMT} #{{@cao_fence}}'"
+        cond = ref.condition(fence, fence_op="==")
+        out = self.run("if-shell", "-F", "-t", ref.pane_id, cond, then, refused, target=ref.pane_id)
+        self._raise_refused(ref, out, fence)
+
+    def fence_pane(self, ref: PaneRef, fence: int) -> None:
+        """Raise the pane's fence (recovery takes over its input): older claims can't paste now."""
+        then = f"set-option -p -t {ref.pane_id} @cao_fence {fence}"
+        refused = f"display-message -p -t {ref.pane_id} '{_REFUSED} {_ID_FMT} #{{@cao_fence}}'"
+        out = self.run(
+            "if-shell", "-F", "-t", ref.pane_id, ref.condition(fence), then, refused, target=ref.pane_id
+        )
+        self._raise_refused(ref, out, fence)
+
+    @staticmethod
+    def _raise_refused(ref: PaneRef, out: str, fence: int | None) -> None:
+        line = next((x for x in out.splitlines() if x.startswith(_REFUSED)), None)
+        if line is None:
+            return
+        _, seen, pane_fence = ([*line.split(" "), "", ""])[:3]
+        if seen != ref.expected:
+            raise _mismatch(ref, seen)
+        raise FenceLost(
+            f"pane {ref.pane_id}'s input belongs to a newer delivery (fence {pane_fence}, ours {fence}); "
+            "this one lost its claim"
+        )
+
+    def kill_checked(self, ref: PaneRef, *, grace: float = 1.0) -> None:
+        """Kill ``ref``'s pane and its processes, after verifying it is that pane (a reused pane id
+        belongs to someone else: :class:`PaneMismatch` is raised and nothing is signalled).
+
+        A pane that no longer exists is fine (nothing to kill)."""
+        try:
+            server, pid, _dead = self.identity(ref.pane_id)
+        except (PaneGone, TmuxServerDown):
+            return
+        if (server, pid) != (ref.server_pid, ref.pane_pid):
+            raise _mismatch(ref, f"{server}/{pid}/0")
+        self.kill_pane(ref.pane_id, ref.pane_pid, grace=grace, condition=ref.condition(alive=False))
 
     # -- screen and input -----------------------------------------------------------------------
     def capture(self, pane_id: str, *, scrollback: bool = False, join: bool = False) -> str:
@@ -256,8 +484,11 @@ class Tmux:
         self.run(*args, *keys, target=pane_id)
 
     # -- teardown -------------------------------------------------------------------------------
-    def kill_pane(self, pane_id: str, pane_pid: int | None, *, grace: float = 1.0) -> None:
-        """Kill the pane's processes (its process group and every descendant), then the pane.
+    def kill_pane(
+        self, pane_id: str, pane_pid: int | None, *, grace: float = 1.0, condition: str | None = None
+    ) -> None:
+        """Kill the pane's processes (its process group and every descendant), then the pane
+        (with ``condition``: only if that tmux format is still true for it).
 
         Some CLIs ignore the SIGHUP that closing a pane sends, so we signal them ourselves.
         """
@@ -270,7 +501,12 @@ class Tmux:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGTERM)
         with contextlib.suppress(PaneGone, TmuxServerDown):
-            self.run("kill-pane", "-t", pane_id, target=pane_id)
+            if condition is None:
+                self.run("kill-pane", "-t", pane_id, target=pane_id)
+            else:
+                self.run(
+                    "if-shell", "-F", "-t", pane_id, condition, f"kill-pane -t {pane_id}", target=pane_id
+                )
         deadline = time.monotonic() + grace
         while pids and time.monotonic() < deadline:
             pids = {p for p in pids if pid_alive(p)}

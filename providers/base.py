@@ -98,6 +98,16 @@ class Provider:
         """Text in the input box, ``""`` when empty, ``None`` when no input box is showing."""
         raise NotImplementedError
 
+    def transcript(self, screen: str) -> str:
+        """The part of ``screen`` above the input box: what the agent has *shown* as its history.
+
+        ``screen`` may be a whole-scrollback capture that ends with the visible screen. Text still
+        sitting in the input box (and the box's footer) is not part of it, so delivery never takes
+        a message that was pasted but not submitted for one the agent received. The default (no
+        input box known) is the whole screen; providers with a box override it.
+        """
+        return screen
+
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         """Did a paste + Enter take? ``before`` is the screen before the paste, ``after`` a fresh one.
 

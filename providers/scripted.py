@@ -107,6 +107,12 @@ class ScriptedProvider(Provider):
             return None
         return lines[-1][2:].rstrip()
 
+    def transcript(self, screen: str) -> str:
+        lines = _lines(screen)
+        if lines and lines[-1].startswith("❯"):
+            lines = lines[:-1]  # the input box: typed but not submitted
+        return "\n".join(lines)
+
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         """Idle before: the generic check. Busy before (eager delivery): the spinner keeps changing
         the screen, so look for firmer evidence: one more queued input, or a new turn's echo."""

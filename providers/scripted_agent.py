@@ -28,8 +28,10 @@ Rules (JSON; ``$CAO_SCRIPTED_RULES`` or ``$CAO_SCRIPTED_DIR/<profile>.json``, el
 
 The first rule whose ``match`` is found in a message applies (to every match of it in that
 message, so ``^delegate (?P<to>\\w+) (?P<task>.*)$`` with re.MULTILINE delegates each line).
-Inbox messages arrive as ``[cao message #ID from SENDER]`` headers followed by the body; several
-in one paste are split and answered one by one.
+Inbox messages arrive as ``[cao message #ID from SENDER] (ref NONCE)`` headers followed by the
+body (and, for long bodies, an ``[end of cao message #ID] (ref NONCE)`` trailer); several in one
+paste are split and answered one by one. ``"swallow_enters": N`` makes the agent ignore the first N
+Enters after each paste (a TUI that drops an Enter while it paints), for delivery tests.
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ from typing import Any, NamedTuple
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PASTE_START = b"\x1b[200~"
 PASTE_END = b"\x1b[201~"
-HEADER_RE = re.compile(r"^\[cao message #(?P<id>\d+) from (?P<sender>[^\]\s]+)\]$", re.M)
+HEADER_RE = re.compile(
+    r"^\[cao message #(?P<id>\d+) from (?P<sender>[^\]\s]+)\](?: \(ref (?P<ref>[0-9a-f]+)\))?$", re.M
+)
+TRAILER_RE = re.compile(r"\n?^\[end of cao message #\d+\] \(ref [0-9a-f]+\)$", re.M)
 DEFAULT_RULES: dict[str, Any] = {"rules": [], "default": {"reply": "ok: {first_line}"}}
 
 
@@ -75,7 +80,7 @@ def split_messages(text: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
-        body = text[head.end() : end].strip("\n")
+        body = TRAILER_RE.sub("", text[head.end() : end]).strip("\n")
         out.append({"id": int(head["id"]), "sender": head["sender"], "body": body})
     return out
 
@@ -108,6 +113,7 @@ class Agent:
         self.pending_turn: list[Plan] | None = None
         self.waiting_answer: list[Plan] | None = None
         self.in_paste = False
+        self.swallow = 0  # Enters still to ignore after the last paste (rules: swallow_enters)
         self.paste_buf = b""
         self.raw_buf = b""
         self.spin = 0
@@ -179,6 +185,7 @@ class Agent:
                 self.in_paste = False
                 text = self.paste_buf.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
                 self.paste_buf = b""
+                self.swallow = int(self.config.get("swallow_enters", 0))
                 self.type_text(text)
                 continue
             start = self.raw_buf.find(PASTE_START)
@@ -205,7 +212,9 @@ class Agent:
                 i += m.end()
                 continue
             i += 1
-            if b in (b"\r", b"\n"):
+            if b in (b"\r", b"\n") and self.swallow > 0:
+                self.swallow -= 1
+            elif b in (b"\r", b"\n"):
                 self.submit()
             elif b in (b"\x7f", b"\x08"):
                 self.input = self.input[:-1]

@@ -1,7 +1,9 @@
-"""Run one inbox action in a separate process that dies (``os._exit(1)``) at a named fault point.
+"""Run one cao action in a separate process that dies (``os._exit(1)``) at a named fault point.
 
     python -m tests.crash_helper HOME SOCKET FAULT_POINT send RECEIVER BODY [KEY]
     python -m tests.crash_helper HOME SOCKET FAULT_POINT deliver RECEIVER
+    python -m tests.crash_helper HOME SOCKET FAULT_POINT create PROFILE
+    python -m tests.crash_helper HOME SOCKET FAULT_POINT delete TERMINAL
 
 Exit status 1 = the fault point was reached; 0 = the action finished without reaching it.
 """
@@ -16,15 +18,19 @@ from cao.settings import Settings
 
 
 def main(argv: list[str]) -> int:
-    home, socket_name, fault, action, receiver, *rest = argv
+    home, socket_name, fault, action, target, *rest = argv
     settings = Settings(home=Path(home), tmux_socket=socket_name, fault_point=fault, scripted_record=True)
     core = Cao(settings)  # not started: no triggers of its own, only the action below
     if action == "send":
         core.send_message(
-            receiver, rest[0], sender_id="crasher", idempotency_key=rest[1] if len(rest) > 1 else None
+            target, rest[0], sender_id="crasher", idempotency_key=rest[1] if len(rest) > 1 else None
         )
     elif action == "deliver":
-        core.delivery.deliver(receiver, trigger="crash-test")
+        core.delivery.deliver(target, trigger="crash-test")
+    elif action == "create":
+        print(core.terminals.create(provider="scripted", agent_profile=target).id)
+    elif action == "delete":
+        core.terminals.delete(core.terminals.get(target))
     else:
         raise SystemExit(f"unknown action {action}")
     return 0

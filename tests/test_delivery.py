@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 
 from cao.api import create_app
 from cao.core import Cao
-from cao.delivery import Outcome, neutralise
+from cao.delivery import Outcome
+from cao.paste import format_batch, neutralise
 from cao.settings import Settings
 from cao.store import MAX_BODY_BYTES
 from tests.conftest import REPO, done_times, read_records, received_bodies, wait_until, write_rules
@@ -126,10 +127,9 @@ def test_4b_crash_between_paste_and_enter_submits_on_recovery(make_core: Callabl
     tid = _new_terminal(setup)
     term = setup.store.get_terminal(tid)
     msg, _ = setup.store.add_message(sender_id="s", receiver_id=tid, body="token-s4b")
-    claim, batch = setup.store.claim(tid)
-    from cao.delivery import format_batch
-
-    setup.tmux.paste(term.pane_id or "", format_batch(batch), enter_count=0)
+    claim = setup.store.claim(tid)
+    assert claim is not None and [m.id for m in claim.messages] == [msg.id]
+    setup.terminals.paste(term, format_batch(claim.messages), fence=claim.fence, enter=False)
     wait_until(
         lambda: (
             setup.terminals.provider(term).input_text(setup.tmux.capture(term.pane_id or "")) or ""
@@ -139,7 +139,6 @@ def test_4b_crash_between_paste_and_enter_submits_on_recovery(make_core: Callabl
     core = make_core(settings)
     assert core.store.get_message(msg.id or 0).status == "delivered"
     wait_until(lambda: received_bodies(settings.home, tid) == ["token-s4b"], what="submitted by recovery")
-    assert claim
 
 
 def test_5_retried_send_same_key_is_one_message_also_after_restart(make_core: Callable[..., Cao], settings):
@@ -251,7 +250,7 @@ def test_10_busy_receiver_gets_nothing_until_idle(make_core: Callable[..., Cao],
     core = make_core(settings)
     tid = _new_terminal(core, "slow")
     msg_id, _ = _busy_then_send(core, tid, "token-s10")
-    wait_until(lambda: core.delivery.waiting.get(tid, ("",))[0] == "receiver busy", what="gate closed")
+    wait_until(lambda: core.store.get_message(msg_id).waiting_reason == "receiver busy", what="gate closed")
     assert core.store.get_message(msg_id).status == "pending"
     assert core.message_view(core.store.get_message(msg_id))["waiting_reason"] == "receiver busy"
     wait_until(lambda: _status_of(core, msg_id) == "delivered", timeout=15)
@@ -301,7 +300,10 @@ def test_11b_never_into_a_starting_pane_even_when_eager(make_core: Callable[...,
     core = make_core(settings.with_(eager_delivery=True))
     t = core.terminals.create(provider="scripted_eager", agent_profile="sleepy")
     receipt = core.send_message(t.id, "token-s11b", sender_id="s")
-    wait_until(lambda: core.delivery.waiting.get(t.id, ("",))[0] == "receiver starting", what="gate closed")
+    wait_until(
+        lambda: core.store.get_message(receipt.message.id or 0).waiting_reason == "receiver starting",
+        what="gate closed",
+    )
     assert _status_of(core, receipt.message.id or 0) == "pending"
     wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered", timeout=15)
     assert received_bodies(settings.home, t.id) == ["token-s11b"]
@@ -323,22 +325,43 @@ def test_12_sweep_delivers_to_an_idle_receiver_when_the_immediate_attempt_misses
 
 
 # -- 13/14/19: receivers that go away -------------------------------------------------------------
-def test_13_pane_killed_behind_our_back_retries_then_fails(make_core: Callable[..., Cao], settings):
-    s = settings.with_(max_attempts=3, sweep_interval=0.2, sweep_grace=0.0)
-    core = make_core(s)
+def test_13_pane_killed_behind_our_back_fails_its_mail_for_good(make_core: Callable[..., Cao], settings):
+    """A vanished pane is gone for good (guarantee 9): the attempt that finds it fails the mail with
+    receiver_gone at once instead of retrying a pane that can never come back."""
+    core = make_core(settings)
     tid = _new_terminal(core, session="keep")
     _new_terminal(core, session=None)  # another session keeps the tmux server up (see scenario 19)
     term = core.store.get_terminal(tid)
-    core.tmux.kill_pane(term.pane_id or "", term.pane_pid)
+    core.tmux.kill_pane(term.pane_id or "", term.pane_pid)  # someone else's kill: no cao involved
     receipt = core.send_message(tid, "token-s13", sender_id="s")
+    mid = receipt.message.id or 0
+    wait_until(lambda: _status_of(core, mid) == "failed", timeout=10)
+    final = core.store.get_message(mid)
+    assert (final.last_error or "").startswith("receiver_gone") and "gone" in (final.last_error or "")
+    assert core.terminals.view(core.store.get_terminal(tid)).status == "gone"
+    assert core.store.get_terminal(tid).state == "gone"
+    r = TestClient(create_app(core)).post(f"/terminals/{tid}/inbox/messages", json={"message": "late"})
+    assert r.status_code == 404 and "is gone" in r.json()["detail"]
+
+
+def test_13b_attempts_that_fail_on_a_live_pane_retry_then_fail(make_core: Callable[..., Cao], settings):
+    """A receiver that never takes the submit (it drops every Enter): each attempt counts, the text is
+    never pasted twice, and past the retry limit the message fails with the reason."""
+    write_rules(settings.home, "deaf", {"record": True, "swallow_enters": 1000})
+    core = make_core(settings.with_(max_attempts=3, retry_delay=0.1))
+    tid = _new_terminal(core, "deaf")
+    receipt = core.send_message(tid, "token-s13b", sender_id="s")
     mid = receipt.message.id or 0
     wait_until(lambda: core.store.get_message(mid).attempts >= 1, what="first failed attempt")
     first = core.store.get_message(mid)
-    assert first.last_error and "pane gone" in first.last_error
-    wait_until(lambda: _status_of(core, mid) == "failed", timeout=10)
+    assert first.status in ("pending", "delivering") and "not confirmed" in (first.last_error or "")
+    wait_until(lambda: _status_of(core, mid) == "failed", timeout=20)
     final = core.store.get_message(mid)
-    assert final.attempts == 3 and "pane gone" in (final.last_error or "")
-    assert core.terminals.view(core.store.get_terminal(tid)).status == "gone"
+    assert final.attempts == 3 and "not confirmed" in (final.last_error or "")
+    term = core.store.get_terminal(tid)
+    box = core.terminals.provider(term).input_text(core.terminals.screen(term)) or ""
+    assert box.startswith("[cao message #") and box.count("[cao message") == 1  # pasted once, never again
+    assert received_bodies(settings.home, tid) == []
 
 
 def test_14_deleted_receiver_fails_pending_and_rejects_new_sends(make_core: Callable[..., Cao], settings):
@@ -354,29 +377,36 @@ def test_14_deleted_receiver_fails_pending_and_rejects_new_sends(make_core: Call
         assert r.status_code == 404 and "deleted" in r.json()["detail"]
 
 
-def test_19_tmux_server_gone_keeps_messages_and_recovers(make_core: Callable[..., Cao], settings):
+def test_19_tmux_server_gone_fails_mail_and_never_touches_the_new_servers_panes(
+    make_core: Callable[..., Cao], settings
+):
     core = make_core(settings)
     tid = _new_terminal(core)
+    old = core.store.get_terminal(tid)
     core.tmux.kill_server()
     with TestClient(create_app(core)) as client:
         r = client.post(f"/terminals/{tid}/inbox/messages", json={"message": "token-s19"})
-        assert r.status_code == 201
+        assert r.status_code == 201  # not known gone yet: committed, then found gone
         mid = r.json()["message_id"]
-        wait_until(lambda: client.get(f"/terminals/{tid}").json()["status"] == "gone")
-        wait_until(
-            lambda: client.get(f"/messages/{mid}").json()["waiting_reason"] == "tmux server not running"
-        )
-        assert client.get(f"/messages/{mid}").json()["status"] == "pending"
+        wait_until(lambda: client.get(f"/messages/{mid}").json()["status"] == "failed")
+        assert client.get(f"/messages/{mid}").json()["last_error"].startswith("receiver_gone")
+        assert client.get(f"/terminals/{tid}").json()["status"] == "gone"
         assert client.get("/health").status_code == 200
-        # a new terminal starts a new tmux server and gets its mail
+        # a new terminal starts a new tmux server, which hands out the old pane id again
         new = client.post("/sessions", json={"session_name": "again"}).json()["id"]
         wait_until(lambda: client.get(f"/terminals/{new}").json()["status"] == "idle")
+        new_term = core.store.get_terminal(new)
+        assert new_term.pane_id == old.pane_id and new_term.tmux_server_pid != old.tmux_server_pid
+        # the old terminal never comes back to life on the new pane, and gets no mail
+        assert client.get(f"/terminals/{tid}").json()["status"] == "gone"
+        late = client.post(f"/terminals/{tid}/inbox/messages", json={"message": "late"})
+        assert late.status_code == 404
         r2 = client.post(f"/terminals/{new}/inbox/messages", json={"message": "token-s19-new"}).json()
         wait_until(lambda: client.get(f"/messages/{r2['message_id']}").json()["status"] == "delivered")
-        # the old terminal's mail is still pending until it is deleted
-        assert client.get(f"/messages/{mid}").json()["status"] == "pending"
-        client.delete(f"/terminals/{tid}")
-        assert client.get(f"/messages/{mid}").json()["last_error"] == "receiver_gone"
+        # deleting the old terminal does not touch the new agent's pane (same pane id)
+        assert client.delete(f"/terminals/{tid}").status_code == 200
+        assert core.tmux.identity(new_term.pane_id or "")[1] == new_term.pane_pid
+        assert client.get(f"/terminals/{new}").json()["status"] == "completed"  # alive, answered
     assert received_bodies(settings.home, new) == ["token-s19-new"]
 
 
@@ -494,7 +524,10 @@ def test_self_send_and_bad_ids_are_rejected(core: Cao):
             f"/terminals/{tid}/inbox/messages", params={"sender_id": "cli", "message": "query form"}
         )
         assert r.status_code == 201
-        assert client.post(f"/messages/{r.json()['message_id']}/cancel").status_code in (200, 409)
+        # the receiver is idle, so the query-form message is delivered, not cancellable any more
+        wait_until(lambda: client.get(f"/messages/{r.json()['message_id']}").json()["status"] == "delivered")
+        late = client.post(f"/messages/{r.json()['message_id']}/cancel")
+        assert late.status_code == 409 and "only a pending message" in late.json()["detail"]
     assert len(core.store.list_messages()) == 1
 
 

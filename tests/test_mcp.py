@@ -106,7 +106,7 @@ def inbox(team: Team, terminal_id: str) -> list[dict[str, Any]]:
 
 
 def live_panes(team: Team) -> set[str]:
-    return set(Tmux(team.srv.socket_name).list_panes())
+    return {p.pane_id for p in Tmux(team.srv.socket_name).list_panes() if not p.dead}
 
 
 # -- listing and identity ----------------------------------------------------------------------

@@ -28,8 +28,8 @@ def test_server_end_to_end_and_restart_adoption(make_server, tmp_path: Path, tmu
         )
     srv.kill()  # crash: no clean shutdown
     tmux = Tmux(tmux_socket)
-    pane_b = next(p for p in tmux.list_panes() if p != _pane(srv, a["id"]))
-    tmux.kill_pane(pane_b, tmux.list_panes()[pane_b])  # b dies while no server watches
+    pane_b = next(p for p in tmux.list_panes() if p.pane_id != _pane(srv, a["id"]))
+    tmux.kill_pane(pane_b.pane_id, pane_b.pane_pid)  # b dies while no server watches
     srv2: ServerProcess = make_server()
     with srv2.client() as c:
         assert _status(c, a["id"]) == "completed"  # re-adopted, same pane, live status

@@ -64,6 +64,45 @@ def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path: Path):
     Store(tmp_path / "x.db")  # reopening is a no-op
 
 
+@pytest.mark.parametrize("table", ["terminal", "message"])
+def test_migrations_build_exactly_the_sqlmodel_tables(tmp_path: Path, table: str):
+    """One source of truth: the sqlmodel table classes. The numbered migrations (which existing
+    databases run) must end at the same columns, nullability and primary key."""
+    from cao.store import MessageTable, TerminalTable
+
+    Store(tmp_path / "x.db").close()
+    with sqlite3.connect(tmp_path / "x.db") as conn:
+        got = {r[1]: (not r[3] and not r[5], bool(r[5])) for r in conn.execute(f"PRAGMA table_info({table})")}
+    meta = {"terminal": TerminalTable, "message": MessageTable}[table].__table__  # type: ignore[attr-defined]
+    want = {c.name: (bool(c.nullable) and not c.primary_key, bool(c.primary_key)) for c in meta.columns}
+    # a column with a default may be NOT NULL in SQL while the model allows leaving it out
+    loose = {c.name for c in meta.columns if c.default is not None}
+    assert set(got) == set(want)
+    strict = set(got) - loose
+    assert {k: got[k] for k in strict} == {k: want[k] for k in strict}
+
+
+def test_an_old_database_moves_forward_and_keeps_its_rows(tmp_path: Path):
+    """A schema-2 database (before pane identity and nonces) gets the new columns; its messages get
+    nonces so their headers stay unforgeable."""
+    from cao.store import MIGRATIONS
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        for version in (1, 2):
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+        conn.execute("PRAGMA user_version = 2")
+        conn.execute(
+            "INSERT INTO message (sender_id, receiver_id, body, body_sha256, status, created_at, attempts) "
+            "VALUES ('s', 'aaaa0001', 'old body', 'x', 'pending', 1.0, 0)"
+        )
+    s = Store(path)
+    assert s.schema_version() == SCHEMA_VERSION
+    [m] = s.list_messages()
+    assert m.body == "old body" and m.nonce and len(m.nonce) == 12 and m.recheck is None
+
+
 def test_newer_schema_is_refused_with_a_clear_error(tmp_path: Path):
     path = tmp_path / "new.db"
     Store(path).close()
@@ -123,19 +162,21 @@ def test_unknown_and_deleted_receivers(store: Store):
 def test_claim_is_fifo_batched_and_exclusive_per_receiver(store: Store):
     for i in range(5):
         store.add_message(sender_id="s", receiver_id=RID, body=f"m{i}")
-    claim, batch = store.claim(RID, limit=3)
-    assert [m.body for m in batch] == ["m0", "m1", "m2"]
-    assert all(m.status == "delivering" and m.claim == claim for m in batch)
+    claim = store.claim(RID, limit=3)
+    assert claim is not None and [m.body for m in claim.messages] == ["m0", "m1", "m2"]
+    assert all(m.status == "delivering" and m.claim == claim.token for m in claim.messages)
     # a second claimer loses while the first claim is outstanding
-    assert store.claim(RID)[1] == []
-    assert store.mark_delivered(claim) == 3
-    claim2, batch2 = store.claim(RID)
-    assert [m.body for m in batch2] == ["m3", "m4"]
-    store.release(claim2, "boom", max_attempts=2)
+    assert store.claim(RID) is None
+    assert store.mark_delivered(claim.token) == 3
+    claim2 = store.claim(RID)
+    assert claim2 is not None and [m.body for m in claim2.messages] == ["m3", "m4"]
+    assert claim2.fence == claim.fence + 1  # every claim takes the receiver's next pane fence
+    store.release(claim2.token, "boom", max_attempts=2)
     rows = store.list_messages(order="asc")
     assert [(m.status, m.attempts) for m in rows[3:]] == [("pending", 1), ("pending", 1)]
-    claim3, _ = store.claim(RID)
-    store.release(claim3, "boom again", max_attempts=2)
+    claim3 = store.claim(RID)
+    assert claim3 is not None
+    store.release(claim3.token, "boom again", max_attempts=2)
     rows = store.list_messages(order="asc")
     assert [(m.status, m.attempts, m.last_error) for m in rows[3:]] == [("failed", 2, "boom again")] * 2
 
@@ -143,8 +184,44 @@ def test_claim_is_fifo_batched_and_exclusive_per_receiver(store: Store):
 def test_claim_byte_budget_takes_at_least_one(store: Store):
     store.add_message(sender_id="s", receiver_id=RID, body="a" * 1000)
     store.add_message(sender_id="s", receiver_id=RID, body="b" * 1000)
-    _, batch = store.claim(RID, max_bytes=1500)
-    assert len(batch) == 1
+    claim = store.claim(RID, max_bytes=1500)
+    assert claim is not None and len(claim.messages) == 1
+
+
+def test_a_recheck_batch_is_reclaimed_exactly_and_nothing_newer_joins_it(store: Store):
+    """DELIVERY.md 21 at the store level: a retry re-claims exactly the earlier batch."""
+    for i in range(2):
+        store.add_message(sender_id="s", receiver_id=RID, body=f"m{i}")
+    first = store.claim(RID)
+    assert first is not None and not first.recheck
+    store.release(first.token, "submit not confirmed", max_attempts=5, recheck=True)
+    store.add_message(sender_id="s", receiver_id=RID, body="newer")
+    again = store.claim(RID)
+    assert again is not None and again.recheck
+    assert [m.body for m in again.messages] == ["m0", "m1"]  # "newer" waits for its own claim
+    assert store.mark_delivered(again.token) == 2
+    last = store.claim(RID)
+    assert last is not None and not last.recheck and [m.body for m in last.messages] == ["newer"]
+
+
+def test_a_claim_taken_over_can_neither_renew_nor_acknowledge(store: Store):
+    """Ownership: acks and renewals are conditional on the claim; a recovery's takeover wins."""
+    store.add_message(sender_id="s", receiver_id=RID, body="m")
+    claim = store.claim(RID)
+    assert claim is not None and store.renew(claim.token)
+    took = store.take_over(claim.token)
+    assert took is not None and took[1] > claim.fence
+    assert not store.renew(claim.token)
+    assert store.mark_delivered(claim.token) == 0  # the slow deliverer learns it lost
+    assert store.take_over(claim.token) is None
+    assert store.mark_delivered(took[0]) == 1
+
+
+def test_waiting_reason_is_stored_with_pending_messages(store: Store):
+    m, _ = store.add_message(sender_id="s", receiver_id=RID, body="m")
+    assert store.note_waiting(RID, "receiver busy") == 1
+    assert store.note_waiting(RID, "receiver busy") == 0  # unchanged: nothing rewritten
+    assert Store(store.path).get_message(m.id or 0).waiting_reason == "receiver busy"  # survives a restart
 
 
 def test_claims_across_threads_never_overlap(store: Store):
@@ -155,11 +232,11 @@ def test_claims_across_threads_never_overlap(store: Store):
 
     def worker() -> None:
         while store.has_pending(RID) or store.stale_claims():
-            claim, batch = store.claim(RID, limit=7)
-            if batch:
+            claim = store.claim(RID, limit=7)
+            if claim is not None:
                 with lock:
-                    seen.extend(m.id or 0 for m in batch)
-                store.mark_delivered(claim)
+                    seen.extend(claim.ids)
+                store.mark_delivered(claim.token)
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:
@@ -178,10 +255,10 @@ s = Store(Path(sys.argv[1]), busy_timeout=10)
 got = []
 deadline = time.time() + 60
 while time.time() < deadline and (s.has_pending('aaaa0001') or s.stale_claims()):
-    claim, batch = s.claim('aaaa0001', limit=5)
-    if batch:
-        got.extend(m.id for m in batch)
-        s.mark_delivered(claim)
+    claim = s.claim('aaaa0001', limit=5)
+    if claim is not None:
+        got.extend(claim.ids)
+        s.mark_delivered(claim.token)
 print(' '.join(map(str, got)))
 """
 

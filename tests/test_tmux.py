@@ -60,7 +60,7 @@ def test_session_window_naming_history_and_log_pipe(tmux: Tmux, tmp_path: Path):
     # re-opening is idempotent: an open pipe stays open (pipe-pane -o would have toggled it off)
     assert tmux.ensure_pipe(info.pane_id, tmp_path / "logs" / "t.log") is False
     assert tmux.run("display-message", "-p", "-t", info.pane_id, "#{pane_pipe}").strip() == "1"
-    assert tmux.list_panes()[info.pane_id] == info.pane_pid
+    assert {p.pane_id: p.pane_pid for p in tmux.list_panes()}[info.pane_id] == info.pane_pid
     tmux.kill_pane(info.pane_id, info.pane_pid)
 
 
@@ -116,5 +116,49 @@ def test_capture_of_missing_pane_and_missing_server(tmux: Tmux, tmp_path: Path):
     tmux.kill_server()
     with pytest.raises(TmuxServerDown):
         tmux.capture(other.pane_id)
-    assert tmux.list_panes() == {}
+    assert tmux.list_panes() == []
     assert tmux.list_sessions() == []
+
+
+def test_pane_io_checks_identity_and_fence_in_the_same_call(tmux: Tmux, tmp_path: Path):
+    """Identity (server pid, pane id, pane pid, alive) and the paste fence are checked by tmux itself,
+    in the call that does the work: a wrong pane is never read, typed into or killed."""
+    from cao.errors import FenceLost, PaneMismatch
+    from cao.tmux import PaneRef
+
+    info = _window(tmux, tmp_path, "cat")
+    ref = info.ref
+    assert ref.server_pid > 0 and ref.pane_pid == info.pane_pid
+    tmux.paste_checked(ref, "first-paste", fence=3, enter_count=0)
+    wait_until(lambda: "first-paste" in tmux.capture_checked(ref), what="paste shown")
+    with pytest.raises(FenceLost):  # an older claim (fence 2) lost the pane to fence 3
+        tmux.paste_checked(ref, "stale-paste", fence=2)
+    with pytest.raises(FenceLost):
+        tmux.send_keys_checked(ref, "Enter", fence=2)
+    tmux.send_keys_checked(ref, "typed", fence=3, literal=True)
+    impostors = [
+        PaneRef(ref.server_pid + 1, ref.pane_id, ref.pane_pid),  # a new tmux server reusing the id
+        PaneRef(ref.server_pid, ref.pane_id, ref.pane_pid + 1),  # another process in that pane
+    ]
+    for bad in impostors:
+        with pytest.raises(PaneMismatch):
+            tmux.capture_checked(bad)
+        with pytest.raises(PaneMismatch):
+            tmux.paste_checked(bad, "never")
+        with pytest.raises(PaneMismatch):
+            tmux.kill_checked(bad)
+    screen = tmux.capture_checked(ref)
+    assert "stale-paste" not in screen and "never" not in screen and "typed" in screen
+    assert "cao-" not in tmux.run("list-buffers", "-F", "#{buffer_name}")  # refused pastes leave no buffer
+    tmux.kill_checked(ref)
+    assert all(p.pane_id != ref.pane_id for p in tmux.list_panes())
+
+
+def test_a_dead_pane_reads_as_not_the_terminals(tmux: Tmux, tmp_path: Path):
+    """remain-on-exit keeps a pane whose program exited; its identity check says so."""
+    from cao.errors import PaneMismatch
+
+    info = _window(tmux, tmp_path, "exit 3")
+    wait_until(lambda: any(p.dead for p in tmux.list_panes() if p.pane_id == info.pane_id), what="pane dead")
+    with pytest.raises(PaneMismatch, match="exited"):
+        tmux.capture_checked(info.ref)

@@ -125,7 +125,10 @@ class CaoServer:
         }
         self.procs: list[subprocess.Popen[bytes]] = []
         self.client = httpx.Client(
-            transport=httpx.HTTPTransport(uds=self.uds), base_url="http://cao", timeout=30
+            # the relay hides the port, but the Host header still names the server's loopback address
+            transport=httpx.HTTPTransport(uds=self.uds),
+            base_url=f"http://127.0.0.1:{self.port}",
+            timeout=30,
         )
         self._log: IO[bytes] | None = None
 

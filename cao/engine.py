@@ -1,0 +1,267 @@
+"""The delivery engine: the three triggers that wake the one delivery function, and housekeeping.
+
+    send (API) ──commit──► immediate(receiver) ─┐
+    PollingObserverVFS on logs/terminal/*.log   ├─► kick(receiver) ─► the receiver's serial runner
+    reconcile sweep (every 30 s, grace window) ─┘      (one at a time per receiver, coalesced,
+                                                        a thread pool across receivers)
+                                                          │ recover(receiver) if a claim went stale
+                                                          └ Delivery.deliver(receiver)
+
+Triggers only *wake* delivery; ``Delivery.deliver`` decides (cao/delivery.py). Recovery of a stale
+claim runs in the receiver's own runner, so it never races that receiver's deliveries in this
+process; across processes the claim, the fence and the nonce keep it exactly-once.
+
+Housekeeping (same thread as the sweep, every ``log_cap_interval``): pane logs are truncated as
+soon as they pass the cap, so an agent printing in a loop can't fill the disk between sweeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers.polling import PollingObserverVFS
+
+from cao.delivery import Delivery, Outcome
+
+logger = logging.getLogger(__name__)
+
+
+class _LogEvents(FileSystemEventHandler):
+    """Watchdog callback: only wakes the engine for the terminal whose log changed."""
+
+    def __init__(self, wake: Callable[[str], None]) -> None:
+        self.wake = wake
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.is_directory or event.event_type not in ("modified", "created"):
+            return
+        path = event.src_path if isinstance(event.src_path, str) else event.src_path.decode()
+        name = os.path.basename(path)
+        if name.endswith(".log"):
+            self.wake(name[:-4])
+
+
+def inbox_log_observer(watched: set[str], *, interval: float) -> PollingObserverVFS:
+    """watchdog's PollingObserverVFS over ``logs/terminal/``, polling only the logs that matter:
+    each poll lists just the log files of receivers that have messages waiting (``watched``), so
+    50 idle agents with empty inboxes cost nothing and the interval can be tens of milliseconds."""
+
+    def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
+        if not watched:
+            return iter(())
+        with os.scandir(path) as entries:
+            return iter([e for e in entries if e.name.endswith(".log") and e.name[:-4] in watched])
+
+    return PollingObserverVFS(os.stat, listdir, polling_interval=interval)
+
+
+class DeliveryEngine:
+    """Runs the three triggers and a thread pool; deliveries to different receivers run in parallel,
+    deliveries to one receiver are coalesced (one runner at a time, re-run if woken meanwhile)."""
+
+    def __init__(self, delivery: Delivery, *, clock: Callable[[], float] = time.time) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.delivery = delivery
+        self.settings = delivery.settings
+        self.store = delivery.store
+        self.terminals = delivery.terminals
+        self.clock = clock
+        self.pool = ThreadPoolExecutor(
+            max_workers=self.settings.delivery_workers, thread_name_prefix="cao-deliver"
+        )
+        self._lock = threading.Lock()
+        self._running: dict[str, str] = {}  # receiver -> trigger of the current run
+        self._again: dict[str, str] = {}
+        self._recover: set[str] = set()  # receivers with a stale claim to resolve in their runner
+        self._stop = threading.Event()
+        self._observer: PollingObserverVFS | None = None
+        self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
+        self._housekeeper: threading.Thread | None = None
+        self.stats: dict[str, int] = {"kicks": 0, "runs": 0, "delivered": 0, "sweeps": 0, "logs_capped": 0}
+
+    # -- waking -------------------------------------------------------------------------------
+    def kick(self, receiver_id: str, trigger: str) -> None:
+        with self._lock:
+            self.stats["kicks"] += 1
+            if receiver_id in self._running:
+                # A log change can't prove "idle" while a run is under way; a send or sweep can.
+                if trigger != "watchdog" or receiver_id not in self._again:
+                    self._again[receiver_id] = trigger
+                return
+            self._running[receiver_id] = trigger
+        try:
+            self.pool.submit(self._run, receiver_id, trigger)
+        except RuntimeError:  # pool shut down
+            with self._lock:
+                self._running.pop(receiver_id, None)
+
+    def immediate(self, receiver_id: str) -> None:
+        """Trigger 1: right after a send commits (never waits for tmux)."""
+        if self.delivery.faults.active("skip_immediate"):  # DELIVERY.md scenario 12: make it miss
+            return
+        self.kick(receiver_id, "immediate")
+
+    def _run(self, receiver_id: str, trigger: str) -> None:
+        while True:
+            retry_after: float | None = None
+            try:
+                with self._lock:
+                    recover = receiver_id in self._recover
+                    self._recover.discard(receiver_id)
+                if recover:
+                    self.delivery.recover(receiver_id, older_than=self.clock() - self.settings.lease_seconds)
+                self.stats["runs"] += 1
+                result = self.delivery.deliver(receiver_id, trigger=trigger)
+                if result.outcome == Outcome.DELIVERED:
+                    self.stats["delivered"] += result.count
+                    key = f"delivered_by_{trigger}"
+                    self.stats[key] = self.stats.get(key, 0) + result.count
+                    trigger = "after_delivery"
+                    continue  # more may be pending; the gate decides
+                if result.outcome == Outcome.RETRY:
+                    retry_after = self.settings.retry_delay
+            except Exception:
+                logger.exception("delivery run crashed", extra={"terminal_id": receiver_id})
+            waiting = self._still_pending(receiver_id)
+            with self._lock:
+                if waiting:
+                    self.watched.add(receiver_id)
+                    self._ensure_watchdog()
+                else:
+                    self.watched.discard(receiver_id)
+                nxt = self._again.pop(receiver_id, None)
+                if nxt is None:
+                    self._running.pop(receiver_id, None)
+                    if retry_after is not None and not self._stop.is_set():
+                        timer = threading.Timer(retry_after, self.kick, (receiver_id, "retry"))
+                        timer.daemon = True
+                        timer.start()
+                    return
+                trigger = nxt
+
+    def _still_pending(self, receiver_id: str) -> bool:
+        try:
+            return self.store.has_pending(receiver_id)
+        except Exception:
+            logger.exception("pending check failed", extra={"terminal_id": receiver_id})
+            return True
+
+    # -- trigger 2: the watchdog ----------------------------------------------------------------
+    def _ensure_watchdog(self) -> None:
+        """Start the observer when some receiver has mail waiting (call with ``_lock`` held).
+
+        It polls every ``watch_interval`` (default 50 ms) while it runs; the sweep stops it once
+        no receiver is waiting, so an idle server with 50 quiet agents wakes only for housekeeping.
+        """
+        if self._observer is not None or self._stop.is_set():
+            return
+        logs = self.settings.logs_dir
+        logs.mkdir(parents=True, exist_ok=True)
+        observer = inbox_log_observer(self.watched, interval=self.settings.watch_interval)
+        observer.schedule(_LogEvents(self._on_log_change), str(logs), recursive=False)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+
+    def _park_watchdog(self) -> None:
+        with self._lock:
+            observer = self._observer if not self.watched else None
+            if observer is not None:
+                self._observer = None
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=5)
+
+    @property
+    def watchdog_running(self) -> bool:
+        return self._observer is not None
+
+    def _on_log_change(self, terminal_id: str) -> None:
+        self.kick(terminal_id, "watchdog")
+
+    # -- trigger 3: the reconcile sweep ---------------------------------------------------------
+    def sweep_step(self, now: float | None = None) -> dict[str, int]:
+        """One sweep: finish interrupted deletes, hand stale claims to their receivers' runners,
+        kick receivers whose mail waited past the grace window, park an idle watchdog."""
+        now = self.clock() if now is None else now
+        self.stats["sweeps"] += 1
+        finished = self.terminals.finish_deletes()
+        stale = {
+            batch[0].receiver_id
+            for _, batch in self.store.stale_claims(older_than=now - self.settings.lease_seconds)
+        }
+        with self._lock:
+            self._recover.update(stale)
+        for rid in stale:
+            self.kick(rid, "recover")
+        receivers = self.store.receivers_with_pending(older_than=now - self.settings.sweep_grace)
+        for rid in receivers:
+            self.kick(rid, "sweep")
+        self._park_watchdog()
+        self.cap_logs()
+        return {"kicked": len(receivers), "stale_claims": len(stale), "finished_deletes": len(finished)}
+
+    def cap_logs(self) -> int:
+        """Keep pane logs under the cap: truncate (the pipe appends with O_APPEND, so it goes on)."""
+        cap = self.settings.log_cap_bytes
+        capped = 0
+        try:
+            entries = list(os.scandir(self.settings.logs_dir))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            try:
+                if entry.is_file() and entry.stat().st_size > cap:
+                    os.truncate(entry.path, 0)
+                    capped += 1
+                    logger.info(
+                        "pane log truncated at the cap",
+                        extra={"terminal_id": entry.name.removesuffix(".log"), "cap_bytes": cap},
+                    )
+            except OSError:
+                continue
+        self.stats["logs_capped"] += capped
+        return capped
+
+    def _housekeeping_loop(self) -> None:
+        """The sweep every ``sweep_interval``; the log cap every ``log_cap_interval`` in between."""
+        next_sweep = time.monotonic() + self.settings.sweep_interval
+        tick = min(self.settings.log_cap_interval, self.settings.sweep_interval)
+        while not self._stop.wait(tick):
+            try:
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.settings.sweep_interval
+                    self.sweep_step()
+                else:
+                    self.cap_logs()
+            except Exception:
+                logger.exception("housekeeping failed")
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.delivery.recover()  # nothing else of this process runs yet: serial by construction
+        self._housekeeper = threading.Thread(target=self._housekeeping_loop, name="cao-sweep", daemon=True)
+        self._housekeeper.start()
+        for rid in self.store.receivers_with_pending():
+            self.kick(rid, "startup")
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=5)
+        if self._housekeeper is not None:
+            self._housekeeper.join(timeout=5)
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._running

@@ -1,0 +1,88 @@
+"""What cao types into a pane: neutralised text, and inbox messages under unforgeable headers.
+
+A pasted message reads::
+
+    [cao message #42 from 1a2b3c4d] (ref 5f0c2a9e41b7)
+    the body, neutralised
+    [end of cao message #42] (ref 5f0c2a9e41b7)      ← only for long bodies
+
+The ``ref`` is a per-message nonce stored with the row; it is what delivery looks for when it must
+find out whether a paste arrived (after a crash, an unconfirmed submit, a lost lease). Bodies can't
+contain ``[cao message`` or ``[end of cao message`` (they become ``[quoted cao message``…), so no
+body can pose as another message, another sender, or as evidence that another message arrived.
+The trailer keeps a long body recognisable after its header scrolled out of the pane's history.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+_C0_KEEP = {"\n", "\t"}
+_HEADER_LIKE = re.compile(r"\[(?=(?:end of )?cao message)", re.I)
+# A body this long may push its own header out of a pane's history before anyone looks for it.
+TRAILER_MIN_CHARS = 1000
+TRAILER_MIN_LINES = 10
+
+
+class Addressed(Protocol):
+    id: int | None
+    sender_id: str
+    body: str
+    nonce: str | None
+
+
+def neutralise(text: str) -> str:
+    """Make text safe to paste: no escape sequence, paste marker or control key survives, and no
+    line can pose as a cao message header.
+
+    ESC becomes the visible ``␛`` (so ``ESC[201~`` can't end the bracketed paste), other C0
+    controls their Unicode control pictures, CR/CRLF a newline, C1 controls ``<U+XXXX>``;
+    ``[cao message`` becomes ``[quoted cao message``. Printable text (any language) is untouched.
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    out: list[str] = []
+    for ch in text:
+        code = ord(ch)
+        if code < 0x20 and ch not in _C0_KEEP:
+            out.append(chr(0x2400 + code))
+        elif code == 0x7F:
+            out.append("␡")
+        elif 0x80 <= code < 0xA0:
+            out.append(f"<U+{code:04X}>")
+        else:
+            out.append(ch)
+    return _HEADER_LIKE.sub("[quoted ", "".join(out))
+
+
+def header(message: Addressed) -> str:
+    return f"[cao message #{message.id} from {message.sender_id}] (ref {message.nonce})"
+
+
+def trailer(message: Addressed) -> str:
+    return f"[end of cao message #{message.id}] (ref {message.nonce})"
+
+
+def needs_trailer(body: str) -> bool:
+    return len(body) >= TRAILER_MIN_CHARS or body.count("\n") >= TRAILER_MIN_LINES
+
+
+def format_message(message: Addressed) -> str:
+    text = f"{header(message)}\n{neutralise(message.body)}"
+    return f"{text}\n{trailer(message)}" if needs_trailer(message.body) else text
+
+
+def format_batch(messages: list[Addressed]) -> str:
+    """One paste carrying several messages, in order, each attributed to its sender."""
+    return "\n\n".join(format_message(m) for m in messages)
+
+
+def arrived(message: Addressed, transcript: str) -> bool:
+    """Did ``message`` arrive? Its own header or trailer (with its nonce) shows in ``transcript``
+    (the pane's history above the input box, wrapped lines joined)."""
+    return header(message) in transcript or trailer(message) in transcript
+
+
+def is_ours(box: str, message: Addressed) -> bool:
+    """Does the input box hold text cao can prove is its own paste of ``message``?"""
+    return box.lstrip().startswith(header(message))

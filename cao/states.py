@@ -1,0 +1,52 @@
+"""The states a terminal and a message can be in, and the reasons a message waits or fails.
+
+One place for the words that the store writes, the API shows and the code compares.
+
+    terminal:  starting ──► live ──► gone (for good: its pane exited, was killed, or another pane
+                  │           │                 took its id; never live again)
+                  └───────────┴──► deleting ──► deleted        (delete: row first, then the pane)
+
+    message:   pending ──claim──► delivering ──ack──► delivered
+                  ▲                    │
+                  └──── release ───────┤──► failed (receiver_gone, or past the retry limit)
+       cancelled (operator, while pending)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TerminalState(StrEnum):
+    STARTING = "starting"  # row written, pane being created (or creation interrupted)
+    LIVE = "live"
+    GONE = "gone"
+    DELETING = "deleting"  # row marked, pane not yet verified dead (the sweep finishes it)
+    DELETED = "deleted"
+
+
+# a terminal in one of these states has no pane cao may ever touch again
+ENDED = (TerminalState.GONE, TerminalState.DELETING, TerminalState.DELETED)
+
+
+class MessageStatus(StrEnum):
+    PENDING = "pending"
+    DELIVERING = "delivering"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class WaitReason(StrEnum):
+    """Why a pending message is not being pasted right now (stored with the message)."""
+
+    STARTING = "receiver starting"
+    BUSY = "receiver busy"
+    ANSWER = "receiver waiting for a user answer"
+    BOX_TEXT = "input box holds text"
+    MCP = "receiver's MCP tools not connected yet"
+    UNREADABLE = "receiver's screen could not be read"
+    RETRY = "retrying after a failed attempt"
+
+
+RECEIVER_GONE = "receiver_gone"
