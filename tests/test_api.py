@@ -82,10 +82,6 @@ def test_input_output_exit_delete(client: TestClient, core: Cao):
     wait_until(lambda: not pid_alive(pid), what="agent process gone")
 
 
-class Bad:
-    pass
-
-
 @pytest.mark.parametrize(
     ("method", "path", "kwargs", "code", "words"),
     [
