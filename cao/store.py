@@ -43,7 +43,7 @@ from cao.errors import (
 )
 from cao.states import RECEIVER_GONE, MessageStatus, TerminalState
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -77,6 +77,7 @@ class Terminal(SQLModel):
     tmux_server_pid: int | None = None  # schema 3
     fence: int = 0  # schema 3
     gone_reason: str | None = None  # schema 3: why the terminal is gone
+    initial_message_id: int | None = None  # schema 4: the task it was created with (an inbox message)
 
 
 class Message(SQLModel):
@@ -106,6 +107,20 @@ class Message(SQLModel):
     waiting_reason: str | None = None  # schema 3
 
 
+class HandoffJob(SQLModel):
+    """One ``POST /terminals/run-step`` job (a reference client's handoff), kept under the id its
+    client chose so the result can be fetched again (``GET /handoff-results/{job_id}``) after the
+    request itself timed out. ``state``: running, completed or error."""
+
+    job_id: str = Field(primary_key=True)
+    state: str
+    terminal_id: str | None = None
+    last_message: str | None = None
+    error_message: str | None = None
+    created_at: float
+    updated_at: float
+
+
 class TerminalTable(Terminal, table=True):
     """The ``terminal`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
@@ -116,6 +131,12 @@ class MessageTable(Message, table=True):
     """The ``message`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
     __tablename__ = "message"
+
+
+class HandoffJobTable(HandoffJob, table=True):
+    """The ``handoff_job`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "handoff_job"
 
 
 @dataclass(frozen=True)
@@ -184,9 +205,22 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE message ADD COLUMN waiting_reason TEXT",
         "UPDATE message SET nonce = lower(hex(randomblob(6))) WHERE nonce IS NULL",
     ),
+    # 4: the reference orchestrator's clients: a terminal's initial task, handoff jobs by client id
+    4: (
+        "ALTER TABLE terminal ADD COLUMN initial_message_id INTEGER",
+        """CREATE TABLE handoff_job (
+            job_id TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            terminal_id TEXT,
+            last_message TEXT,
+            error_message TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+    ),
 }
 
-M = TypeVar("M", Terminal, Message)
+M = TypeVar("M", Terminal, Message, HandoffJob)
 T = TypeVar("T")
 
 
@@ -587,6 +621,19 @@ class Store:
         with self._read() as conn:
             return [r[0] for r in conn.execute(sql, args).fetchall()]
 
+    def pending_counts(self, receiver_ids: Sequence[str]) -> dict[str, int]:
+        """How many pending messages each of ``receiver_ids`` has (receivers with none are left out)."""
+        if not receiver_ids:
+            return {}
+        marks = ",".join("?" * len(receiver_ids))
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT receiver_id, COUNT(*) FROM message WHERE status = 'pending' "
+                f"AND receiver_id IN ({marks}) GROUP BY receiver_id",
+                tuple(receiver_ids),
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
     def counts_by_status(self) -> dict[str, int]:
         with self._read() as conn:
             rows = conn.execute("SELECT status, COUNT(*) FROM message GROUP BY status").fetchall()
@@ -768,3 +815,34 @@ class Store:
                 (message_id,),
             )
         return self.get_message(message_id)
+
+    # -- handoff jobs (POST /terminals/run-step) ------------------------------------------------
+    def put_handoff_job(
+        self,
+        job_id: str,
+        state: str,
+        *,
+        terminal_id: str | None = None,
+        last_message: str | None = None,
+        error_message: str | None = None,
+    ) -> None:
+        """Record a job's state (insert, or update the row with that id); ``None`` keeps a field."""
+        now = self.clock()
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO handoff_job (job_id, state, terminal_id, last_message, error_message, "
+                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, "
+                "terminal_id = coalesce(excluded.terminal_id, terminal_id), "
+                "last_message = coalesce(excluded.last_message, last_message), "
+                "error_message = coalesce(excluded.error_message, error_message), "
+                "updated_at = excluded.updated_at",
+                (job_id, state, terminal_id, last_message, error_message, now, now),
+            )
+
+    def get_handoff_job(self, job_id: str) -> HandoffJob:
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM handoff_job WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"handoff job {job_id} not found; it was never started on this server")
+        return _row(HandoffJob, row)

@@ -64,16 +64,17 @@ def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path: Path):
     Store(tmp_path / "x.db")  # reopening is a no-op
 
 
-@pytest.mark.parametrize("table", ["terminal", "message"])
+@pytest.mark.parametrize("table", ["terminal", "message", "handoff_job"])
 def test_migrations_build_exactly_the_sqlmodel_tables(tmp_path: Path, table: str):
     """One source of truth: the sqlmodel table classes. The numbered migrations (which existing
     databases run) must end at the same columns, nullability and primary key."""
-    from cao.store import MessageTable, TerminalTable
+    from cao.store import HandoffJobTable, MessageTable, TerminalTable
 
     Store(tmp_path / "x.db").close()
     with sqlite3.connect(tmp_path / "x.db") as conn:
         got = {r[1]: (not r[3] and not r[5], bool(r[5])) for r in conn.execute(f"PRAGMA table_info({table})")}
-    meta = {"terminal": TerminalTable, "message": MessageTable}[table].__table__  # type: ignore[attr-defined]
+    tables = {"terminal": TerminalTable, "message": MessageTable, "handoff_job": HandoffJobTable}
+    meta = tables[table].__table__  # type: ignore[attr-defined]
     want = {c.name: (bool(c.nullable) and not c.primary_key, bool(c.primary_key)) for c in meta.columns}
     # a column with a default may be NOT NULL in SQL while the model allows leaving it out
     loose = {c.name for c in meta.columns if c.default is not None}
@@ -379,3 +380,19 @@ def test_version_1_database_migrates_forward_keeping_rows(tmp_path: Path):
     assert term.mcp_ready_at is None and term.provider == "scripted"
     store.update_terminal(RID, mcp_ready_at=5.0)
     assert store.get_terminal(RID).mcp_ready_at == 5.0
+
+
+def test_handoff_jobs_keep_their_result_under_the_client_id(store: Store):
+    job = "0123456789abcdef0123456789abcdef"
+    with pytest.raises(NotFound):
+        store.get_handoff_job(job)
+    store.put_handoff_job(job, "running", terminal_id="aaaa0001")
+    store.put_handoff_job(job, "completed", last_message="the answer")
+    got = store.get_handoff_job(job)
+    assert (got.state, got.terminal_id, got.last_message, got.error_message) == (
+        "completed",
+        "aaaa0001",
+        "the answer",
+        None,
+    )
+    assert got.updated_at >= got.created_at
