@@ -1,7 +1,8 @@
 """HTTP routes of cao-server (thin: validate, call the library off the event loop, map errors).
 
-Route shapes follow the reference orchestrator so its clients keep working; every route that
-takes parameters accepts them as a query string or as a JSON body. Errors are JSON:
+Route shapes follow the reference orchestrator (cli-agent-orchestrator) so its clients keep
+working (docs/compatibility.md); every route that takes parameters accepts them as a query string
+or as a JSON body. Errors are JSON:
 ``{"detail": "<what is wrong and what to do>", "error": "<ErrorClass>"}``.
 """
 
@@ -25,9 +26,60 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# Free text that may hold anything printable, newlines included (like ``message``).
+FREE_TEXT = frozenset({"initial_message", "prompt"})
+
+
 async def _params(request: Request) -> dict[str, Any]:
     """Query parameters overlaid by a JSON object body (if any), every text value checked."""
-    return await inputs.read_params(request)
+    params: dict[str, Any] = dict(request.query_params)
+    raw = await request.body()
+    if raw.strip():
+        params.update(inputs.json_object(raw))
+    for name, value in params.items():
+        if not isinstance(value, str):
+            continue
+        if name in FREE_TEXT:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInput(f"{name} is not valid text (it has a lone UTF-16 surrogate)") from None
+            if "\x00" in value:
+                raise InvalidInput(f"{name} contains a NUL character; remove it")
+        else:
+            inputs.check_text(name, value)
+    return params
+
+
+def _bool(params: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = params.get(name)
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise InvalidInput(f"{name} must be true or false")
+
+
+def _number(params: dict[str, Any], name: str, default: float) -> float:
+    value = params.get(name)
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        raise InvalidInput(f"{name} must be a number of seconds")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{name} must be a number of seconds") from None
+
+
+def _no_worktree(params: dict[str, Any]) -> None:
+    if _bool(params, "use_worktree"):
+        raise InvalidInput(
+            "use_worktree is not supported by cao-server: workers share the working directory you give "
+            "them; create a git worktree yourself and pass it as working_directory"
+        )
 
 
 def _str(params: dict[str, Any], name: str, *, required: bool = False) -> str | None:
@@ -52,14 +104,18 @@ def create_app(core: Cao) -> FastAPI:
     @app.exception_handler(CaoError)
     async def _cao_error(_request: Request, exc: CaoError) -> JSONResponse:
         headers = {"Retry-After": "1"} if isinstance(exc, StoreBusy) else None
-        return JSONResponse(
-            {"detail": exc.message, "error": type(exc).__name__}, status_code=exc.status_code, headers=headers
-        )
+        body = {"detail": exc.message, "error": type(exc).__name__, **getattr(exc, "fields", {})}
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     # -- health ---------------------------------------------------------------------------------
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "version": cao.__version__, "providers": providers.names()}
+        return {
+            "status": "ok",
+            "version": cao.__version__,
+            "providers": providers.names(),
+            "terminal_backend": "tmux",
+        }
 
     @app.get("/info")
     async def info() -> dict[str, Any]:
@@ -69,6 +125,8 @@ def create_app(core: Cao) -> FastAPI:
     @app.post("/sessions", status_code=201)
     async def create_session(request: Request) -> dict[str, Any]:
         p = await _params(request)
+        _no_worktree(p)
+        _bool(p, "defer_init")  # accepted: cao-server always answers once the pane exists
         return await _off_loop(
             core.create_terminal,
             provider=_str(p, "provider"),
@@ -76,6 +134,8 @@ def create_app(core: Cao) -> FastAPI:
             session_name=_str(p, "session_name"),
             working_directory=_str(p, "working_directory"),
             new_session=True,
+            caller_id=_str(p, "caller_id"),
+            initial_message=_str(p, "initial_message"),
         )
 
     @app.get("/sessions")
@@ -94,6 +154,8 @@ def create_app(core: Cao) -> FastAPI:
     @app.post("/sessions/{name}/terminals", status_code=201)
     async def add_terminal(name: str, request: Request) -> dict[str, Any]:
         p = await _params(request)
+        _no_worktree(p)
+        _bool(p, "defer_init")  # accepted: cao-server always answers once the pane exists
         return await _off_loop(
             core.create_terminal,
             provider=_str(p, "provider"),
@@ -102,6 +164,8 @@ def create_app(core: Cao) -> FastAPI:
             working_directory=_str(p, "working_directory"),
             new_session=False,
             supervisor_id=_str(p, "supervisor_id"),
+            caller_id=_str(p, "caller_id"),
+            initial_message=_str(p, "initial_message"),
         )
 
     @app.get("/sessions/{name}/terminals")
@@ -113,9 +177,54 @@ def create_app(core: Cao) -> FastAPI:
     async def list_terminals() -> list[dict[str, Any]]:
         return await _off_loop(core.list_terminals)
 
+    @app.post("/terminals/run-step")
+    async def run_step(request: Request) -> dict[str, Any]:
+        """One agent step, start to answer (the reference's handoff): see Cao.run_step."""
+        p = await _params(request)
+        _no_worktree(p)
+        prompt = _str(p, "prompt", required=True)
+        agent = _str(p, "agent", required=True)
+        assert prompt is not None and agent is not None
+        return await _off_loop(
+            core.run_step,
+            provider=_str(p, "provider"),
+            agent=agent,
+            prompt=prompt,
+            session_name=_str(p, "session_name"),
+            reuse_terminal_id=_str(p, "reuse_terminal_id"),
+            teardown=_bool(p, "teardown", default=True),
+            timeout=_number(p, "timeout", 600.0),
+            working_directory=_str(p, "working_directory"),
+            caller_id=_str(p, "caller_id"),
+            job_id=_str(p, "job_id"),
+        )
+
+    @app.get("/handoff-results/{job_id}")
+    async def handoff_result(job_id: str) -> dict[str, Any]:
+        return await _off_loop(core.handoff_result, job_id)
+
     @app.get("/terminals/{terminal_id}")
     async def get_terminal(terminal_id: str) -> dict[str, Any]:
         return await _off_loop(core.terminal_view, terminal_id)
+
+    @app.get("/terminals/{terminal_id}/siblings")
+    async def siblings(terminal_id: str, request: Request) -> list[dict[str, Any]]:
+        """The other live terminals of its session (``depth``, ``cross_session``: accepted, no
+        effect; cao has no terminal groups)."""
+        await _params(request)
+        return await _off_loop(core.siblings, terminal_id)
+
+    @app.get("/terminals/{terminal_id}/working-directory")
+    async def working_directory(terminal_id: str) -> dict[str, Any]:
+        return {"working_directory": await _off_loop(core.working_directory, terminal_id)}
+
+    @app.post("/terminals/{terminal_id}/key")
+    async def send_key(terminal_id: str, request: Request) -> dict[str, Any]:
+        p = await _params(request)
+        key = _str(p, "key", required=True)
+        assert key is not None
+        await _off_loop(core.send_key, terminal_id, key)
+        return {"success": True}
 
     @app.post("/terminals/{terminal_id}/input")
     async def send_input(terminal_id: str, request: Request) -> dict[str, Any]:
@@ -163,13 +272,16 @@ def create_app(core: Cao) -> FastAPI:
 
     @app.get("/terminals/{terminal_id}/inbox/messages")
     async def list_inbox(
-        terminal_id: str, status: str | None = None, limit: int = 50
+        terminal_id: str, status: str | None = None, limit: int = 10
     ) -> list[dict[str, Any]]:
-        return await _off_loop(core.list_inbox, terminal_id, status=status, limit=limit)
+        """The reference's list: oldest first, ISO times (our full view: /messages?receiver_id=)."""
+        return await _off_loop(core.reference_inbox, terminal_id, status=status, limit=limit)
 
     @app.get("/messages")
-    async def list_messages(status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        return await _off_loop(core.list_messages, status=status, limit=limit)
+    async def list_messages(
+        status: str | None = None, limit: int = 50, receiver_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        return await _off_loop(core.list_messages, status=status, limit=limit, receiver_id=receiver_id)
 
     @app.get("/messages/{message_id}")
     async def get_message(message_id: str) -> dict[str, Any]:

@@ -322,8 +322,9 @@ def inbox(ctx: click.Context, terminal_id: str | None, status: str | None, limit
     params: dict[str, Any] = {"limit": limit}
     if status:
         params["status"] = status
-    path = f"/terminals/{terminal_id}/inbox/messages" if terminal_id else "/messages"
-    rows = _client(ctx).get(path, params=params)
+    if terminal_id:
+        params["receiver_id"] = terminal_id
+    rows = _client(ctx).get("/messages", params=params)
     if as_json:
         _print_json(rows)
         return

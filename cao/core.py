@@ -9,24 +9,73 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import providers
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
-from cao.errors import InvalidInput, NotFound
+from cao.errors import CaoError, InvalidInput, NotFound, PaneGone, PayloadTooLarge, TmuxServerDown
 from cao.settings import Settings
-from cao.states import MessageStatus
-from cao.store import MESSAGE_STATUSES, Message, Store
-from cao.terminals import Terminals, is_blank, validate_terminal_id
+from cao.states import ENDED, MessageStatus, TerminalState
+from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
+from cao.terminals import GONE, Terminals, is_blank, validate_terminal_id
 from cao.tmux import Tmux, session_name_for
 
 logger = logging.getLogger(__name__)
 
 SENDER_RE_HINT = "a terminal id (8 hex digits) or a name like 'cli' or 'operator'"
+
+# The reference orchestrator's provider names (cli-agent-orchestrator 2.1-2.5). Three of them are
+# the same CLIs as ours; the rest have no cao provider (CAO_PROVIDER_ALIASES can map them).
+REFERENCE_PROVIDERS = (
+    "kiro_cli",
+    "q_cli",
+    "claude_code",
+    "codex",
+    "gemini_cli",
+    "kimi_cli",
+    "copilot_cli",
+    "opencode_cli",
+    "cursor_cli",
+    "hermes",
+    "antigravity_cli",
+    "omp",
+    "grok_cli",
+    "mcode",
+)
+# Named keys POST /terminals/{id}/key accepts (the reference's list): no text, no key sequences.
+KEY_RE = re.compile(r"^(?:Up|Down|Left|Right|Enter|Tab|Escape|Space|[A-Za-z0-9]|[CMS]-[A-Za-z0-9])$")
+JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+STEP_POLL = 0.2  # seconds between status reads while a run-step waits
+MAX_STEP_TIMEOUT = 24 * 3600.0
+
+
+class BadRequest(InvalidInput):
+    """A malformed value on a route whose reference clients expect 400 rather than 422."""
+
+    status_code = 400
+
+
+class StepFailed(CaoError):
+    """``POST /terminals/run-step``: the worker errored (502) or ran out of time (504).
+
+    ``fields`` go into the error body next to ``detail``, so the reference's clients read ``kind``
+    and ``terminal_id`` without parsing the text."""
+
+    def __init__(self, message: str, *, kind: str, terminal_id: str | None) -> None:
+        super().__init__(message)
+        self.status_code = 504 if kind == "timeout" else 502
+        self.fields = {"kind": kind, "terminal_id": terminal_id}
+
+
+def iso(ts: float | None) -> str | None:
+    """An epoch timestamp as ISO 8601 in UTC (the reference's receipts and lists use this form)."""
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 @dataclass(frozen=True)
@@ -35,13 +84,15 @@ class Receipt:
     duplicate: bool
 
     def as_dict(self) -> dict[str, object]:
+        """The receipt: the reference's keys (``success``, ISO 8601 ``created_at``) plus ours."""
         m = self.message
         return {
+            "success": True,
             "message_id": m.id,
             "sender_id": m.sender_id,
             "receiver_id": m.receiver_id,
             "status": m.status,
-            "created_at": m.created_at,
+            "created_at": iso(m.created_at),
             "duplicate": self.duplicate,
         }
 
@@ -71,6 +122,7 @@ class Cao:
         )
         self.delivery = Delivery(settings, self.store, self.terminals, clock=clock, faults=self.faults)
         self.engine = DeliveryEngine(self.delivery, clock=clock)
+        self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.started = False
 
     def start(self) -> dict[str, list[str]]:
@@ -140,9 +192,38 @@ class Cao:
         rows = self.store.list_messages(receiver_id=terminal_id, status=status, limit=limit)
         return [self.message_view(m) for m in rows]
 
-    def list_messages(self, *, status: str | None = None, limit: int = 50) -> list[dict[str, object]]:
+    def list_messages(
+        self, *, status: str | None = None, limit: int = 50, receiver_id: str | None = None
+    ) -> list[dict[str, object]]:
+        if receiver_id is not None:
+            return self.list_inbox(receiver_id, status=status, limit=limit)
         _check_listing(status, limit)
         return [self.message_view(m) for m in self.store.list_messages(status=status, limit=limit)]
+
+    def reference_inbox(
+        self, terminal_id: str, *, status: str | None = None, limit: int = 10
+    ) -> list[dict[str, object]]:
+        """A receiver's messages as the reference orchestrator lists them: oldest first, ISO 8601
+        times, 10 by default (at most 100), 400 for an unknown status. Our fuller view, newest
+        first, is ``GET /messages?receiver_id=``."""
+        validate_terminal_id(terminal_id)
+        if status is not None and status not in MESSAGE_STATUSES:
+            raise BadRequest(f"Invalid status: {status}. Valid values: {', '.join(MESSAGE_STATUSES)}")
+        if not 1 <= limit <= 100:
+            raise InvalidInput("limit must be between 1 and 100")
+        self.store.get_terminal(terminal_id, include_deleted=True)
+        rows = self.store.list_messages(receiver_id=terminal_id, status=status, limit=limit, order="asc")
+        return [
+            {
+                "id": m.id,
+                "sender_id": m.sender_id,
+                "receiver_id": m.receiver_id,
+                "message": m.body,
+                "status": m.status,
+                "created_at": iso(m.created_at),
+            }
+            for m in rows
+        ]
 
     def get_message(self, message_id: int) -> dict[str, object]:
         return self.message_view(self.store.get_message(message_id))
@@ -151,21 +232,128 @@ class Cao:
         return self.message_view(self.store.cancel(message_id))
 
     # -- terminals and sessions (what the HTTP routes call) ---------------------------------------
-    def create_terminal(self, **kwargs: Any) -> dict[str, object]:
-        terminal = self.terminals.create(**kwargs)
-        return self.terminals.view(terminal).as_dict()
+    def create_terminal(
+        self,
+        *,
+        provider: str | None = None,
+        caller_id: str | None = None,
+        supervisor_id: str | None = None,
+        initial_message: str | None = None,
+        **kwargs: Any,
+    ) -> dict[str, object]:
+        """A new terminal. ``caller_id`` (the reference's name) and ``supervisor_id`` (ours) are one
+        link: the terminal that created this one, where its replies go. ``initial_message`` is its
+        first task: committed to its inbox with the terminal, pasted once the agent is ready (the
+        reference's ``defer_init`` + ``initial_message``; ``initial_delivery`` tracks it)."""
+        if caller_id and supervisor_id and caller_id != supervisor_id:
+            raise InvalidInput(
+                f"caller_id {caller_id} and supervisor_id {supervisor_id} differ; they name the same "
+                "link (the terminal that created this one), pass one of them"
+            )
+        supervisor = caller_id or supervisor_id
+        if supervisor:
+            validate_terminal_id(supervisor)
+        if initial_message is not None:
+            if is_blank(initial_message):
+                raise InvalidInput("initial_message is empty (only whitespace or invisible characters)")
+            if len(initial_message.encode("utf-8", "surrogatepass")) > MAX_BODY_BYTES:
+                raise PayloadTooLarge(
+                    f"initial_message is over the {MAX_BODY_BYTES}-byte (256 KiB) limit; nothing was created"
+                )
+        terminal = self.terminals.create(
+            provider=self.resolve_provider(provider), supervisor_id=supervisor, **kwargs
+        )
+        if initial_message is not None:
+            try:
+                receipt = self.send_message(
+                    terminal.id,
+                    initial_message,
+                    sender_id=supervisor or "cli",
+                    idempotency_key=f"initial-{terminal.id}",
+                )
+                self.store.update_terminal(terminal.id, initial_message_id=receipt.message.id)
+                terminal.initial_message_id = receipt.message.id
+            except BaseException:
+                self.terminals.delete(terminal)  # a worker without its task would idle forever
+                raise
+        return self.view(terminal)
+
+    def resolve_provider(self, name: str | None) -> str | None:
+        """One of our provider names for ``name`` (ours, or an alias the operator configured); an
+        unknown name is a 422 that lists ours and says how the reference's names map."""
+        if name is None or name in providers.names():
+            return name
+        if name in self.provider_aliases:
+            return self.provider_aliases[name]
+        shared = [n for n in REFERENCE_PROVIDERS if n in providers.names()]
+        others = [n for n in REFERENCE_PROVIDERS if n not in providers.names()]
+        aliases = ", ".join(f"{k}={v}" for k, v in self.provider_aliases.items())
+        raise InvalidInput(
+            f"unknown provider {name!r}; choose one of: {', '.join(providers.names())}. "
+            f"The reference orchestrator's {', '.join(shared)} are the same CLIs here (same names); "
+            f"its {', '.join(others)} have no cao provider: pick one of ours, or let cao-server run one "
+            "of ours under that name with CAO_PROVIDER_ALIASES (e.g. kiro_cli=claude_code; "
+            "docs/compatibility.md)" + (f". Aliases configured: {aliases}" if aliases else "")
+        )
+
+    def view(self, terminal: Terminal) -> dict[str, object]:
+        """A terminal as the API shows it: our fields plus the reference's ``caller_id`` and
+        ``initial_delivery``."""
+        out = self.terminals.view(terminal).as_dict()
+        out["caller_id"] = terminal.supervisor_id
+        out["initial_delivery"] = self._initial_delivery(terminal)
+        return out
+
+    def _initial_delivery(self, terminal: Terminal) -> dict[str, object] | None:
+        """The state of the task a terminal was created with: pending, delivered or failed."""
+        if terminal.initial_message_id is None:
+            return None
+        try:
+            m = self.store.get_message(terminal.initial_message_id)
+        except NotFound:
+            return None
+        out: dict[str, object] = {"message_id": m.id}
+        if m.status in (MessageStatus.PENDING, MessageStatus.DELIVERING):
+            out["state"] = "pending"
+        elif m.status == MessageStatus.DELIVERED:
+            out.update(state="delivered", delivered_at=iso(m.delivered_at))
+        else:
+            gone = (m.last_error or "").startswith("receiver_gone")
+            kind = (
+                "cancelled" if m.status == MessageStatus.CANCELLED else "receiver_gone" if gone else "failed"
+            )
+            out.update(state="failed", kind=kind, message=m.last_error or m.status)
+        return out
 
     def terminal_view(self, terminal_id: str) -> dict[str, object]:
-        return self.terminals.view(self.terminals.get(terminal_id)).as_dict()
+        return self.view(self.terminals.get(terminal_id))
 
     def list_terminals(self, session_name: str | None = None) -> list[dict[str, object]]:
         session = session_name_for(session_name) if session_name else None
-        return [self.terminals.view(t).as_dict() for t in self.store.list_terminals(session_name=session)]
+        return [self.view(t) for t in self.store.list_terminals(session_name=session)]
+
+    def siblings(self, terminal_id: str) -> list[dict[str, object]]:
+        """The other live terminals of this terminal's session. cao has no terminal groups, so the
+        session is the group the reference's ``GET /terminals/{id}/siblings`` answers with."""
+        me = self.terminals.get(terminal_id)
+        rows = self.store.list_terminals(session_name=me.session_name)
+        return [self.view(t) for t in rows if t.id != me.id and t.state not in ENDED]
+
+    def working_directory(self, terminal_id: str) -> str:
+        """The directory the agent was started in (agent CLIs don't change their own directory)."""
+        return self.terminals.get(terminal_id).working_directory
 
     def send_input(self, terminal_id: str, text: str) -> bool:
         return self.terminals.send_input(self.terminals.get(terminal_id), text)
 
     def send_key(self, terminal_id: str, key: str) -> None:
+        """Press one named key (Escape, C-c, Enter, Up, a letter…): checked against an allow-list,
+        then through the identity-checked path, serialised with delivery to that terminal."""
+        if not KEY_RE.match(key or ""):
+            raise InvalidInput(
+                f"key {key[:40]!r} is not allowed; use Up, Down, Left, Right, Enter, Tab, Escape, Space, "
+                "a single letter or digit, or C-/M-/S- with one (e.g. C-c)"
+            )
         self.terminals.send_key(self.terminals.get(terminal_id), key)
 
     def output(self, terminal_id: str, mode: str = "full") -> str:
@@ -182,17 +370,24 @@ class Cao:
         self.engine.kick(terminal_id, "mcp_ready")
 
     def session_view(self, name: str) -> dict[str, object]:
+        """The session and its terminals, oldest first. ``session`` and each terminal's
+        ``tmux_session``, ``tmux_window`` and ``pending_inbox_count`` are the reference's shape;
+        the top-level ``id``, ``name`` and ``status`` are ours (both are there)."""
         session = session_name_for(name)
         rows = self.store.list_terminals(session_name=session)
         alive = self.tmux.has_session(session)
         if not rows and not alive:
             raise NotFound(f"session {session} not found; list sessions with `cao status`")
-        return {
-            "id": session,
-            "name": session,
-            "status": "active" if alive else "gone",
-            "terminals": [self.terminals.view(t).as_dict() for t in rows],
-        }
+        pending = self.store.pending_counts([t.id for t in rows])
+        terminals = []
+        for t in rows:
+            view = self.view(t)
+            view.update(
+                tmux_session=t.session_name, tmux_window=t.name, pending_inbox_count=pending.get(t.id, 0)
+            )
+            terminals.append(view)
+        head = {"id": session, "name": session, "status": "active" if alive else "gone"}
+        return {**head, "session": head, "terminals": terminals}
 
     def list_sessions(self) -> list[dict[str, object]]:
         live = set(self.tmux.list_sessions())
@@ -206,6 +401,131 @@ class Cao:
 
     def delete_session(self, name: str) -> list[str]:
         return self.terminals.delete_session(name)
+
+    # -- one agent step (the reference's handoff: POST /terminals/run-step) -----------------------
+    def run_step(
+        self,
+        *,
+        provider: str | None,
+        agent: str,
+        prompt: str,
+        session_name: str | None = None,
+        reuse_terminal_id: str | None = None,
+        teardown: bool = True,
+        timeout: float = 600.0,
+        working_directory: str | None = None,
+        caller_id: str | None = None,
+        job_id: str | None = None,
+    ) -> dict[str, object]:
+        """Create a worker (or reuse one), type ``prompt`` once it is ready, wait until it has
+        answered, return its last message, and delete it (``teardown``, only a worker created
+        here, only on success: a failed one stays for inspection, as in the reference).
+
+        With ``job_id`` the state and result are kept under that id (``handoff_result``), so a
+        client whose request timed out can fetch them. Raises :class:`StepFailed` (kind ``error``
+        or ``timeout``) naming the worker.
+        """
+        if job_id is not None and not JOB_ID_RE.match(job_id):
+            raise InvalidInput("job_id must be a 32-character lowercase hex string (e.g. uuid4().hex)")
+        if not 0 < timeout <= MAX_STEP_TIMEOUT:
+            raise InvalidInput(f"timeout must be between 0 and {MAX_STEP_TIMEOUT:g} seconds")
+        if is_blank(prompt):
+            raise InvalidInput("prompt is empty (only whitespace or invisible characters)")
+        if job_id is not None:
+            self.store.put_handoff_job(job_id, "running")
+        worker: str | None = None
+        try:
+            if reuse_terminal_id:
+                terminal = self.terminals.get(reuse_terminal_id)
+            else:
+                if working_directory is None and caller_id:
+                    working_directory = self.terminals.get(validate_terminal_id(caller_id)).working_directory
+                created = self.create_terminal(
+                    provider=provider,
+                    agent_profile=agent,
+                    session_name=session_name,
+                    working_directory=working_directory,
+                    new_session=session_name is None,
+                    caller_id=caller_id,
+                )
+                terminal = self.terminals.get(str(created["id"]))
+            worker = terminal.id
+            if job_id is not None:
+                self.store.put_handoff_job(job_id, "running", terminal_id=worker)
+            answer = self._step(terminal, prompt, timeout)
+            if job_id is not None:
+                self.store.put_handoff_job(job_id, "completed", last_message=answer)
+        except CaoError as exc:
+            if job_id is not None:
+                self.store.put_handoff_job(job_id, "error", terminal_id=worker, error_message=exc.message)
+            raise
+        if teardown and not reuse_terminal_id:
+            try:
+                self.terminals.delete(terminal)
+            except CaoError as exc:  # the answer is in hand; a failed cleanup must not hide it
+                logger.warning("worker not removed", extra={"terminal_id": worker, "error": exc.message})
+        return {"terminal_id": worker, "last_message": answer, "status": "completed", "replayed": False}
+
+    def _step(self, terminal: Terminal, prompt: str, timeout: float) -> str:
+        """Type the prompt (held until the agent is ready), wait for the answer, return it."""
+        tid = terminal.id
+        try:
+            self.terminals.send_input(terminal, prompt)
+        except (PaneGone, TmuxServerDown) as exc:
+            raise StepFailed(
+                f"worker terminal {tid} is gone: {exc.message}", kind="error", terminal_id=tid
+            ) from None
+        except CaoError as exc:
+            if exc.status_code == 409:  # never became ready: nothing was typed
+                raise StepFailed(
+                    f"worker terminal {tid} did not become ready: {exc.message}",
+                    kind="timeout",
+                    terminal_id=tid,
+                ) from None
+            raise
+        deadline = time.monotonic() + timeout
+        busy_seen = False
+        while True:
+            current = self.store.get_terminal(tid, include_deleted=True)
+            status = self.terminals.status(current)
+            if status == "completed" or (status == "idle" and busy_seen):
+                return self.terminals.output(current, "last")
+            if status == "error":
+                raise StepFailed(
+                    f"worker terminal {tid} stopped with an error: {self.terminals.output(current, 'last')}",
+                    kind="error",
+                    terminal_id=tid,
+                )
+            if status == GONE or current.state != TerminalState.LIVE:
+                why = current.gone_reason or current.state
+                raise StepFailed(
+                    f"worker terminal {tid} exited before it answered ({why})",
+                    kind="error",
+                    terminal_id=tid,
+                )
+            busy_seen = busy_seen or status in ("processing", "waiting_user_answer")
+            if time.monotonic() > deadline:
+                raise StepFailed(
+                    f"worker terminal {tid} did not finish within {timeout:g} s (status {status}); it is "
+                    "still running: look at it, or delete it",
+                    kind="timeout",
+                    terminal_id=tid,
+                )
+            time.sleep(STEP_POLL)
+
+    def handoff_result(self, job_id: str) -> dict[str, object]:
+        if not JOB_ID_RE.match(job_id):
+            raise InvalidInput("job_id must be a 32-character lowercase hex string (e.g. uuid4().hex)")
+        job = self.store.get_handoff_job(job_id)
+        return {
+            "job_id": job.job_id,
+            "state": job.state,
+            "terminal_id": job.terminal_id,
+            "last_message": job.last_message,
+            "error_message": job.error_message,
+            "created_at": iso(job.created_at),
+            "updated_at": iso(job.updated_at),
+        }
 
     def info(self) -> dict[str, object]:
         s = self.settings
@@ -229,6 +549,19 @@ def _version() -> str:
     import cao
 
     return cao.__version__
+
+
+def _check_aliases(pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    aliases = dict(pairs)
+    for name, target in aliases.items():
+        if name in providers.names():
+            raise InvalidInput(f"CAO_PROVIDER_ALIASES: {name} is already a cao provider; alias other names")
+        if target not in providers.names():
+            raise InvalidInput(
+                f"CAO_PROVIDER_ALIASES: {name}={target} names no cao provider; use one of "
+                f"{', '.join(providers.names())}"
+            )
+    return aliases
 
 
 def _check_listing(status: str | None, limit: int) -> None:

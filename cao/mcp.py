@@ -435,10 +435,10 @@ class AgentTools:
 
     async def my_inbox(self, status: str | None = None) -> dict[str, Any]:
         caller = self.caller()
-        params = {"status": status} if status else {}
+        params = {"receiver_id": caller, **({"status": status} if status else {})}
         rows = await self._call(
             "GET",
-            f"/terminals/{caller}/inbox/messages",
+            "/messages",
             params=params,
             what="reading your inbox",
             busy_retries=2,

@@ -46,6 +46,7 @@ _text = {"type": "string"}
 # names, ids and paths: what cao.inputs.check_text lets through
 _name = {"type": "string", "maxLength": 4096, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$"}
 _message = {"type": "string", "minLength": 1, "description": "at most 256 KiB; not only blanks"}
+_flag = {"type": "boolean"}
 # constraints the routes check that FastAPI can't see in their signatures
 PARAMETERS: dict[str, dict[str, Any]] = {
     "terminal_id": {"type": "string", "pattern": "^[0-9a-f]{8}$"},
@@ -63,18 +64,44 @@ BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
         "agent_profile": _name,
         "session_name": _name,
         "working_directory": _name,
+        "caller_id": _name,
+        "initial_message": _message,
+        "defer_init": _flag,
     },
     ("post", "/sessions/{name}/terminals"): {
         "provider": _name,
         "agent_profile": _name,
         "working_directory": _name,
         "supervisor_id": _name,
+        "caller_id": _name,
+        "initial_message": _message,
+        "defer_init": _flag,
     },
+    ("post", "/terminals/run-step"): {
+        "provider": _name,
+        "agent": _name,
+        "prompt": _message,
+        "session_name": _name,
+        "reuse_terminal_id": _name,
+        "teardown": _flag,
+        "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400, "default": 600},
+        "working_directory": _name,
+        "caller_id": _name,
+        "job_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+    },
+    ("post", "/terminals/{terminal_id}/key"): {"key": _name},
     ("post", "/terminals/{terminal_id}/input"): {"message": _message},
     ("post", "/terminals/{receiver_id}/inbox/messages"): {
         "sender_id": _name,
         "message": _message,
         "idempotency_key": _name,
+    },
+}
+# routes that answer more than the common errors
+EXTRA_ERRORS = {
+    ("post", "/terminals/run-step"): {
+        "502": "the worker stopped with an error or exited (kind: error; terminal_id names it)",
+        "504": "the worker did not become ready or finish in time (kind: timeout; terminal_id names it)",
     },
 }
 EXTRA_SUCCESS = {("post", "/terminals/{receiver_id}/inbox/messages"): "200"}  # a duplicate's receipt
@@ -107,6 +134,7 @@ def _complete_operation(method: str, path: str, op: dict[str, Any], *, token: bo
         errors |= STATE_CHANGING_ERRORS
     if token and (method, path) != ("get", "/health"):
         errors |= UNAUTHORIZED
+    errors |= EXTRA_ERRORS.get((method, path), {})
     for code, why in errors.items():
         responses[code] = {"description": why, "content": {"application/json": {"schema": ERROR_REF}}}
     if (method, path) in BODIES:

@@ -47,6 +47,17 @@ def _words(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
     return tuple(word.strip() for word in (environ.get(name) or "").split(",") if word.strip())
 
 
+def _pairs(environ: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]:
+    """``a=b`` pairs, comma-separated, e.g. ``CAO_PROVIDER_ALIASES=kiro_cli=claude_code``."""
+    pairs = []
+    for word in _words(environ, name):
+        key, sep, value = word.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise InvalidInput(f"{name}: {word!r} is not NAME=VALUE; use e.g. {name}=kiro_cli=claude_code")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -83,6 +94,8 @@ class Settings:
     api_token: str | None = field(default=None, repr=False)  # never in a log line
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
+    # another orchestrator's provider names, run by one of ours (docs/compatibility.md)
+    provider_aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def db_path(self) -> Path:
@@ -143,6 +156,7 @@ class Settings:
             api_token=(env.get("CAO_API_TOKEN") or "").strip() or None,
             allowed_origins=_words(env, "CAO_ALLOWED_ORIGINS"),
             allowed_hosts=_words(env, "CAO_ALLOWED_HOSTS"),
+            provider_aliases=_pairs(env, "CAO_PROVIDER_ALIASES"),
         )
 
     def with_(self, **changes: object) -> Settings:

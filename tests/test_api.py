@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from fastapi.testclient import TestClient
 
 from cao.api import create_app
 from cao.core import Cao
-from tests.conftest import pid_alive, wait_until
+from tests.conftest import pid_alive, received_bodies, wait_until, write_rules
 
 
 @pytest.fixture
@@ -105,7 +106,24 @@ def test_input_output_exit_delete(client: TestClient, core: Cao):
         ("get", "/messages/12345", {}, 404, "not found"),
         ("post", "/terminals/abcdef12/inbox/messages", {"json": {"message": "x"}}, 404, "not found"),
         ("post", "/terminals/abcdef12/inbox/messages", {"json": {}}, 422, "message is required"),
-        ("get", "/terminals/abcdef12/inbox/messages?status=weird", {}, 422, "unknown"),
+        ("get", "/terminals/abcdef12/inbox/messages?status=weird", {}, 400, "Invalid status"),
+        ("get", "/terminals/abcdef12/inbox/messages?limit=101", {}, 422, "between 1 and 100"),
+        ("get", "/messages?status=weird", {}, 422, "unknown"),
+        ("get", "/messages?receiver_id=xyz", {}, 422, "8 hex digits"),
+        ("post", "/terminals/abcdef12/key", {"params": {"key": "Home; ls"}}, 422, "not allowed"),
+        ("post", "/terminals/abcdef12/key", {"params": {"key": "C-c"}}, 404, "not found"),
+        ("post", "/sessions", {"params": {"provider": "kiro_cli"}}, 422, "CAO_PROVIDER_ALIASES"),
+        ("post", "/sessions", {"params": {"use_worktree": "true"}}, 422, "not supported"),
+        ("post", "/sessions", {"json": {"caller_id": "boss"}}, 422, "8 hex digits"),
+        ("post", "/terminals/run-step", {"json": {"agent": "developer"}}, 422, "prompt is required"),
+        (
+            "post",
+            "/terminals/run-step",
+            {"json": {"agent": "x", "prompt": "p", "job_id": "1"}},
+            422,
+            "32-char",
+        ),
+        ("get", "/handoff-results/0123456789abcdef0123456789abcdef", {}, 404, "not found"),
     ],
 )
 def test_errors_are_json_and_name_the_problem(client: TestClient, method, path, kwargs, code, words):
@@ -120,3 +138,166 @@ def test_output_mode_validated(client: TestClient):
     tid = client.post("/sessions", json={"session_name": "m"}).json()["id"]
     r = client.get(f"/terminals/{tid}/output", params={"mode": "weird"})
     assert r.status_code == 422 and "use full or last" in r.json()["detail"]
+
+
+# -- what the reference orchestrator's clients use (docs/compatibility.md) -------------------------
+def test_health_names_the_terminal_backend(client: TestClient):
+    assert client.get("/health").json()["terminal_backend"] == "tmux"
+
+
+def test_caller_link_siblings_working_directory_and_session_shape(client: TestClient, tmp_path: Path):
+    boss = client.post("/sessions", json={"session_name": "ref", "working_directory": str(tmp_path)}).json()
+    assert boss["caller_id"] is None and boss["initial_delivery"] is None
+    worker = client.post(
+        "/sessions/ref/terminals", params={"caller_id": boss["id"], "working_directory": str(tmp_path)}
+    ).json()
+    # caller_id (the reference's name) and supervisor_id (ours) are one link, shown under both names
+    assert worker["caller_id"] == worker["supervisor_id"] == boss["id"]
+    assert client.get(f"/terminals/{worker['id']}").json()["caller_id"] == boss["id"]
+    assert [t["id"] for t in client.get(f"/terminals/{boss['id']}/siblings").json()] == [worker["id"]]
+    got = client.get(f"/terminals/{worker['id']}/siblings", params={"cross_session": "true"}).json()
+    assert [t["id"] for t in got] == [boss["id"]]
+    assert client.get(f"/terminals/{worker['id']}/working-directory").json() == {
+        "working_directory": str(tmp_path)
+    }
+    view = client.get("/sessions/ref").json()
+    assert view["session"] == {"id": "cao-ref", "name": "cao-ref", "status": "active"}
+    assert view["name"] == "cao-ref"  # our own keys stay
+    rows = {t["id"]: t for t in view["terminals"]}
+    assert rows[worker["id"]]["tmux_session"] == "cao-ref"
+    assert rows[worker["id"]]["tmux_window"] == worker["name"]
+    assert rows[worker["id"]]["pending_inbox_count"] == 0
+    mismatch = client.post(
+        "/sessions/ref/terminals", json={"caller_id": boss["id"], "supervisor_id": "abcdef12"}
+    )
+    assert mismatch.status_code == 422 and "differ" in mismatch.json()["detail"]
+
+
+def test_initial_message_is_the_first_task_and_its_delivery_is_tracked(client: TestClient, core: Cao):
+    boss = client.post("/sessions", json={"session_name": "init"}).json()
+    r = client.post(
+        "/sessions/init/terminals",
+        params={"caller_id": boss["id"], "defer_init": "true"},
+        json={"initial_message": "build it\nthen test it", "description": None},
+    )
+    assert r.status_code == 201, r.text
+    worker = r.json()
+    assert worker["initial_delivery"]["state"] in ("pending", "delivered")
+    wait_until(
+        lambda: client.get(f"/terminals/{worker['id']}").json()["initial_delivery"]["state"] == "delivered",
+        what="initial message delivered",
+    )
+    assert received_bodies(core.settings.home, worker["id"]) == ["build it\nthen test it"]
+    [m] = client.get("/messages", params={"receiver_id": worker["id"]}).json()
+    assert m["sender_id"] == boss["id"]  # the caller is the sender of its worker's task
+
+
+def test_receipt_and_reference_inbox_list(client: TestClient):
+    tid = client.post("/sessions", json={"session_name": "lst"}).json()["id"]
+    receipts = [
+        client.post(
+            f"/terminals/{tid}/inbox/messages", params={"sender_id": "cli", "message": f"m{i}"}
+        ).json()
+        for i in range(12)
+    ]
+    first = receipts[0]
+    assert first["success"] is True and first["duplicate"] is False
+    assert first["created_at"].endswith("+00:00") and "T" in first["created_at"]  # ISO 8601
+    listed = client.get(f"/terminals/{tid}/inbox/messages").json()
+    assert [m["message"] for m in listed] == [f"m{i}" for i in range(10)]  # oldest first, 10 by default
+    assert set(listed[0]) == {"id", "sender_id", "receiver_id", "message", "status", "created_at"}
+    assert listed[0]["created_at"] == first["created_at"]
+    ours = client.get("/messages", params={"receiver_id": tid}).json()
+    assert [m["message"] for m in ours][:2] == ["m11", "m10"]  # our view: newest first, epoch times
+    assert isinstance(ours[0]["created_at"], float) and "waiting_reason" in ours[0]
+
+
+def test_key_goes_through_the_checked_path(client: TestClient, core: Cao):
+    tid = client.post("/sessions", json={"session_name": "keys"}).json()["id"]
+    wait_until(lambda: _status(client, tid) == "idle")
+    for key in ("h", "i"):
+        assert client.post(f"/terminals/{tid}/key", params={"key": key}).json() == {"success": True}
+    wait_until(lambda: "❯ hi" in core.output(tid), what="typed keys shown in the input box")
+    client.post(f"/terminals/{tid}/key", json={"key": "C-c"})  # the scripted agent clears its box
+    wait_until(lambda: "❯ hi" not in core.output(tid).splitlines()[-1], what="input box cleared")
+
+
+def test_run_step_answers_and_removes_its_worker_and_keeps_the_result(client: TestClient, core: Cao):
+    write_rules(
+        core.settings.home, "stepper", {"rules": [{"match": "^sum", "delay": 0.3, "reply": "it is 42"}]}
+    )
+    boss = client.post("/sessions", json={"session_name": "step"}).json()
+    job = "ab" * 16
+    r = client.post(
+        "/terminals/run-step",
+        json={
+            "provider": "scripted",
+            "agent": "stepper",
+            "prompt": "sum the numbers",
+            "session_name": "cao-step",
+            "caller_id": boss["id"],
+            "timeout": 30,
+            "job_id": job,
+            "allowed_tools": None,
+        },
+    )
+    assert r.status_code == 200, r.text
+    step = r.json()
+    assert step["last_message"] == "it is 42" and step["status"] == "completed"
+    assert client.get(f"/terminals/{step['terminal_id']}").status_code == 404  # torn down
+    kept = client.get(f"/handoff-results/{job}").json()
+    assert (kept["state"], kept["terminal_id"], kept["last_message"]) == (
+        "completed",
+        step["terminal_id"],
+        "it is 42",
+    )
+
+
+class StepCase(NamedTuple):
+    rules: dict[str, Any]
+    timeout: float
+    status: int
+    kind: str
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        StepCase({"rules": [{"match": ".", "error": "API Error: 500 overloaded"}]}, 30, 502, "error"),
+        StepCase({"rules": [{"match": ".", "delay": 60, "reply": "late"}]}, 1, 504, "timeout"),
+    ],
+    ids=["worker-errors", "worker-too-slow"],
+)
+def test_run_step_failures_name_kind_and_worker_and_leave_it(client: TestClient, core: Cao, case: StepCase):
+    write_rules(core.settings.home, "failing", case.rules)
+    job = "cd" * 16
+    r = client.post(
+        "/terminals/run-step",
+        json={"agent": "failing", "prompt": "go", "timeout": case.timeout, "job_id": job},
+    )
+    assert r.status_code == case.status, r.text
+    body = r.json()
+    assert body["kind"] == case.kind and isinstance(body["detail"], str)
+    assert body["terminal_id"] in body["detail"]
+    assert client.get(f"/terminals/{body['terminal_id']}").status_code == 200  # left for inspection
+    kept = client.get(f"/handoff-results/{job}").json()
+    assert kept["state"] == "error" and kept["terminal_id"] == body["terminal_id"]
+
+
+def test_unknown_provider_names_ours_and_the_mapping(client: TestClient):
+    detail = client.post("/sessions", params={"provider": "kiro_cli"}).json()["detail"]
+    assert "choose one of: claude_code, codex, gemini_cli, scripted" in detail
+    assert "claude_code, codex, gemini_cli are the same CLIs here" in detail
+    assert "kiro_cli" in detail and "CAO_PROVIDER_ALIASES" in detail
+
+
+def test_provider_aliases_run_one_of_ours(make_core: Any, settings: Any, tmp_path: Path):
+    from cao.errors import InvalidInput
+
+    core = make_core(settings.with_(provider_aliases=(("kiro_cli", "scripted"),)))
+    with TestClient(create_app(core)) as c:
+        term = c.post("/sessions", params={"provider": "kiro_cli", "working_directory": str(tmp_path)}).json()
+        assert term["provider"] == "scripted"
+    for bad in ((("scripted", "codex"),), (("kiro_cli", "nope"),)):
+        with pytest.raises(InvalidInput, match="CAO_PROVIDER_ALIASES"):
+            make_core(settings.with_(provider_aliases=bad), start=False)
