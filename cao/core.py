@@ -20,10 +20,11 @@ import providers
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
 from cao.errors import CaoError, InvalidInput, NotFound, PaneGone, PayloadTooLarge, TmuxServerDown
+from cao.paste import is_blank
 from cao.settings import Settings
 from cao.states import ENDED, MessageStatus, TerminalState
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
-from cao.terminals import GONE, Terminals, is_blank, validate_terminal_id
+from cao.terminals import GONE, Terminals, validate_terminal_id
 from cao.tmux import Tmux, session_name_for
 
 logger = logging.getLogger(__name__)

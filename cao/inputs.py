@@ -23,12 +23,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from cao.errors import InvalidInput
+from cao.paste import is_blank as blank
 
 logger = logging.getLogger(__name__)
 
 MAX_FIELD_CHARS = 4096  # everything but the message itself (which the store limits to 256 KiB)
 PATH_MAX, NAME_MAX = 4095, 255
-FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")  # letters that draw nothing
 HTTP_ERROR_NAMES = {
     404: "NotFound",
     405: "MethodNotAllowed",
@@ -91,11 +91,6 @@ def check_path(field: str, value: str) -> None:
     encoded = os.fsencode(os.path.expanduser(value))
     if len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/")):
         raise InvalidInput(f"{field} is longer than the OS allows ({PATH_MAX} bytes, {NAME_MAX} per name)")
-
-
-def blank(text: str) -> bool:
-    """True if nothing visible is left once whitespace, control and format characters are gone."""
-    return all(ch.isspace() or ch in FILLERS or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -16,9 +16,11 @@ The trailer keeps a long body recognisable after its header scrolled out of the 
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Protocol
 
 _C0_KEEP = {"\n", "\t"}
+FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")  # letters that draw nothing
 _HEADER_LIKE = re.compile(r"\[(?=(?:end of )?cao message)", re.I)
 # A body this long may push its own header out of a pane's history before anyone looks for it.
 TRAILER_MIN_CHARS = 1000
@@ -53,6 +55,12 @@ def neutralise(text: str) -> str:
         else:
             out.append(ch)
     return _HEADER_LIKE.sub("[quoted ", "".join(out))
+
+
+def is_blank(text: str) -> bool:
+    """True if nothing visible is left once whitespace, control and format characters (zero-width
+    spaces, joiners, BOMs: Unicode Cc/Cf) and letters that draw nothing are gone."""
+    return all(ch.isspace() or ch in FILLERS or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
 
 
 def header(message: Addressed) -> str:

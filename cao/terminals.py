@@ -40,7 +40,7 @@ from cao.errors import (
     TmuxError,
     TmuxServerDown,
 )
-from cao.paste import neutralise
+from cao.paste import is_blank, neutralise
 from cao.profiles import Profile
 from cao.settings import Settings
 from cao.states import ENDED, TerminalState
@@ -57,17 +57,16 @@ TERMINAL_ID_RE = re.compile(r"^[0-9a-f]{8}$")
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 GONE = "gone"
 READY = (TerminalStatus.IDLE, TerminalStatus.COMPLETED, TerminalStatus.ERROR)
-INVISIBLE_RE = re.compile("[\\s\u200b-\u200f\u2060-\u2064\ufeff\u00ad\u180e]+")
 
 
 def validate_terminal_id(value: str) -> str:
-    if not TERMINAL_ID_RE.match(value or ""):
+    if not TERMINAL_ID_RE.fullmatch(value or ""):
         raise InvalidInput(f"terminal id {value!r} is malformed; ids are 8 hex digits, e.g. 1a2b3c4d")
     return value
 
 
 def validate_name(value: str, what: str) -> str:
-    if not NAME_RE.match(value or ""):
+    if not NAME_RE.fullmatch(value or ""):
         raise InvalidInput(
             f"{what} {value!r} is not allowed; use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -106,11 +105,6 @@ def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}Z"
-
-
-def is_blank(text: str) -> bool:
-    """Nothing but whitespace and invisible characters (zero-width spaces, joiners, BOM…)."""
-    return not INVISIBLE_RE.sub("", text)
 
 
 class Terminals:
