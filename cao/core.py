@@ -302,6 +302,9 @@ class Cao:
         ``initial_delivery``."""
         out = self.terminals.view(terminal).as_dict()
         out["caller_id"] = terminal.supervisor_id
+        # In the reference's vocabulary: cao keeps none of its own tools from an agent (a profile's
+        # native allowed_tools limit what its CLI may do, which that vocabulary can't express).
+        out["allowed_tools"] = ["*"]
         out["initial_delivery"] = self._initial_delivery(terminal)
         return out
 
