@@ -1,0 +1,226 @@
+"""OpenAI Chat Completions (OpenCode, Qwen Code, Kimi CLI and other OpenAI-compatible clients):
+``POST /v1/chat/completions`` (also without ``/v1``), SSE ``data:`` chunks ending ``data: [DONE]``,
+or one JSON ``chat.completion`` with ``"stream": false``; ``GET /v1/models`` lists one model.
+
+Tool naming differs by client, so it is taken from the request's tool list: an MCP tool is the one
+named ``<tool>`` or ending ``_<tool>`` (OpenCode ``cao_send_message``, Qwen ``mcp__cao__send_message``
+or ``send_message``, Kimi ``send_message``), preferring one that names the server; the shell tool is
+the first of ``bash``/``Shell``/``run_shell_command``/… offered, its arguments filled from its schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from cao.testing.fakemodel.script import (
+    DEFAULT_PERMISSION_COMMAND,
+    JSON,
+    Action,
+    Conversation,
+    Marker,
+    Script,
+    ToolCall,
+    as_text,
+    decide,
+    example_from_schema,
+    parse_mcp_arg,
+    parse_question_arg,
+    say_question,
+    user_texts,
+)
+from cao.testing.fakemodel.wire import SSE_HEADERS, RequestLog, chunks, log_entry, next_id, read_json
+
+SHELL_TOOLS = ("bash", "shell", "run_shell_command", "shell_command", "exec_command", "run_in_terminal")
+COMMAND_KEYS = ("command", "cmd")
+
+
+def _text(content: Any) -> list[str]:
+    """The text parts of a chat message's content (a string or a list of parts)."""
+    if isinstance(content, str):
+        return [content]
+    return [p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text"]
+
+
+def chat_conversation(body: JSON) -> Conversation:
+    messages = body.get("messages") or []
+    start, prompt = -1, ""
+    for i in range(len(messages) - 1, -1, -1):
+        msg = messages[i]
+        if msg.get("role") != "user":
+            continue
+        texts = user_texts(_text(msg.get("content")))
+        if texts:
+            start, prompt = i, "\n".join(texts)
+            break
+    results = [as_text(m.get("content")) for m in messages[start + 1 :] if m.get("role") == "tool"]
+    return Conversation(prompt, results, bool(body.get("tools")))
+
+
+def _functions(body: JSON) -> list[JSON]:
+    return [t.get("function") or t for t in body.get("tools") or [] if isinstance(t, dict)]
+
+
+def _fill(spec: JSON, given: JSON) -> JSON:
+    """``given`` plus a small value for every other required parameter of ``spec``."""
+    params = spec.get("parameters") or {}
+    props = params.get("properties") or {}
+    args = dict(given)
+    for key in params.get("required") or []:
+        if key not in args:
+            args[key] = example_from_schema(props.get(key), "Run a shell command", key)
+    return args
+
+
+def chat_tool(body: JSON, marker: Marker) -> ToolCall:
+    functions = _functions(body)
+    names = [str(f.get("name", "")) for f in functions]
+    if marker.name == "mcp":
+        server, tool, args = parse_mcp_arg(marker.arg)
+        candidates = [n for n in names if n == tool or n.endswith(f"_{tool}")]
+        named = [n for n in candidates if server in n.removesuffix(tool)]
+        return ToolCall((named or candidates or [f"{server}_{tool}"])[0], args)
+    if marker.name == "question":
+        question, options = parse_question_arg(marker.arg)
+        return say_question(question, options)
+    command = marker.arg or ("echo fake" if marker.name == "shell" else DEFAULT_PERMISSION_COMMAND)
+    for spec in functions:
+        if str(spec.get("name", "")).lower() in SHELL_TOOLS:
+            props = (spec.get("parameters") or {}).get("properties") or {}
+            key = next((k for k in COMMAND_KEYS if k in props), "command")
+            given: JSON = {key: command}
+            if "description" in props:
+                given["description"] = "Run a shell command"
+            return ToolCall(str(spec["name"]), _fill(spec, given))
+    return ToolCall("bash", {"command": command})
+
+
+def chat_json_schema(body: JSON) -> Any:
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        return (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
+    if fmt.get("type") == "json_object":
+        return {"type": "object"}
+    return None
+
+
+class ChatReply:
+    def __init__(self, body: JSON, action: Action, delay: float, chunked: float) -> None:
+        self.model = str(body.get("model") or "fake-model")
+        self.action = action
+        self.delay = delay
+        self.chunk_delay = chunked
+        self.id = f"chatcmpl-fake-{next_id():06d}"
+        self.created = int(time.time())
+        self.usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.action.kind == "tool" else "stop"
+
+    def tool_calls(self) -> list[JSON]:
+        tool = self.action.tool
+        assert tool is not None
+        call = {"name": tool.name, "arguments": json.dumps(tool.args)}
+        return [{"id": f"call_{self.id[-6:]}", "type": "function", "function": call}]
+
+    def completion(self) -> JSON:
+        message: JSON = {"role": "assistant", "content": None}
+        if self.action.kind == "tool":
+            message["tool_calls"] = self.tool_calls()
+        else:
+            message["content"] = self.action.text
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+        }
+
+    def chunk(self, delta: JSON, finish: str | None = None) -> bytes:
+        data = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        yield self.chunk({"role": "assistant", "content": ""})
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.action.kind == "tool":
+            calls = [{"index": 0, **call} for call in self.tool_calls()]
+            yield self.chunk({"tool_calls": calls})
+        else:
+            for i, piece in enumerate(chunks(self.action.text, self.chunk_delay > 0)):
+                if i and self.chunk_delay:
+                    await asyncio.sleep(self.chunk_delay)
+                yield self.chunk({"content": piece})
+        yield self.chunk({}, self.finish_reason)
+        if self.usage:
+            usage = {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
+            data = {"id": self.id, "object": "chat.completion.chunk", "created": self.created}
+            data.update(model=self.model, choices=[], usage=usage)
+            yield f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+
+def chat_error(status: int) -> JSON:
+    kind = {400: "invalid_request_error", 401: "invalid_api_key", 429: "rate_limit_exceeded"}.get(
+        status, "server_error"
+    )
+    return {"error": {"message": f"fake {kind} (HTTP {status})", "type": kind, "param": None, "code": kind}}
+
+
+def routes(log: RequestLog) -> list[Route]:
+    """The routes of this API, logging to ``log``."""
+
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request)
+        entry = log_entry(request, "openai_chat", body)
+        conv = chat_conversation(body)
+        script = Script.parse(conv.prompt)
+        stream = bool(body.get("stream"))
+        entry.update(prompt=conv.prompt, tool_results=len(conv.tool_results), stream=stream)
+        schema = chat_json_schema(body)
+        if conv.has_tools:
+            action = decide(script, conv, lambda m: chat_tool(body, m))
+            delay, chunk_delay = script.delay, script.chunk_delay
+        else:
+            text = json.dumps(example_from_schema(schema, script.title())) if schema else script.title()
+            action = Action("text", text=text)
+            delay, chunk_delay = 0.0, 0.0
+        entry.update(kind="main" if conv.has_tools else "aux", action=action.summary())
+        log.add(entry)
+        if action.kind == "error":
+            await asyncio.sleep(delay)
+            return JSONResponse(chat_error(action.status), status_code=action.status)
+        reply = ChatReply(body, action, delay, chunk_delay)
+        if not stream:
+            await asyncio.sleep(delay)
+            return JSONResponse(reply.completion())
+        return StreamingResponse(reply.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def models(request: Request) -> Response:
+        log.add({**log_entry(request, "openai_chat", None), "kind": "probe"})
+        model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "cao"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),
+    ]
