@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str] = {
     "claude_code": "providers.claude_code:ClaudeCodeProvider",
     "codex": "providers.codex:CodexProvider",
     "gemini_cli": "providers.gemini_cli:GeminiCliProvider",
+    "opencode": "providers.opencode:OpenCodeProvider",
 }
 _CACHE: dict[str, Provider] = {}
 

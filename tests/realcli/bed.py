@@ -48,6 +48,9 @@ CLI_PACKAGES = {
     "claude": "@anthropic-ai/claude-code",
     "codex": "@openai/codex",
     "gemini": "@google/gemini-cli",
+    "opencode": "opencode-ai",
+    "qwen": "@qwen-code/qwen-code",
+    "copilot": "@github/copilot",
 }
 WINDOW_SIZE = (200, 50)
 

@@ -35,6 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import providers
+from providers.base import LaunchContext, LaunchSpec
 from tests.realcli.bed import REPO_ROOT, Bed, cache_dir, install_clis, wait_until, why_bed_cannot_run
 
 FAKE_KEY_ANTHROPIC = "sk-ant-api03-cao-fake-key-0123456789abcdefghijklmnopqrstuvwxyz"
@@ -425,7 +427,71 @@ class Gemini(Recipe):
         return self.idle(screen) and "Gemini CLI v" in screen
 
 
-RECIPES: dict[str, Recipe] = {r.provider: r for r in (Claude(), Codex(), Gemini())}
+# --------------------------------------------------------------------------------------------------
+# CLIs captured through their provider's own launch (providers/<name>.py), so screens can't drift
+# from what cao runs. Only the MCP server differs in effect: cao's own, with no cao-server behind it
+# here, so the capture's send_message call shows as a failed tool (the turn still completes).
+# --------------------------------------------------------------------------------------------------
+
+
+class ProviderRecipe(Recipe):
+    """Seed, environment and argv from ``providers.get(provider).launch(ctx)``."""
+
+    knob = ""  # the provider's knob prefix: CAO_<knob>_BIN, CAO_<knob>_BYPASS
+
+    def spec(self, launch: Launch, bypass: bool) -> LaunchSpec:
+        ctx = LaunchContext(
+            terminal_id=launch.mcp_env.get("CAO_TERMINAL_ID", "cap00001"),
+            agent_profile="developer",
+            working_directory=launch.work,
+            cao_home=launch.home.parent / "cao",
+            server_url="http://127.0.0.1:9",  # no cao-server in a capture
+            terminal_home=launch.home,
+            base_env=launch.base_env(),
+            settings_env={
+                "CAO_MODEL_BASE_URL": launch.fake_url,
+                # describe_launch's placeholder path doesn't exist: resolve a real file, then name it
+                f"CAO_{self.knob}_BIN": str(launch.bin) if launch.bin.exists() else sys.executable,
+                f"CAO_{self.knob}_BYPASS": "true" if bypass else "false",
+            },
+        )
+        return providers.get(self.provider).launch(ctx)
+
+    def seed(self, launch: Launch, bypass: bool) -> None:
+        for path, content in self.spec(launch, bypass).files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+
+    def env(self, launch: Launch, bypass: bool) -> dict[str, str]:
+        return self.spec(launch, bypass).env
+
+    def argv(self, launch: Launch, bypass: bool) -> list[str]:
+        return [str(launch.bin), *self.spec(launch, bypass).command[1:]]
+
+
+class OpenCode(ProviderRecipe):
+    knob = "OPENCODE"
+
+    def __init__(self) -> None:
+        super().__init__(
+            provider="opencode",
+            bin_name="opencode",
+            busy=lambda s: "esc interrupt" in s,
+            idle=lambda s: "esc interrupt" not in s and "╹▀▀▀" in s,
+            permission=lambda s: "Permission required" in s or "Allow once" in s,
+            error=lambda s: "_error (HTTP" in s and "esc interrupt" not in s,
+            enter_delay=0.3,
+            asks_questions=False,
+        )
+
+    def ready(self, screen: Screen) -> bool:
+        return self.idle(screen) and "MCP" in screen  # the footer's MCP count comes last
+
+    def finished(self, screen: Screen, reply: str) -> bool:
+        return self.idle(screen) and re.search(r"▣  .* · \d", after_echo(screen, reply)) is not None
+
+
+RECIPES: dict[str, Recipe] = {r.provider: r for r in (Claude(), Codex(), Gemini(), OpenCode())}
 
 # saved state -> status a provider must report for it
 STATUS = {

@@ -52,7 +52,14 @@ from tests.realcli.bed import REPO_ROOT, Bed, cache_dir, installed_bins, why_bed
 CACHE = cache_dir()
 INSTALL = os.environ.get("CAO_REALCLI_INSTALL", "1").strip().lower() not in ("0", "false", "no", "off")
 PORTS = itertools.count(9889)  # inside the namespace: its own port space, nothing else listens there
-COMMANDS = {"claude_code": "claude", "codex": "codex", "gemini_cli": "gemini"}  # knobs: CAO_CLAUDE_BIN …
+COMMANDS = {  # knobs: CAO_CLAUDE_BIN …
+    "claude_code": "claude",
+    "codex": "codex",
+    "gemini_cli": "gemini",
+    "opencode": "opencode",
+    "qwen_code": "qwen",
+    "copilot": "copilot",
+}
 # Seconds to wait for another run's bed (the lock below) before skipping; a CI run can hold it for minutes.
 LOCK_WAIT = float(os.environ.get("CAO_REALCLI_LOCK_WAIT", "90"))
 

@@ -1,0 +1,301 @@
+"""Provider for OpenCode (``opencode``, npm ``opencode-ai``; tested with 1.18.33).
+
+Launch: a throwaway HOME per terminal with ``~/.config/opencode/opencode.json`` (autoupdate and
+sharing off, the model, permissions, and the cao MCP server under ``mcp.cao``) and the background
+downloads OpenCode would try at start turned off by environment (models.dev catalogue, LSP
+servers, default plugins). Knobs (read from the server's ``CAO_*`` environment):
+``CAO_OPENCODE_BIN``, ``CAO_OPENCODE_MODEL`` (``provider/model``, e.g. ``anthropic/claude-sonnet-4-5``),
+``CAO_OPENCODE_BYPASS`` (default true: every tool allowed without asking), ``CAO_MODEL_BASE_URL``
+(an OpenAI-compatible local server, configured as provider ``cao``), ``CAO_ANTHROPIC_API_KEY``,
+``CAO_OPENAI_API_KEY``. The agent profile: its prompt as the global rules file
+``~/.config/opencode/AGENTS.md``, its model, its ``allowed_tools`` (allowed; every other
+permission asks) and its extra MCP servers. See docs/providers.md.
+
+Screen: a full-screen TUI (the alternate screen: no tmux scrollback), a sidebar on the right when
+the window is wide; rows are cut at the input box's width before reading::
+
+      ┃                                  (a user turn: a ┃-barred block)
+      ┃  echoed user turn
+      ┃
+         answer text                     (indented 5)
+         ▣  Build · Fake model · 2.1s    (turn closed; "▣  Build · Fake model" alone while it runs)
+      ┃
+      ┃  text being typed                 (the input box: ┃ rows, then the agent/model row)
+      ┃  Build · Fake model cao
+      ╹▀▀▀▀▀▀▀▀
+       ⬝⬝■■■■■  esc interrupt            (the footer while busy)
+
+Traps: the box stays on screen while busy (the footer decides); a fresh session shows a logo and a
+placeholder question in the box instead of a transcript.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any, ClassVar
+
+from cao.errors import ProviderError
+from providers._cli import find_cli, flag, head, judge_submit
+from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+
+FAKE_KEY = "cao-local-model-server-key"
+BOTTOM_RE = re.compile(r"^\s*╹▀{10,}")
+BAR = "┃"
+TURN_RE = re.compile(r"^\s+▣  \S")  # the turn's agent/model line; " · 2.1s" once it closed
+CLOSED_RE = re.compile(r"▣  .* · \d+(?:\.\d+)?(?:ms|s|m)\b")
+BUSY = "esc interrupt"
+PERMISSION_RE = re.compile(r"(?:Permission required|Allow once|Allow always|△ )")
+DIALOG_HINT_RE = re.compile(r"\b(?:enter|↵)\b.*\b(?:select|confirm)\b|\besc\b.*\b(?:close|cancel)\b", re.I)
+PLACEHOLDER_RE = re.compile(r'^Ask anything… ".*"$')
+TOOL_RE = re.compile(r"^[⚙→←✱◇$] ")
+
+
+def _lines(screen: str) -> list[str]:
+    lines = [line.rstrip() for line in screen.split("\n")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def _bottom(lines: list[str]) -> int | None:
+    for i in range(len(lines) - 1, -1, -1):
+        if BOTTOM_RE.match(lines[i]):
+            return i
+    return None
+
+
+def _main(lines: list[str], bottom: int) -> list[str]:
+    """Every row cut at the box's right edge (the sidebar, if any, sits beyond it)."""
+    width = len(lines[bottom])
+    return [line[:width].rstrip() for line in lines]
+
+
+def _box(lines: list[str]) -> tuple[int, int] | None:
+    """``(first, end)`` of the input box's text rows: the ┃ rows above the agent/model row, which
+    sits right over the ╹▀▀▀ edge."""
+    bottom = _bottom(lines)
+    if bottom is None or bottom < 2:
+        return None
+    main = _main(lines, bottom)
+    indent = main[bottom].index("╹")
+    end = bottom - 1  # the agent/model row
+    if not main[end][indent:].startswith(BAR):
+        return None
+    first = end
+    while first > 0 and main[first - 1][indent:].startswith(BAR):
+        first -= 1
+    return first, end
+
+
+def _transcript_rows(lines: list[str]) -> list[str]:
+    box = _box(lines)
+    bottom = _bottom(lines)
+    if box is None or bottom is None:
+        return lines
+    return _main(lines, bottom)[: box[0]]
+
+
+def _closing(rows: list[str]) -> int | None:
+    """Index of the last ▣ row: where the newest assistant message ends (or runs, while busy)."""
+    for i in range(len(rows) - 1, -1, -1):
+        if TURN_RE.match(rows[i]):
+            return i
+    return None
+
+
+def _bar_blocks(rows: list[str]) -> list[tuple[int, int]]:
+    """``(first, end)`` of every ┃-barred block: user turns, tool output, errors."""
+    blocks: list[tuple[int, int]] = []
+    first: int | None = None
+    for i, row in enumerate([*rows, ""]):
+        barred = row.lstrip().startswith(BAR)
+        if barred and first is None:
+            first = i
+        elif not barred and first is not None:
+            blocks.append((first, i))
+            first = None
+    return blocks
+
+
+def _block_text(rows: list[str]) -> str:
+    return "\n".join(row.strip().removeprefix(BAR).removeprefix("  ") for row in rows).strip()
+
+
+def _failure(rows: list[str], closing: int) -> str | None:
+    """A turn that ended without its duration: the ┃ block right above its ▣ row (the error)."""
+    if CLOSED_RE.search(rows[closing]):
+        return None
+    above = [i for i in range(closing) if rows[i].strip()]
+    if not above or not rows[above[-1]].lstrip().startswith(BAR):
+        return None
+    blocks = [block for block in _bar_blocks(rows[:closing]) if block[1] > above[-1]]
+    return _block_text(rows[blocks[-1][0] : blocks[-1][1]]) if blocks else None
+
+
+def _answer(rows: list[str]) -> str:
+    """The last answer of the newest assistant message: 5-space indented text above its ▣ row,
+    tool lines (⚙ …) left out."""
+    closing = _closing(rows)
+    if closing is None:
+        return ""
+    if (failure := _failure(rows, closing)) is not None:
+        return failure
+    earlier = [i for i in range(closing) if TURN_RE.match(rows[i])]
+    start = earlier[-1] + 1 if earlier else 0
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for row in rows[start:closing]:
+        text = row[5:] if row.startswith("     ") else None
+        if text and not TOOL_RE.match(text):
+            if current is None:
+                current = []
+                blocks.append(current)
+            current.append(text)
+        elif not row.strip() and current is not None:
+            current.append("")
+        else:
+            current = None
+    return "\n".join(blocks[-1]).strip() if blocks else ""
+
+
+class OpenCodeProvider(Provider):
+    name: ClassVar[str] = "opencode"
+    description: ClassVar[str] = "OpenCode, `opencode`"
+    accepts_input_while_processing: ClassVar[bool] = False
+    waits_for_mcp: ClassVar[bool] = True
+    paste_enter_delay: ClassVar[float] = 0.3
+    submit_timeout: ClassVar[float] = 4.0
+    exit_command: ClassVar[str] = "/exit"
+    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc interrupt)")
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
+        allowed = None if profile is None or profile.allowed_tools is None else list(profile.allowed_tools)
+        bypass = flag(ctx, "CAO_OPENCODE_BYPASS", allowed is None)
+        env = dict(ctx.base_env)
+        env.setdefault("SHELL", "/bin/bash")
+        env.update(
+            HOME=str(home),
+            OPENCODE_DISABLE_AUTOUPDATE="1",
+            OPENCODE_DISABLE_MODELS_FETCH="1",
+            OPENCODE_DISABLE_LSP_DOWNLOAD="1",
+            OPENCODE_DISABLE_SHARE="1",
+            OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
+            OPENCODE_DISABLE_CLAUDE_CODE="1",  # don't read the user's ~/.claude (there is none here)
+        )
+        base_url = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
+        keys = {"CAO_ANTHROPIC_API_KEY": "ANTHROPIC_API_KEY", "CAO_OPENAI_API_KEY": "OPENAI_API_KEY"}
+        for knob, variable in keys.items():
+            if knobs.get(knob):
+                env[variable] = knobs[knob]
+        if not base_url and not any(knobs.get(knob) for knob in keys):
+            raise ProviderError(
+                "opencode has no credentials: set CAO_ANTHROPIC_API_KEY or CAO_OPENAI_API_KEY (with "
+                "CAO_OPENCODE_MODEL=provider/model), or CAO_MODEL_BASE_URL for a local model server, "
+                "for cao-server"
+            )
+        config: dict[str, Any] = {
+            "$schema": "https://opencode.ai/config.json",
+            "autoupdate": False,
+            "share": "disabled",
+        }
+        model = knobs.get("CAO_OPENCODE_MODEL") or (profile and profile.model) or ""
+        if base_url:
+            name = model.removeprefix("cao/") or "fake-model"
+            config["provider"] = {
+                "cao": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "cao",
+                    "options": {"baseURL": f"{base_url}/v1", "apiKey": FAKE_KEY},
+                    "models": {name: {"name": name, "tool_call": True}},
+                }
+            }
+            model = f"cao/{name}"
+            config["small_model"] = model  # titles: else OpenCode picks a vendor's small model
+        if model:
+            config["model"] = model
+        if bypass:
+            config["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "allow"}
+        else:
+            config["permission"] = {"edit": "ask", "bash": "ask", "webfetch": "ask"}
+            for tool in allowed or ():
+                config["permission"][tool] = "allow"
+        servers: dict[str, Any] = {}
+        for name, spec in (profile.mcp_servers if profile else {}).items():
+            if "url" in spec:
+                servers[name] = {"type": "remote", "url": spec["url"], "enabled": True}
+            else:
+                servers[name] = {
+                    "type": "local",
+                    "command": [spec["command"], *spec.get("args", [])],
+                    "environment": dict(spec.get("env", {})),
+                    "enabled": True,
+                }
+        servers["cao"] = {
+            "type": "local",
+            "command": [sys.executable, "-m", "cao.mcp"],
+            "environment": {
+                "CAO_TERMINAL_ID": ctx.terminal_id,
+                "CAO_SERVER_URL": ctx.server_url,
+                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
+            },
+            "enabled": True,
+        }
+        config["mcp"] = servers
+        config_dir = home / ".config" / "opencode"
+        files = {config_dir / "opencode.json": json.dumps(config, indent=2)}
+        if profile and profile.system_prompt:  # the global rules file, read at every start
+            files[config_dir / "AGENTS.md"] = profile.system_prompt
+        command = [find_cli(ctx, "CAO_OPENCODE_BIN", "opencode", "opencode-ai")]
+        return LaunchSpec(command=command, env=env, files=files)
+
+    def detect_status(self, screen: str) -> TerminalStatus:
+        lines = _lines(screen)
+        box = _box(lines)
+        bottom = _bottom(lines)
+        if box is None or bottom is None:
+            if any(PERMISSION_RE.search(line) or DIALOG_HINT_RE.search(line) for line in lines):
+                return TerminalStatus.WAITING_USER_ANSWER
+            return TerminalStatus.PROCESSING  # starting up
+        footer = lines[bottom + 1 :]
+        rows = _transcript_rows(lines)
+        if any(PERMISSION_RE.search(row) for row in rows[-12:]):
+            return TerminalStatus.WAITING_USER_ANSWER
+        if any(BUSY in line for line in footer):
+            return TerminalStatus.PROCESSING
+        closing = _closing(rows)
+        if closing is None:  # no assistant message yet
+            return TerminalStatus.IDLE if not _bar_blocks(rows) else TerminalStatus.PROCESSING
+        return TerminalStatus.ERROR if _failure(rows, closing) is not None else TerminalStatus.COMPLETED
+
+    def extract_last_message(self, screen: str) -> str:
+        return _answer(_transcript_rows(_lines(screen)))
+
+    def transcript(self, screen: str) -> str:
+        lines = _lines(screen)
+        box = _box(lines)
+        return screen if box is None else head(screen, box[0])
+
+    def submit_confirmed(self, before: str, after: str) -> bool | None:
+        return judge_submit(self, before, after, _marks)
+
+    def input_text(self, screen: str) -> str | None:
+        lines = _lines(screen)
+        box = _box(lines)
+        bottom = _bottom(lines)
+        if box is None or bottom is None:
+            return None
+        main = _main(lines, bottom)
+        indent = main[bottom].index("╹")
+        rows = [row[indent + 1 :].removeprefix("  ") for row in main[box[0] : box[1]]]
+        text = "\n".join(rows).strip()
+        return "" if PLACEHOLDER_RE.match(text) else text
+
+
+def _marks(screen: str) -> tuple[str | None, int]:
+    """What a submit adds: the last echoed user turn's text (OpenCode has no visible queue)."""
+    rows = _transcript_rows(_lines(screen))
+    blocks = _bar_blocks(rows)
+    return (_block_text(rows[blocks[-1][0] : blocks[-1][1]]) if blocks else None), len(blocks)
