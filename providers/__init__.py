@@ -19,6 +19,7 @@ _REGISTRY: dict[str, str] = {
     "codex": "providers.codex:CodexProvider",
     "gemini_cli": "providers.gemini_cli:GeminiCliProvider",
     "opencode": "providers.opencode:OpenCodeProvider",
+    "qwen_code": "providers.qwen_code:QwenCodeProvider",
 }
 _CACHE: dict[str, Provider] = {}
 

@@ -491,7 +491,25 @@ class OpenCode(ProviderRecipe):
         return self.idle(screen) and re.search(r"▣  .* · \d", after_echo(screen, reply)) is not None
 
 
-RECIPES: dict[str, Recipe] = {r.provider: r for r in (Claude(), Codex(), Gemini(), OpenCode())}
+class QwenCode(ProviderRecipe):
+    knob = "QWEN"
+
+    def __init__(self) -> None:
+        super().__init__(
+            provider="qwen_code",
+            bin_name="qwen",
+            busy=lambda s: "esc to cancel" in s,
+            idle=lambda s: "esc to cancel" not in s and "Type your message" in s,
+            permission=lambda s: "Allow execution" in s or "Yes, allow once" in s,
+            error=lambda s: "✕" in s,
+            asks_questions=False,
+        )
+
+    def ready(self, screen: Screen) -> bool:
+        return self.idle(screen) and "Connecting to MCP servers" not in screen and "Qwen Code (v" in screen
+
+
+RECIPES: dict[str, Recipe] = {r.provider: r for r in (Claude(), Codex(), Gemini(), OpenCode(), QwenCode())}
 
 # saved state -> status a provider must report for it
 STATUS = {
