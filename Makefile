@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint docs screens tmux setup clean help
+.PHONY: demo test bench lint docs screens tmux browser setup clean help
 
 help:
 	@echo "make demo    - install (tmux, .venv) and watch scripted agents coordinate through the inbox"
@@ -20,7 +20,7 @@ help:
 demo: setup
 	$(BIN)/cao demo
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
 
 bench: setup
@@ -38,6 +38,15 @@ screens: setup
 	$(BIN)/python -m tests.realcli.capture --out tests/screens
 
 setup: tmux $(STAMP)
+
+# Chromium for the dashboard's browser tests, from the system's package manager (Playwright drives
+# it; nothing is downloaded at test time). Where it can't be installed those tests skip and say why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "chromium not found; installing it from the system's packages for the dashboard tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  if command -v apt-get >/dev/null 2>&1; then ($$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "could not install chromium; the browser tests will skip"; \
+	  else echo "no apt-get: install Chromium yourself to run the browser tests"; fi; }
 
 # tmux from the system's package manager when it is missing (root or passwordless sudo).
 tmux:

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 import cao
 import providers
-from cao import inputs, security
+from cao import dashboard, inputs, security
 from cao.core import Cao
 from cao.errors import CaoError, InvalidInput, StoreBusy
 
@@ -100,6 +100,7 @@ async def _off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def create_app(core: Cao) -> FastAPI:
     app = FastAPI(title="cao-server", version=cao.__version__)
     security.install(app, core.settings)  # host/origin/token/size checks, JSON errors, honest schema
+    dashboard.install(app, core)  # the web dashboard, /events (SSE), the live terminal WebSocket
 
     @app.exception_handler(CaoError)
     async def _cao_error(_request: Request, exc: CaoError) -> JSONResponse:

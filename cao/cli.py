@@ -111,6 +111,7 @@ STATUS_STYLE = {
     "processing": "yellow",
     "waiting_user_answer": "magenta",
     "error": "red",
+    "unknown": "bold red",
     "gone": "dim",
     "pending": "yellow",
     "delivering": "blue",

@@ -20,6 +20,7 @@ import providers
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
 from cao.errors import CaoError, InvalidInput, NotFound, PaneGone, PayloadTooLarge, TmuxServerDown
+from cao.events import EventBus
 from cao.paste import is_blank
 from cao.settings import Settings
 from cao.states import ENDED, MessageStatus, TerminalState
@@ -118,10 +119,19 @@ class Cao:
         self.store = Store(settings.db_path, busy_timeout=settings.busy_timeout, clock=clock)
         self.tmux = Tmux(settings.tmux_socket)
         self.faults = Faults(settings.fault_point)
+        self.events = EventBus(clock=clock)
         self.terminals = Terminals(
-            settings, self.store, self.tmux, environ=environ or os.environ, clock=clock, fault=self.faults.hit
+            settings,
+            self.store,
+            self.tmux,
+            environ=environ or os.environ,
+            clock=clock,
+            fault=self.faults.hit,
+            events=self.events,
         )
-        self.delivery = Delivery(settings, self.store, self.terminals, clock=clock, faults=self.faults)
+        self.delivery = Delivery(
+            settings, self.store, self.terminals, clock=clock, faults=self.faults, events=self.events
+        )
         self.engine = DeliveryEngine(self.delivery, clock=clock)
         self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.started = False
@@ -162,8 +172,12 @@ class Cao:
             before_commit=lambda: self.faults.hit("before_commit"),
         )
         self.faults.hit("after_commit")
-        if not duplicate and self.started:
-            self.engine.immediate(receiver_id)
+        if not duplicate:
+            self.events.publish(
+                "message.queued", message_id=message.id, sender_id=sender_id, receiver_id=receiver_id
+            )
+            if self.started:
+                self.engine.immediate(receiver_id)
         return Receipt(message, duplicate)
 
     def message_view(self, message: Message) -> dict[str, object]:
@@ -230,7 +244,9 @@ class Cao:
         return self.message_view(self.store.get_message(message_id))
 
     def cancel_message(self, message_id: int) -> dict[str, object]:
-        return self.message_view(self.store.cancel(message_id))
+        message = self.store.cancel(message_id)
+        self.events.publish("message.cancelled", message_id=message.id, receiver_id=message.receiver_id)
+        return self.message_view(message)
 
     # -- terminals and sessions (what the HTTP routes call) ---------------------------------------
     def create_terminal(

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from cao.errors import CaoError, FenceLost, PaneGone, StoreBusy, TmuxError, TmuxServerDown
-from cao.paste import arrived, format_batch, is_ours
+from cao.events import EventBus
+from cao.paste import arrived, format_batch, header, is_ours
 from cao.settings import Settings
 from cao.states import ENDED, RECEIVER_GONE, TerminalState, WaitReason
 from cao.store import Claim, Message, Store, Terminal
@@ -58,6 +59,8 @@ def gate(
     """
     if status == TerminalStatus.WAITING_USER_ANSWER:
         return WaitReason.ANSWER
+    if status == TerminalStatus.UNKNOWN:  # never guess: the operator sees why (GET /terminals/{id})
+        return WaitReason.UNKNOWN
     if status in (TerminalStatus.IDLE, TerminalStatus.COMPLETED, TerminalStatus.ERROR):
         return None if mcp_ready else WaitReason.MCP
     if status == TerminalStatus.PROCESSING:
@@ -108,6 +111,7 @@ class Delivery:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         faults: Faults | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -115,6 +119,7 @@ class Delivery:
         self.clock = clock
         self.sleep = sleep
         self.faults = faults or Faults(settings.fault_point)
+        self.events = events or EventBus()
         # receiver -> (reason stored, newest pending id it was stored for): skip repeated writes
         self._noted: dict[str, tuple[str, int]] = {}
 
@@ -125,12 +130,14 @@ class Delivery:
             self._noted.pop(receiver_id, None)
             return Result(Outcome.NOTHING)
         try:
-            terminal = self.store.get_terminal(receiver_id, include_deleted=True)
+            terminal, outstanding = self.store.delivery_view(receiver_id)
         except CaoError:
             return Result(Outcome.NOTHING)
         if terminal.state in ENDED:
             n = self.store.fail_undelivered(receiver_id, RECEIVER_GONE)
             return Result(Outcome.FAILED, n, RECEIVER_GONE)
+        if outstanding:
+            return Result(Outcome.LOST_RACE)  # another deliverer (or a stale claim: the sweep recovers it)
         if terminal.state == TerminalState.STARTING:
             return self._wait(receiver_id, newest, WaitReason.STARTING)
         provider = self.terminals.provider(terminal)
@@ -140,51 +147,73 @@ class Delivery:
         with self.terminals.lock(receiver_id):
             return self._deliver_locked(terminal, provider, newest, trigger)
 
-    def _deliver_locked(self, terminal: Terminal, provider: Provider, newest: int, trigger: str) -> Result:
-        rid = terminal.id
-        # 1. status (one identity-checked capture)
-        try:
-            screen = self.terminals.screen(terminal)
-        except (PaneGone, TmuxServerDown):
-            return Result(Outcome.FAILED, reason=RECEIVER_GONE)  # lose() failed its mail
-        except TmuxError as exc:
-            return self._wait(rid, newest, f"{WaitReason.UNREADABLE} ({exc.message})")
+    def _look(self, terminal: Terminal, provider: Provider) -> tuple[str, str, str | None]:
+        """One identity-checked capture → (screen, status, why the gate is closed or None).
+
+        The gate: ready (idle, completed, an error turn with the prompt back) or eager-busy, and an
+        input box that is empty — or holds only cao's own unsubmitted paste of the oldest pending
+        message (checked again, strictly, once the batch is claimed)."""
+        screen = self.terminals.screen(terminal)
         status = provider.detect_status(screen).value
         if terminal.ready_at is None:
             self.terminals.remember_status(terminal, status)  # first sight of ready
-        # 2. gate: ready, and an empty input box (or one holding cao's own unsubmitted paste)
-        why = gate(
+        self.terminals.note_status(terminal.id, status)
+        why: str | None = gate(
             status,
             provider,
             eager=self.settings.eager_delivery,
             ready=terminal.ready_at is not None,
             mcp_ready=self.terminals.mcp_ready(terminal),
         )
+        box = (provider.input_text(screen) or "").strip()
+        if why is None and box:
+            oldest = self.store.oldest_pending(terminal.id)
+            if oldest is None or oldest.recheck is None or not box.startswith(header(oldest)):
+                why = WaitReason.BOX_TEXT
+        return screen, status, why
+
+    def _deliver_locked(self, terminal: Terminal, provider: Provider, newest: int, trigger: str) -> Result:
+        rid = terminal.id
+        # 1. status and gate (one identity-checked capture)
+        try:
+            screen, status, why = self._look(terminal, provider)
+        except (PaneGone, TmuxServerDown):
+            return Result(Outcome.FAILED, reason=RECEIVER_GONE)  # lose() failed its mail
+        except TmuxError as exc:
+            return self._wait(rid, newest, f"{WaitReason.UNREADABLE} ({exc.message})")
         if why is not None:
             return self._wait(rid, newest, why)
-        box = provider.input_text(screen)
-        ours = False
-        if box and box.strip():
-            oldest = self.store.oldest_pending(rid)
-            ours = oldest is not None and oldest.recheck is not None and is_ours(box, oldest)
-            if not ours:
-                return self._wait(rid, newest, WaitReason.BOX_TEXT)
-        # 3. claim
+        # 2. claim
+        self.faults.hit("before_claim")
         claim = self.store.claim(rid, limit=self.settings.batch_max_messages)
         if claim is None:
             return Result(Outcome.LOST_RACE)
         self._noted.pop(rid, None)
+        self.events.publish("message.claimed", receiver_id=rid, message_ids=claim.ids, claim=claim.token)
         self.faults.hit("after_claim")
-        return self._paste(terminal, provider, claim, screen, ours, trigger)
+        # Someone else claimed (and may have pasted) since the screen was read, or the agent was busy
+        # (eager: it may open a prompt any moment): read it again before pasting.
+        if claim.fence != terminal.fence + 1 or status == TerminalStatus.PROCESSING:
+            try:
+                screen, status, why = self._look(terminal, provider)
+            except (PaneGone, TmuxServerDown):
+                return Result(Outcome.FAILED, reason=RECEIVER_GONE)
+            except TmuxError as exc:
+                why = f"{WaitReason.UNREADABLE} ({exc.message})"
+            if why is not None:
+                self.store.unclaim(claim.token)
+                return self._wait(rid, newest, why)
+        return self._paste(terminal, provider, claim, screen, trigger, newest)
 
     def _paste(
-        self, terminal: Terminal, provider: Provider, claim: Claim, screen: str, ours: bool, trigger: str
+        self, terminal: Terminal, provider: Provider, claim: Claim, screen: str, trigger: str, newest: int
     ) -> Result:
         rid = terminal.id
         todo = claim.messages
         done = 0
         lease = _Lease(self.store, claim.token, self.settings.lease_seconds / 3, self.clock)
         try:
+            box = provider.input_text(screen)
             if claim.recheck:
                 # pasted before (crash, unconfirmed submit): look for each one's own header first
                 transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
@@ -194,9 +223,16 @@ class Delivery:
                     todo = [m for m in todo if m not in seen]
                 if not todo:
                     return Result(Outcome.DELIVERED, done)
-            if ours and not is_ours(provider.input_text(screen) or "", todo[0]):
-                ours = False
-            if ours:
+                if box is None:
+                    # the box can't be seen (busy, eager): the earlier paste may sit queued or in the
+                    # box; pasting again could make it twice. Wait until the box shows.
+                    self.store.unclaim(claim.token)
+                    return self._wait(rid, newest, WaitReason.BUSY)
+            pasted = format_batch(todo)  # type: ignore[arg-type]
+            if (box or "").strip():
+                if not (claim.recheck and is_ours(box or "", todo[0], pasted)):
+                    self.store.unclaim(claim.token)  # not provably ours: a person's text, never submitted
+                    return self._wait(rid, newest, WaitReason.BOX_TEXT)
                 # cao's own earlier paste sits unsubmitted in the box: submit it, don't paste again
                 self.terminals.fence(terminal, claim.fence)
                 confirmed = self.terminals.submit(
@@ -205,7 +241,7 @@ class Delivery:
             else:
                 confirmed = self.terminals.submit(
                     terminal,
-                    format_batch(todo),  # type: ignore[arg-type]
+                    pasted,
                     before=screen,
                     fence=claim.fence,
                     after_paste=lambda: self.faults.hit("after_paste"),
@@ -258,16 +294,28 @@ class Delivery:
             logger.warning("delivery lost its claim before the acknowledgement", extra=extra)
         else:
             logger.info("messages found already delivered" if found else "messages delivered", extra=extra)
+            now = self.clock()
+            for m in messages:
+                self.events.publish(
+                    "message.delivered",
+                    receiver_id=m.receiver_id,
+                    message_ids=[m.id],
+                    latency_ms=round((now - m.created_at) * 1000, 1),
+                    found=found,
+                )
         return n
 
     def _wait(self, receiver_id: str, newest: int, why: str) -> Result:
         """Gate closed: store the reason with the pending messages (once per reason and arrival)."""
-        if self._noted.get(receiver_id) != (why, newest):
+        prior = self._noted.get(receiver_id)
+        if prior != (why, newest):
             try:
                 self.store.note_waiting(receiver_id, why)
                 self._noted[receiver_id] = (why, newest)
             except StoreBusy:
                 pass  # only a note; the next attempt stores it
+            if prior is None or prior[0] != why:
+                self.events.publish("message.waiting", receiver_id=receiver_id, reason=str(why))
         return Result(Outcome.WAITING, reason=why)
 
     def _release(self, claim: Claim, receiver_id: str, error: str) -> Result:
@@ -287,6 +335,8 @@ class Delivery:
                 **counts,
             },
         )
+        kind = "message.failed" if counts["failed"] else "message.retried"
+        self.events.publish(kind, receiver_id=receiver_id, message_ids=claim.ids, error=error)
         if counts["failed"]:
             return Result(Outcome.FAILED, counts["failed"], error)
         return Result(Outcome.RETRY, counts["pending"], error)
@@ -355,7 +405,8 @@ class Delivery:
                 return out
             screen = self.terminals.screen(terminal)
             box = provider.input_text(screen) or ""
-            if is_ours(box, rest[0]) and self.terminals.submit(terminal, None, before=screen, fence=fence):
+            ours = is_ours(box, rest[0], format_batch(rest))  # type: ignore[arg-type]
+            if ours and self.terminals.submit(terminal, None, before=screen, fence=fence):
                 out["delivered"] += self._ack(claim, rest, "recovery")
                 return out
             counts = self.store.release(

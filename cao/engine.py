@@ -27,6 +27,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingObserverVFS
 
 from cao.delivery import Delivery, Outcome
+from cao.errors import StoreBusy
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +47,21 @@ class _LogEvents(FileSystemEventHandler):
             self.wake(name[:-4])
 
 
-def inbox_log_observer(watched: set[str], *, interval: float) -> PollingObserverVFS:
+def inbox_log_observer(
+    watched: set[str], *, interval: float, everything: Callable[[], bool] = lambda: False
+) -> PollingObserverVFS:
     """watchdog's PollingObserverVFS over ``logs/terminal/``, polling only the logs that matter:
-    each poll lists just the log files of receivers that have messages waiting (``watched``), so
-    50 idle agents with empty inboxes cost nothing and the interval can be tens of milliseconds."""
+    each poll lists just the log files of receivers that have messages waiting (``watched``) — or
+    all of them while someone listens to the event stream (``everything()``: live statuses) — so
+    50 idle agents with empty inboxes and no listener cost nothing and the interval can be tens of
+    milliseconds."""
 
     def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
-        if not watched:
+        every = everything()
+        if not watched and not every:
             return iter(())
         with os.scandir(path) as entries:
-            return iter([e for e in entries if e.name.endswith(".log") and e.name[:-4] in watched])
+            return iter([e for e in entries if e.name.endswith(".log") and (every or e.name[:-4] in watched)])
 
     return PollingObserverVFS(os.stat, listdir, polling_interval=interval)
 
@@ -83,6 +89,8 @@ class DeliveryEngine:
         self._observer: PollingObserverVFS | None = None
         self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
         self._housekeeper: threading.Thread | None = None
+        self.events = delivery.events
+        self._refreshing: set[str] = set()  # terminals whose status is being re-read for listeners
         self.stats: dict[str, int] = {"kicks": 0, "runs": 0, "delivered": 0, "sweeps": 0, "logs_capped": 0}
 
     # -- waking -------------------------------------------------------------------------------
@@ -126,6 +134,9 @@ class DeliveryEngine:
                     continue  # more may be pending; the gate decides
                 if result.outcome == Outcome.RETRY:
                     retry_after = self.settings.retry_delay
+            except StoreBusy:
+                logger.warning("database busy; delivery will retry", extra={"terminal_id": receiver_id})
+                retry_after = self.settings.retry_delay
             except Exception:
                 logger.exception("delivery run crashed", extra={"terminal_id": receiver_id})
             waiting = self._still_pending(receiver_id)
@@ -163,7 +174,9 @@ class DeliveryEngine:
             return
         logs = self.settings.logs_dir
         logs.mkdir(parents=True, exist_ok=True)
-        observer = inbox_log_observer(self.watched, interval=self.settings.watch_interval)
+        observer = inbox_log_observer(
+            self.watched, interval=self.settings.watch_interval, everything=lambda: self.events.listening
+        )
         observer.schedule(_LogEvents(self._on_log_change), str(logs), recursive=False)
         observer.daemon = True
         observer.start()
@@ -171,7 +184,7 @@ class DeliveryEngine:
 
     def _park_watchdog(self) -> None:
         with self._lock:
-            observer = self._observer if not self.watched else None
+            observer = self._observer if not (self.watched or self.events.listening) else None
             if observer is not None:
                 self._observer = None
         if observer is not None:
@@ -183,7 +196,41 @@ class DeliveryEngine:
         return self._observer is not None
 
     def _on_log_change(self, terminal_id: str) -> None:
-        self.kick(terminal_id, "watchdog")
+        if terminal_id in self.watched:
+            self.kick(terminal_id, "watchdog")
+        if self.events.listening:
+            self.refresh_status(terminal_id)
+
+    # -- live status for event listeners ------------------------------------------------------
+    def listeners_changed(self) -> None:
+        """Someone started (or stopped) listening to events: watch every pane log (or park)."""
+        if self.events.listening:
+            with self._lock:
+                self._ensure_watchdog()
+            for t in self.store.list_terminals():
+                self.refresh_status(t.id)
+        else:
+            self._park_watchdog()
+
+    def refresh_status(self, terminal_id: str) -> None:
+        """Re-read one terminal's status (coalesced); a change is published by the terminal layer."""
+        with self._lock:
+            if terminal_id in self._refreshing:
+                return
+            self._refreshing.add(terminal_id)
+        try:
+            self.pool.submit(self._refresh, terminal_id)
+        except RuntimeError:
+            with self._lock:
+                self._refreshing.discard(terminal_id)
+
+    def _refresh(self, terminal_id: str) -> None:
+        with self._lock:
+            self._refreshing.discard(terminal_id)
+        try:
+            self.terminals.status(self.store.get_terminal(terminal_id))
+        except Exception:  # a terminal deleted meanwhile, a tmux hiccup: the next change retries
+            logger.debug("status refresh failed", extra={"terminal_id": terminal_id}, exc_info=True)
 
     # -- trigger 3: the reconcile sweep ---------------------------------------------------------
     def sweep_step(self, now: float | None = None) -> dict[str, int]:

@@ -69,12 +69,12 @@ def check_text(name: str, value: str) -> str:
         raise InvalidInput(
             f"{field} is not valid text (it has a lone UTF-16 surrogate); fix its encoding"
         ) from None
-    if "\x00" in value:
-        raise InvalidInput(f"{field} contains a NUL character; remove it")
-    if name == "message":
+    if name == "message":  # any text: control characters are neutralised before it is pasted
         if value and blank(value):
             raise InvalidInput("message is blank (only whitespace or invisible characters); send some text")
         return value
+    if "\x00" in value:
+        raise InvalidInput(f"{field} contains a NUL character; remove it")
     if len(value) > MAX_FIELD_CHARS:
         raise InvalidInput(f"{field} is {len(value)} characters long; the limit is {MAX_FIELD_CHARS}")
     if any(unicodedata.category(ch) == "Cc" for ch in value):

@@ -91,6 +91,26 @@ def arrived(message: Addressed, transcript: str) -> bool:
     return header(message) in transcript or trailer(message) in transcript
 
 
-def is_ours(box: str, message: Addressed) -> bool:
-    """Does the input box hold text cao can prove is its own paste of ``message``?"""
-    return box.lstrip().startswith(header(message))
+# How CLIs collapse a long input in their box: "[+3 lines]", "[Pasted text #1 +41 lines]", "…"
+_COLLAPSED = re.compile(r"\[\+\d+ lines\]|\[Pasted [Tt]ext[^\]]*\]|…")
+
+
+def is_ours(box: str, message: Addressed, pasted: str | None = None) -> bool:
+    """Does the input box hold text cao can prove is its own paste (``pasted``, which starts with
+    ``message``'s header), and nothing else? Every visible piece of the box, between the markers
+    CLIs use for collapsed input, must be part of what cao pasted, in order; text a person typed
+    before or after it makes the box not ours (cao then never presses Enter on it)."""
+    pieces = [" ".join(p.split()) for p in _COLLAPSED.split(box)]
+    pieces = [p for p in pieces if p]
+    if not pieces or not pieces[0].startswith(header(message)):
+        return False
+    if pasted is None:
+        return len(pieces) == 1 and pieces[0] == header(message)
+    flat = " ".join(pasted.split())
+    at = 0
+    for piece in pieces:
+        found = flat.find(piece, at)
+        if found < 0:
+            return False
+        at = found + len(piece)
+    return True

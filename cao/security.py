@@ -47,7 +47,9 @@ H11_MAX_EVENT = 1024 * 1024  # uvicorn reads request lines and headers this long
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::"})
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-OPEN_ROUTES = frozenset({("GET", "/health"), ("HEAD", "/health")})
+OPEN_ROUTES = frozenset({("GET", "/health"), ("HEAD", "/health"), ("GET", "/"), ("GET", "/login")})
+OPEN_PREFIXES = ("/ui/",)  # the dashboard's static files: no secrets, and the page asks for the token
+TOKEN_COOKIE = "cao_token"  # set by GET /login?token=… for the dashboard (HttpOnly, SameSite=Strict)
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:
@@ -118,13 +120,16 @@ class Policy:
             return True
         return name in LOOPBACK_NAMES and self.port != 0 and port == self.port
 
-    def token_ok(self, authorization: str | None) -> bool:
+    def token_ok(self, authorization: str | None, cookie: str | None = None) -> bool:
+        """A bearer token, or (for the dashboard in a browser) the ``cao_token`` cookie."""
         if self.token is None:
             return True
         scheme, _, credentials = (authorization or "").strip().partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            credentials.strip().encode(), self.token.encode()
-        )
+        given = credentials.strip().encode()
+        if scheme.lower() == "bearer" and hmac.compare_digest(given, self.token.encode()):
+            return True
+        value = _cookie(cookie, TOKEN_COOKIE)
+        return value is not None and hmac.compare_digest(value.encode(), self.token.encode())
 
 
 class Refused(Exception):
@@ -159,6 +164,17 @@ class Guard:
         self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            try:
+                self.check_websocket(scope, _headers(scope))
+            except Refused as refused:
+                logger.warning(
+                    "websocket refused",
+                    extra={"status": refused.status, "reason": refused.error, "path": scope["path"][:200]},
+                )
+                await receive()  # websocket.connect
+                await send({"type": "websocket.close", "code": 1008, "reason": refused.error})
+                return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -218,7 +234,8 @@ class Guard:
                 f"cross-origin request from {origin[:100]!r} refused; if that web page may drive your "
                 "agents, add its origin to CAO_ALLOWED_ORIGINS (docs/security.md)",
             )
-        if (method, path) not in OPEN_ROUTES and not self.policy.token_ok(headers.get("authorization")):
+        open_route = (method, path) in OPEN_ROUTES or (method == "GET" and path.startswith(OPEN_PREFIXES))
+        if not open_route and not self.policy.token_ok(headers.get("authorization"), headers.get("cookie")):
             raise Refused(
                 401,
                 "Unauthorized",
@@ -238,6 +255,18 @@ class Guard:
             )
         if length.isascii() and length.isdigit() and int(length) > MAX_BODY_BYTES:
             raise too_large()
+
+    def check_websocket(self, scope: Scope, headers: dict[str, str]) -> None:
+        """A WebSocket is never protected by CORS: its Origin must be ours whenever a browser
+        sends one, besides the Host and token checks every request gets."""
+        host = headers.get("host", "")
+        if not self.policy.host_allowed(host):
+            raise Refused(400, "HostNotAllowed", f"Host {host[:100]!r} is not one of this server's names")
+        origin = headers.get("origin")
+        if origin is not None and not self.policy.origin_allowed(origin, host):
+            raise Refused(403, "OriginNotAllowed", f"cross-origin WebSocket from {origin[:100]!r} refused")
+        if not self.policy.token_ok(headers.get("authorization"), headers.get("cookie")):
+            raise Refused(401, "Unauthorized", "missing or wrong API token")
 
     async def refuse(self, scope: Scope, receive: Receive, send: Send, refused: Refused) -> None:
         client = scope.get("client")
@@ -271,3 +300,11 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.add_middleware(Guard, policy=Policy.from_settings(settings))
     inputs.install_error_handlers(app)
     openapi.install(app, token=settings.api_token is not None)
+
+
+def _cookie(header: str | None, name: str) -> str | None:
+    for part in (header or "").split(";"):
+        key, sep, value = part.strip().partition("=")
+        if sep and key == name:
+            return value.strip()
+    return None

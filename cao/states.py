@@ -46,6 +46,7 @@ class WaitReason(StrEnum):
     BOX_TEXT = "input box holds text"
     MCP = "receiver's MCP tools not connected yet"
     UNREADABLE = "receiver's screen could not be read"
+    UNKNOWN = "receiver status unknown (its screen matches nothing its provider knows)"
     RETRY = "retrying after a failed attempt"
 
 

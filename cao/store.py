@@ -701,6 +701,32 @@ class Store:
         fence = int(fence_row[0]) if fence_row is not None else 0
         return Claim(token, fence, [_row(Message, r) for r in got], recheck is not None)
 
+    def unclaim(self, token: str) -> int:
+        """Give a claim back untouched (the gate closed again before the paste): pending, no attempt
+        counted, its recheck mark and last error kept."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE message SET status = 'pending', claim = NULL, claimed_at = NULL "
+                "WHERE claim = ? AND status = 'delivering'",
+                (token,),
+            )
+            return int(cur.rowcount)
+
+    def delivery_view(self, receiver_id: str) -> tuple[Terminal, bool]:
+        """The receiver's row and whether some claim on it is outstanding, in one read: a deliverer
+        that sees no claim outstanding and later wins the claim with fence + 1 knows nobody else
+        pasted into that pane in between (its screen read is still current)."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT t.*, EXISTS(SELECT 1 FROM message m WHERE m.receiver_id = t.id "
+                "AND m.status = 'delivering') AS outstanding FROM terminal t WHERE t.id = ?",
+                (receiver_id,),
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"terminal {receiver_id} not found; list terminals with `cao status`")
+        fields = {k: row[k] for k in row.keys() if k != "outstanding"}  # noqa: SIM118 (sqlite3.Row)
+        return _row(Terminal, fields), bool(row["outstanding"])
+
     def renew(self, token: str) -> bool:
         """Extend a claim's lease; False means the claim was lost (recovered by someone else)."""
         with self._write() as conn:

@@ -40,6 +40,7 @@ from cao.errors import (
     TmuxError,
     TmuxServerDown,
 )
+from cao.events import EventBus
 from cao.paste import is_blank, neutralise
 from cao.profiles import Profile
 from cao.settings import Settings
@@ -118,6 +119,7 @@ class Terminals:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         fault: Callable[[str], None] = lambda _name: None,
+        events: EventBus | None = None,
     ) -> None:
         self.sleep = sleep
         self.settings = settings
@@ -126,6 +128,8 @@ class Terminals:
         self.environ = dict(os.environ if environ is None else environ)
         self.clock = clock
         self.fault = fault  # test-only crash points (see cao.delivery.Faults)
+        self.events = events or EventBus()
+        self._seen_status: dict[str, str] = {}  # last status published per terminal
         self.home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
@@ -273,6 +277,14 @@ class Terminals:
             info.pane_pid,
         )
         logger.info("terminal created", extra={"terminal_id": terminal_id, "provider": provider_name})
+        self.events.publish(
+            "terminal.created",
+            terminal_id=terminal_id,
+            session_name=session,
+            provider=provider_name,
+            agent_profile=profile,
+            supervisor_id=supervisor_id,
+        )
         return terminal
 
     def _undo_create(self, terminal_id: str, exc: BaseException) -> None:
@@ -346,6 +358,11 @@ class Terminals:
         with self._pane(terminal) as ref:
             return self.tmux.capture_checked(ref, scrollback=scrollback, join=join)
 
+    def snapshot(self, terminal: Terminal) -> tuple[str, int, int, int, int]:
+        """The screen with colours, cursor and size (for the dashboard's live terminal view)."""
+        with self._pane(terminal) as ref:
+            return self.tmux.snapshot_checked(ref)
+
     def paste(
         self,
         terminal: Terminal,
@@ -383,6 +400,8 @@ class Terminals:
         logger.warning(
             "terminal gone", extra={"terminal_id": terminal.id, "reason": reason, "failed_messages": failed}
         )
+        self.events.publish("terminal.gone", terminal_id=terminal.id, reason=reason, failed_messages=failed)
+        self.note_status(terminal.id, GONE)
 
     def mark_gone(self, terminal: Terminal) -> None:
         self.lose(terminal, "its pane is gone")
@@ -398,9 +417,20 @@ class Terminals:
             screen = self.screen(terminal)
         except (PaneGone, TmuxServerDown):
             return GONE
-        status = self.provider(terminal).detect_status(screen).value
+        reading = self.provider(terminal).detect(screen)
+        status = reading.status.value
+        if status == TerminalStatus.UNKNOWN and terminal.status != status:
+            logger.warning("terminal status unknown: %s", reading.reason, extra={"terminal_id": terminal.id})
         self.remember_status(terminal, status)
+        self.note_status(terminal.id, status)
         return status
+
+    def note_status(self, terminal_id: str, status: str) -> None:
+        """Publish a status change (the screen is the state; this is where it is read)."""
+        previous = self._seen_status.get(terminal_id)
+        if previous != status:
+            self._seen_status[terminal_id] = status
+            self.events.publish("terminal.status", terminal_id=terminal_id, status=status, previous=previous)
 
     def remember_status(self, terminal: Terminal, status: str) -> None:
         fields: dict[str, object] = {}
@@ -553,6 +583,8 @@ class Terminals:
             self.fault("after_delete_marked")
             self._kill_and_finish(terminal)
         logger.info("terminal deleted", extra={"terminal_id": terminal.id, "failed_messages": failed})
+        self.events.publish("terminal.deleted", terminal_id=terminal.id, failed_messages=failed)
+        self._seen_status.pop(terminal.id, None)
         return failed
 
     def _kill_and_finish(self, terminal: Terminal) -> None:

@@ -335,6 +335,30 @@ class Tmux:
             raise _mismatch(ref, seen)
         return screen
 
+    def snapshot_checked(self, ref: PaneRef) -> tuple[str, int, int, int, int]:
+        """The visible screen with its colours (``capture-pane -e``), the cursor and the pane size,
+        for a viewer that then follows the pane log: ``(screen, cursor_x, cursor_y, cols, rows)``."""
+        fmt = f"{_ID_FMT} #{{cursor_x}} #{{cursor_y}} #{{pane_width}} #{{pane_height}}"
+        out = self.run(
+            "display-message",
+            "-p",
+            "-t",
+            ref.pane_id,
+            fmt,
+            ";",
+            "capture-pane",
+            "-e",
+            "-p",
+            "-t",
+            ref.pane_id,
+            target=ref.pane_id,
+        )
+        first, _, screen = out.partition("\n")
+        seen, x, y, cols, rows = first.split(" ")
+        if seen != ref.expected:
+            raise _mismatch(ref, seen)
+        return screen, int(x), int(y), int(cols), int(rows)
+
     def paste_checked(
         self,
         ref: PaneRef,
@@ -428,11 +452,26 @@ class Tmux:
 
         A pane that no longer exists is fine (nothing to kill)."""
         try:
-            server, pid, _dead = self.identity(ref.pane_id)
+            server, pid, dead = self.identity(ref.pane_id)
         except (PaneGone, TmuxServerDown):
             return
         if (server, pid) != (ref.server_pid, ref.pane_pid):
             raise _mismatch(ref, f"{server}/{pid}/0")
+        if dead:
+            # the program exited: its pid may belong to an unrelated process by now, so nothing is
+            # signalled; only the (dead) pane goes
+            with contextlib.suppress(PaneGone, TmuxServerDown):
+                cond = ref.condition(alive=False)
+                self.run(
+                    "if-shell",
+                    "-F",
+                    "-t",
+                    ref.pane_id,
+                    cond,
+                    f"kill-pane -t {ref.pane_id}",
+                    target=ref.pane_id,
+                )
+            return
         self.kill_pane(ref.pane_id, ref.pane_pid, grace=grace, condition=ref.condition(alive=False))
 
     # -- screen and input -----------------------------------------------------------------------

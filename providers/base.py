@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     from cao.profiles import Profile
@@ -26,6 +26,17 @@ class TerminalStatus(StrEnum):
     COMPLETED = "completed"
     WAITING_USER_ANSWER = "waiting_user_answer"
     ERROR = "error"
+    # Nothing on screen matched what the provider knows (a CLI release it wasn't built for, a
+    # screen it never saw, an exited CLI's last screen): cao waits and shows the reason instead of
+    # guessing. See Provider.detect.
+    UNKNOWN = "unknown"
+
+
+class Reading(NamedTuple):
+    """A status and what on screen decided it (the reason is shown when the status is unknown)."""
+
+    status: TerminalStatus
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,11 @@ class Provider:
 
     def detect_status(self, screen: str) -> TerminalStatus:
         raise NotImplementedError
+
+    def detect(self, screen: str) -> Reading:
+        """``detect_status`` with the evidence: for ``unknown``, why nothing matched (shown to the
+        operator). Providers that can tell override this and derive ``detect_status`` from it."""
+        return Reading(self.detect_status(screen))
 
     def extract_last_message(self, screen: str) -> str:
         raise NotImplementedError

@@ -115,13 +115,12 @@ class ScriptedProvider(Provider):
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         """Idle before: the generic check. Busy before (eager delivery): the spinner keeps changing
-        the screen, so look for firmer evidence: one more queued input, or a new turn's echo."""
+        the screen, so look for firmer evidence: one more queued input."""
         if self.detect_status(before) != TerminalStatus.PROCESSING:
             return super().submit_confirmed(before, after)
-        if _queued(after) > _queued(before):
-            return True
-        echoes = [line for line in _lines(after) if line.startswith(USER)]
-        return True if echoes != [line for line in _lines(before) if line.startswith(USER)] else None
+        # A new echo could be an earlier queued input starting its turn (another message's evidence),
+        # so only one more queued input counts; anything else is judged later from the transcript.
+        return True if _queued(after) > _queued(before) else None
 
 
 def _queued(screen: str) -> int:

@@ -155,7 +155,7 @@ class Agent:
         lines = self.input.split("\n")
         shown = lines[0][:150]
         if len(lines) > 1:
-            shown += f" [+{len(lines) - 1} lines]"
+            shown += f" [+{len(lines) - 1} lines] …{lines[-1][-60:]}"  # the tail too: what was added last
         self.write("\r\x1b[K❯ " + shown)
 
     def spinner(self) -> None:

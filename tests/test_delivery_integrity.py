@@ -304,7 +304,10 @@ def test_30_typed_input_racing_an_inbox_delivery_never_lands_in_the_others_turn(
     _settle(core, tid)
     wait_until(lambda: core.store.counts_by_status()["delivered"] == 15)
     recs = read_records(settings.home, tid)
-    assert len(recs) == 30 and not any(r["arrived_busy"] for r in recs)
+    typed = [r for r in recs if r["messages"][0]["id"] is None]
+    inbox = sorted(m["body"] for r in recs for m in r["messages"] if m["id"] is not None)
+    assert len(typed) == 15 and inbox == sorted(f"token-s30-{i}" for i in range(15))  # (may be batched)
+    assert not any(r["arrived_busy"] for r in recs)
 
 
 def test_30b_typed_input_is_neutralised(core: Cao):
@@ -411,3 +414,171 @@ def test_an_ack_that_meets_a_locked_database_is_retried_not_left_delivering(
         for p in lockers:
             p.communicate(timeout=10)
     assert received_bodies(settings.home, tid) == ["token-ack"]
+
+
+# -- found by attacking the finished work --------------------------------------------------------
+def test_eager_retry_never_pastes_again_while_the_box_cant_be_seen(make_core: Callable[..., Cao], settings):
+    """Eager delivery into a busy agent whose Enter was swallowed: the box is hidden under the spinner,
+    so the earlier paste may sit queued; the retry waits for the box instead of pasting twice."""
+    rules = {
+        "record": True,
+        "swallow_enters": 1,
+        "rules": [{"match": "^work", "delay": 3, "reply": "worked"}],
+    }
+    write_rules(settings.home, "deafbusy", rules)
+    core = make_core(settings.with_(eager_delivery=True, retry_delay=0.3))
+    tid = _new_terminal(core, "deafbusy", provider="scripted_eager")
+    core.terminals.send_input(core.store.get_terminal(tid), "work a while")
+    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    receipt = core.send_message(tid, "token-eager-once", sender_id="s")
+    wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered", timeout=20)
+    _settle(core, tid)
+    bodies = received_bodies(settings.home, tid)
+    assert bodies.count("token-eager-once") == 1, bodies
+    assert all(
+        "token-eager-once" not in r["text"] or r["text"].count("[cao message") == 1
+        for r in read_records(settings.home, tid)
+    )
+
+
+def test_eager_delivery_looks_again_after_the_claim_and_never_answers_a_prompt(
+    make_core: Callable[..., Cao], settings
+):
+    """The agent opens a permission prompt between the screen read and the paste: the second look
+    (after the claim, before the paste) sees it, and the message waits."""
+    rules = {
+        "record": True,
+        "rules": [
+            {"match": "^deploy", "ask": "Allow deploy?"},
+            {"match": "^work", "delay": 1.0, "reply": "worked"},
+        ],
+    }
+    write_rules(settings.home, "asker", rules)
+    core = make_core(settings.with_(eager_delivery=True))
+    tid = _new_terminal(core, "asker", provider="scripted_eager")
+    term = core.store.get_terminal(tid)
+    core.terminals.send_input(term, "work first")
+    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.terminals.send_input(core.store.get_terminal(tid), "deploy now")  # queued; asks when it runs
+
+    def prompt_shows() -> None:
+        wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "waiting_user_answer")
+
+    core.faults.hooks["after_claim"] = prompt_shows
+    receipt = core.send_message(tid, "token-not-an-answer", sender_id="s")
+    mid = receipt.message.id or 0
+    wait_until(lambda: core.store.get_message(mid).waiting_reason == "receiver waiting for a user answer")
+    core.faults.hooks.clear()
+    assert _status_of(core, mid) == "pending"
+    core.terminals.send_input(core.store.get_terminal(tid), "y")
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
+    texts = [r["text"] for r in read_records(settings.home, tid)]  # (answers to a prompt aren't turns)
+    assert texts[:2] == ["work first", "deploy now"] and texts[-1].endswith("token-not-an-answer")
+    assert len(texts) == 3
+    screen = core.terminals.screen(core.store.get_terminal(tid), scrollback=True)
+    assert "permission denied" not in screen  # the prompt got the operator's "y", not the message
+
+
+def test_a_paste_by_another_process_between_screen_read_and_claim_is_noticed(
+    make_core: Callable[..., Cao], settings
+):
+    """Two delivering processes: P1 read an idle screen, P2 delivered a message that started a turn,
+    then P1 won the claim. P1's claim fence shows someone claimed in between, so it looks again."""
+    write_rules(
+        settings.home, "worker", {"record": True, "rules": [{"match": "work", "delay": 1.5, "reply": "ok"}]}
+    )
+    p1 = make_core(settings, start=False)
+    tid = _new_terminal(p1, "worker")
+    p2 = make_core(settings, start=False)  # another process: own locks
+    first, _ = p1.store.add_message(sender_id="s", receiver_id=tid, body="work one")
+
+    def other_process_delivers() -> None:
+        p1.faults.hooks.clear()
+        assert p2.delivery.deliver(tid).outcome == Outcome.DELIVERED
+        p1.store.add_message(sender_id="s", receiver_id=tid, body="work two")
+
+    p1.faults.hooks["before_claim"] = other_process_delivers
+    result = p1.delivery.deliver(tid)
+    assert result.outcome == Outcome.WAITING and result.reason == "receiver busy"
+    wait_until(lambda: _idle(p1, tid), timeout=10)
+    assert p1.delivery.deliver(tid).outcome == Outcome.DELIVERED
+    _settle(p1, tid)
+    recs = read_records(settings.home, tid)
+    assert [m["body"] for r in recs for m in r["messages"]] == ["work one", "work two"]
+    assert not any(r["arrived_busy"] for r in recs)
+    assert _status_of(p1, first.id or 0) == "delivered"
+
+
+def test_a_persons_text_added_to_caos_unsubmitted_paste_is_never_submitted(
+    make_core: Callable[..., Cao], settings
+):
+    write_rules(settings.home, "deaf2", {"record": True, "swallow_enters": 2})
+    core = make_core(settings.with_(retry_delay=1.5))
+    tid = _new_terminal(core, "deaf2")
+    receipt = core.send_message(tid, "token-mine", sender_id="s")
+    mid = receipt.message.id or 0
+    wait_until(lambda: core.store.get_message(mid).attempts >= 1, what="first attempt unconfirmed")
+    _person_types(core, tid, " PERSON-TYPED-THIS")
+    wait_until(lambda: "PERSON-TYPED-THIS" in (_box(core, tid) or ""), what="person's text in the box")
+    wait_until(lambda: core.store.get_message(mid).waiting_reason == "input box holds text", timeout=10)
+    assert read_records(settings.home, tid) == [] and _status_of(core, mid) == "pending"
+
+
+def test_deleting_an_exited_agent_signals_nobody(core: Cao):
+    """The pane is dead, so its recorded pid may belong to an unrelated process by now."""
+    import os
+    import signal
+    import subprocess as sp
+
+    tid = _new_terminal(core)
+    term = core.store.get_terminal(tid)
+    core.tmux.send_keys(term.pane_id or "", "/exit", "Enter")
+    wait_until(lambda: any(p.dead for p in core.tmux.list_panes() if p.pane_id == term.pane_id))
+    try:  # an unrelated process gets the exited agent's pid (root can choose the next pid)
+        with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+            fh.write(str((term.pane_pid or 0) - 1))
+    except OSError as exc:
+        pytest.skip(f"can't choose the next pid here ({exc})")
+    bystander = sp.Popen(["sleep", "60"])
+    try:
+        if bystander.pid != term.pane_pid:
+            pytest.skip("another process took the pid first")
+        core.delete_terminal(tid)
+        assert bystander.poll() is None  # still running: cao signalled nobody
+        assert all(p.pane_id != term.pane_id for p in core.tmux.list_panes())  # the dead pane is gone
+    finally:
+        os.kill(bystander.pid, signal.SIGKILL)
+        bystander.wait()
+
+
+def test_a_database_locked_during_the_claim_is_retried_soon(make_core: Callable[..., Cao], settings):
+    core = make_core(settings.with_(busy_timeout=0.3, retry_delay=0.3, sweep_grace=3600))
+    tid = _new_terminal(core)
+    lockers: list[subprocess.Popen[str]] = []
+
+    def lock_db() -> None:
+        core.faults.hooks.clear()
+        p = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, str(settings.db_path), "1.0"], stdout=subprocess.PIPE, text=True
+        )
+        lockers.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == "locked"
+
+    core.faults.hooks["before_claim"] = lock_db
+    receipt = core.send_message(tid, "token-claim-busy", sender_id="s")
+    try:
+        wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered", timeout=10)
+    finally:
+        for p in lockers:
+            p.communicate(timeout=10)
+    assert core.engine.stats["sweeps"] == 0 or core.store.get_message(receipt.message.id or 0).delivered_at
+    assert received_bodies(settings.home, tid) == ["token-claim-busy"]
+
+
+def test_a_nul_in_a_message_arrives_neutralised_over_http(core: Cao):
+    tid = _new_terminal(core)
+    with TestClient(create_app(core)) as client:
+        r = client.post(f"/terminals/{tid}/inbox/messages", json={"message": "before\x00after"})
+        assert r.status_code == 201, r.text
+        wait_until(lambda: client.get(f"/messages/{r.json()['message_id']}").json()["status"] == "delivered")
+    assert received_bodies(core.settings.home, tid) == ["before␀after"]

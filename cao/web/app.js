@@ -1,0 +1,353 @@
+// cao dashboard: plain ES module, no build step. State comes from the HTTP API once, then from the
+// event stream (GET /events, Server-Sent Events; the browser resumes with Last-Event-ID by itself).
+import { Terminal } from "/ui/vendor/xterm/xterm.mjs";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const main = $("#main");
+const state = {
+  terminals: new Map(), // id -> terminal view (GET /terminals)
+  messages: new Map(), // id -> message view (GET /messages)
+  since: new Map(), // terminal id -> ms when its status last changed (seen here)
+  providers: [],
+  route: "",
+};
+let view = null; // the current view's cleanup
+
+// -- HTTP ------------------------------------------------------------------------------------------
+async function api(path, options = {}) {
+  const init = { ...options, headers: { ...(options.headers || {}) } };
+  if (init.json !== undefined) {
+    init.method = init.method || "POST";
+    init.body = JSON.stringify(init.json);
+    init.headers["Content-Type"] = "application/json";
+    delete init.json;
+  }
+  const res = await fetch(path, init);
+  const body = res.headers.get("content-type")?.includes("json") ? await res.json() : await res.text();
+  if (res.status === 401) showLogin();
+  if (!res.ok) throw new Error((body && body.detail) || `${res.status} ${res.statusText}`);
+  return body;
+}
+
+function toast(text) {
+  const el = $("#toast");
+  el.textContent = text;
+  el.classList.add("show");
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => el.classList.remove("show"), 4000);
+}
+
+function showLogin() {
+  main.innerHTML = `<div class="login"><h2>Token needed</h2>
+    <p>This cao-server requires its API token. Run <code class="mono">cao dashboard</code> in a shell:
+    it prints (and opens) a link that logs this browser in.</p></div>`;
+}
+
+// -- time and formatting ------------------------------------------------------------------------
+const ms = (t) => (t == null ? null : typeof t === "number" ? t * 1000 : Date.parse(t));
+function ago(t) {
+  if (t == null) return "";
+  const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+}
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+const badge = (status, id) => `<span class="badge" data-status="${esc(status)}"${id ? ` data-testid="${esc(id)}"` : ""}>${esc(status)}</span>`;
+
+// -- loading state ------------------------------------------------------------------------------
+async function loadTerminals() {
+  const list = await api("/terminals");
+  const seen = new Set();
+  for (const t of list) {
+    seen.add(t.id);
+    const old = state.terminals.get(t.id);
+    if (!old || old.status !== t.status) state.since.set(t.id, old ? Date.now() : ms(t.last_active) ?? Date.now());
+    state.terminals.set(t.id, t);
+  }
+  for (const id of [...state.terminals.keys()]) if (!seen.has(id)) state.terminals.delete(id);
+}
+
+async function loadMessages() {
+  const list = await api("/messages?limit=500");
+  state.messages = new Map(list.map((m) => [m.id, m]));
+}
+
+const debounced = (fn, wait) => {
+  let timer = null;
+  return () => {
+    clearTimeout(timer);
+    timer = setTimeout(fn, wait);
+  };
+};
+const refreshTerminals = debounced(() => loadTerminals().then(render).catch(() => {}), 100);
+const refreshMessages = debounced(() => loadMessages().then(render).catch(() => {}), 100);
+
+// -- the event stream ---------------------------------------------------------------------------
+function connectEvents() {
+  const live = $("#live");
+  const source = new EventSource("/events");
+  source.onopen = () => {
+    live.textContent = "live";
+    live.className = "live on";
+  };
+  source.onerror = () => {
+    live.textContent = "reconnecting…";
+    live.className = "live off";
+  };
+  source.addEventListener("terminal.status", (e) => {
+    const ev = JSON.parse(e.data);
+    const t = state.terminals.get(ev.terminal_id);
+    if (!t) return refreshTerminals();
+    t.status = ev.status;
+    state.since.set(ev.terminal_id, ev.t * 1000);
+    render();
+  });
+  for (const type of ["terminal.created", "terminal.gone", "terminal.deleted"]) {
+    source.addEventListener(type, () => {
+      refreshTerminals();
+      refreshMessages();
+    });
+  }
+  for (const type of ["message.queued", "message.claimed", "message.delivered", "message.retried",
+    "message.failed", "message.cancelled", "message.waiting"]) {
+    source.addEventListener(type, refreshMessages);
+  }
+  source.addEventListener("stream.reset", () => {
+    refreshTerminals();
+    refreshMessages();
+  });
+}
+
+// -- views ------------------------------------------------------------------------------------------
+function render() {
+  if (state.route.startsWith("#/t/")) return renderTerminalSide();
+  if (state.route === "#/messages") return renderMessages();
+  return renderFleet();
+}
+
+function pendingFor(id) {
+  let n = 0;
+  for (const m of state.messages.values()) if (m.receiver_id === id && (m.status === "pending" || m.status === "delivering")) n++;
+  return n;
+}
+
+function fleetRows() {
+  // supervisors first, each followed by its workers (supervisor_id), then the rest
+  const all = [...state.terminals.values()];
+  const ids = new Set(all.map((t) => t.id));
+  const roots = all.filter((t) => !t.supervisor_id || !ids.has(t.supervisor_id));
+  const out = [];
+  const add = (t, depth) => {
+    out.push([t, depth]);
+    for (const w of all.filter((x) => x.supervisor_id === t.id)) add(w, depth + 1);
+  };
+  roots.forEach((t) => add(t, 0));
+  return out;
+}
+
+function renderFleet() {
+  if (!$("#fleet")) {
+    main.innerHTML = `
+      <h2>New agent</h2>
+      <form class="create" id="create">
+        <label>provider <select name="provider">${state.providers.map((p) => `<option>${esc(p)}</option>`).join("")}</select></label>
+        <label>profile <input name="agent_profile" placeholder="developer" size="14"></label>
+        <label>session <input name="session_name" placeholder="(new)" size="14"></label>
+        <button type="submit">Create</button>
+      </form>
+      <h2>Fleet</h2>
+      <div id="fleet"></div>`;
+    $("#create").addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const data = Object.fromEntries(new FormData(e.target));
+      for (const k of Object.keys(data)) if (!data[k]) delete data[k];
+      const path = data.session_name && [...state.terminals.values()].some((t) => t.session_name === `cao-${data.session_name}` || t.session_name === data.session_name)
+        ? `/sessions/${encodeURIComponent(data.session_name)}/terminals` : "/sessions";
+      try {
+        const t = await api(path, { json: data });
+        toast(`created ${t.id}`);
+        refreshTerminals();
+      } catch (err) {
+        toast(err.message);
+      }
+    });
+  }
+  const rows = fleetRows();
+  $("#fleet").innerHTML = rows.length === 0 ? `<div class="empty">No agents yet. Create one above, or run <code class="mono">cao launch</code>.</div>` : `
+    <table><thead><tr><th>terminal</th><th>session</th><th>provider</th><th>profile</th><th>status</th>
+      <th>for</th><th>inbox</th><th></th></tr></thead><tbody>
+    ${rows.map(([t, depth]) => `
+      <tr class="${depth ? "worker" : ""}" data-terminal="${esc(t.id)}">
+        <td class="mono"><a href="#/t/${esc(t.id)}">${esc(t.id)}</a> <span class="dim">${esc(t.name)}</span></td>
+        <td class="mono">${esc(t.session_name)}</td>
+        <td>${esc(t.provider)}</td>
+        <td>${esc(t.agent_profile)}</td>
+        <td>${badge(t.status, `status-${t.id}`)}</td>
+        <td class="dim" data-since="${esc(t.id)}">${ago(state.since.get(t.id))}</td>
+        <td>${pendingFor(t.id) || ""}</td>
+        <td>${t.status === "gone" ? "" : `<button data-act="exit" data-id="${esc(t.id)}">Exit</button>`}
+            <button class="danger" data-act="delete" data-id="${esc(t.id)}">Delete</button></td>
+      </tr>`).join("")}
+    </tbody></table>`;
+  for (const b of main.querySelectorAll("button[data-act]")) {
+    b.onclick = async () => {
+      const id = b.dataset.id;
+      try {
+        if (b.dataset.act === "exit") await api(`/terminals/${id}/exit`, { method: "POST" });
+        else if (confirm(`Delete ${id}? Its agent is stopped and its pending mail fails.`)) await api(`/terminals/${id}`, { method: "DELETE" });
+        refreshTerminals();
+      } catch (err) {
+        toast(err.message);
+      }
+    };
+  }
+}
+
+function messageRows(list) {
+  return list.map((m) => {
+    const latency = m.delivered_at ? `${Math.round(ms(m.delivered_at) - ms(m.created_at))} ms` : "";
+    const why = m.status === "pending" && m.waiting_reason ? `<div class="why">${esc(m.waiting_reason)}</div>` : "";
+    const err = m.last_error && m.status !== "delivered" ? `<div class="err">${esc(m.last_error)}</div>` : "";
+    return `<tr data-message="${esc(m.id)}">
+      <td class="mono">#${esc(m.id)}</td>
+      <td class="dim">${new Date(ms(m.created_at)).toLocaleTimeString()}</td>
+      <td class="mono">${esc(m.sender_id)} → <a href="#/t/${esc(m.receiver_id)}">${esc(m.receiver_id)}</a></td>
+      <td>${badge(m.status, `message-${m.id}`)}${why}${err}</td>
+      <td>${latency}</td>
+      <td>${esc(m.attempts)}</td>
+      <td class="mono dim">${esc((m.message || "").slice(0, 80))}</td>
+      <td>${m.status === "pending" ? `<button data-cancel="${esc(m.id)}">Cancel</button>` : ""}</td>
+    </tr>`;
+  }).join("");
+}
+
+function bindCancel(root) {
+  for (const b of root.querySelectorAll("button[data-cancel]")) {
+    b.onclick = async () => {
+      try {
+        await api(`/messages/${b.dataset.cancel}/cancel`, { method: "POST" });
+        refreshMessages();
+      } catch (err) {
+        toast(err.message);
+      }
+    };
+  }
+}
+
+function renderMessages() {
+  const list = [...state.messages.values()].sort((a, b) => b.id - a.id);
+  const pairs = new Map();
+  const names = new Set();
+  for (const m of list) {
+    const key = `${m.sender_id}\u0000${m.receiver_id}`;
+    pairs.set(key, (pairs.get(key) || 0) + 1);
+    names.add(m.sender_id);
+    names.add(m.receiver_id);
+  }
+  const order = [...names].sort();
+  main.innerHTML = `
+    <h2>Who talks to whom</h2>
+    ${order.length === 0 ? `<div class="empty">No messages yet.</div>` : `
+    <table class="matrix"><thead><tr><th>from \\ to</th>${order.map((n) => `<th class="mono">${esc(n)}</th>`).join("")}</tr></thead>
+    <tbody>${order.map((s) => `<tr><td class="mono">${esc(s)}</td>${order.map((r) => {
+      const n = pairs.get(`${s}\u0000${r}`) || 0;
+      return `<td class="n" data-n="${n}">${n}</td>`;
+    }).join("")}</tr>`).join("")}</tbody></table>`}
+    <h2>Messages</h2>
+    ${list.length === 0 ? "" : `<table><thead><tr><th>id</th><th>sent</th><th>sender → receiver</th><th>state</th>
+      <th>latency</th><th>attempts</th><th>body</th><th></th></tr></thead><tbody id="messages">${messageRows(list)}</tbody></table>`}`;
+  bindCancel(main);
+}
+
+function renderTerminalSide() {
+  const id = state.route.slice(4);
+  const t = state.terminals.get(id);
+  const head = $("#term-head");
+  if (head) head.innerHTML = t ? `<span class="mono">${esc(t.id)}</span> ${esc(t.name)} · ${esc(t.provider)} · ${badge(t.status, `status-${t.id}`)} <span class="dim">for ${ago(state.since.get(t.id))}</span>` : "gone";
+  const inbox = $("#inbox");
+  if (inbox) {
+    const list = [...state.messages.values()].filter((m) => m.receiver_id === id || m.sender_id === id).sort((a, b) => b.id - a.id);
+    inbox.innerHTML = list.length ? `<table><tbody>${messageRows(list)}</tbody></table>` : `<div class="empty">No messages.</div>`;
+    bindCancel(inbox);
+  }
+}
+
+function openTerminal(id) {
+  main.innerHTML = `
+    <h2 id="term-head"></h2>
+    <div class="split">
+      <div>
+        <div id="term"></div>
+        <form class="input" id="input">
+          <textarea name="message" placeholder="Type to the agent (sent as one input, neutralised, when it is ready)"></textarea>
+          <button type="submit">Send</button>
+        </form>
+      </div>
+      <div><h2>Inbox and sent</h2><div id="inbox"></div></div>
+    </div>`;
+  const term = new Terminal({ convertEol: false, disableStdin: true, fontSize: 13, scrollback: 5000 });
+  term.open($("#term"));
+  const proto = location.protocol === "https:" ? "wss" : "ws";
+  const ws = new WebSocket(`${proto}://${location.host}/terminals/${id}/stream`);
+  ws.binaryType = "arraybuffer";
+  ws.onmessage = (e) => {
+    if (typeof e.data === "string") {
+      const msg = JSON.parse(e.data);
+      if (msg.type === "hello") term.resize(msg.cols, msg.rows);
+      else if (msg.type === "error") term.write(`\r\n[cao: ${msg.detail}]\r\n`);
+      return;
+    }
+    term.write(new Uint8Array(e.data));
+  };
+  ws.onclose = () => term.write("\r\n\x1b[2m[stream closed]\x1b[0m\r\n");
+  $("#input").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const box = e.target.elements.message;
+    if (!box.value.trim()) return;
+    try {
+      const r = await api(`/terminals/${id}/input`, { json: { message: box.value } });
+      box.value = "";
+      toast(r.confirmed ? "sent" : "typed (not confirmed on screen yet)");
+    } catch (err) {
+      toast(err.message);
+    }
+  });
+  renderTerminalSide();
+  return () => {
+    ws.close();
+    term.dispose();
+  };
+}
+
+// -- routing ---------------------------------------------------------------------------------------
+function route() {
+  if (view) view();
+  view = null;
+  state.route = location.hash || "#/";
+  for (const a of document.querySelectorAll("nav a")) {
+    a.classList.toggle("active", (a.dataset.nav === "messages") === (state.route === "#/messages") && !state.route.startsWith("#/t/"));
+  }
+  main.innerHTML = "";
+  if (state.route.startsWith("#/t/")) view = openTerminal(state.route.slice(4));
+  render();
+}
+
+async function start() {
+  try {
+    const health = await api("/health");
+    state.providers = health.providers || [];
+    await Promise.all([loadTerminals(), loadMessages()]);
+  } catch (err) {
+    if (!main.querySelector(".login")) toast(err.message);
+    return;
+  }
+  window.addEventListener("hashchange", route);
+  route();
+  connectEvents();
+  setInterval(() => {
+    for (const el of document.querySelectorAll("[data-since]")) el.textContent = ago(state.since.get(el.dataset.since));
+  }, 1000);
+}
+
+start();

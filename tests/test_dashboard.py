@@ -1,0 +1,154 @@
+"""The web dashboard in a real browser: the system's Chromium driven by Playwright (nothing
+downloaded at run time), against a real cao-server with scripted agents on a private tmux socket.
+
+Screenshots of each view go to a temp dir; with ``UPDATE_SCREENSHOTS=1`` they replace the ones
+under docs/screenshots/ that the README shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, ServerProcess, read_records, wait_until, write_rules
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Keep the browser off the network: no background services, no component updates, no QUIC.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+]
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+if CHROMIUM is None:  # pragma: no cover - depends on the machine
+    pytest.skip("Chromium is not installed (make test installs it with apt-get)", allow_module_level=True)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """A fresh headless Chromium (Playwright gives it a new, empty profile directory)."""
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def team(make_server) -> Iterator[tuple[ServerProcess, httpx.Client, str, str]]:
+    srv: ServerProcess = make_server()
+    write_rules(
+        srv.home, "slow", {"record": True, "rules": [{"match": "^work", "delay": 2.0, "reply": "done"}]}
+    )
+    with srv.client() as c:
+        boss = c.post("/sessions", json={"session_name": "dash", "agent_profile": "slow"}).json()["id"]
+        worker = c.post(
+            "/sessions/dash/terminals", json={"agent_profile": "slow", "supervisor_id": boss}
+        ).json()["id"]
+        for tid in (boss, worker):
+            wait_until(lambda t=tid: c.get(f"/terminals/{t}").json()["status"] == "idle", what="idle")
+        yield srv, c, boss, worker
+
+
+def _shot(page: Any, name: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{name}.png"
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        dest = REPO / "docs" / "screenshots"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, dest / f"{name}.png")
+    assert path.stat().st_size > 5000  # a real rendering, not an empty page
+
+
+def test_fleet_shows_the_team_and_a_status_change_appears_live(browser, team, tmp_path: Path):
+    srv, c, boss, worker = team
+    page = browser.new_page(viewport={"width": 1400, "height": 700})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(srv.url + "/")
+    page.wait_for_selector(f"[data-testid=status-{boss}]")
+    assert page.locator("#live").inner_text() == "live"
+    assert page.locator(f"tr.worker[data-terminal='{worker}']").count() == 1  # supervisor → worker tree
+    c.post(f"/terminals/{boss}/input", json={"message": "work for a while"})
+    page.wait_for_selector(f"[data-testid=status-{boss}][data-status=processing]", timeout=10_000)
+    _shot(page, "fleet", tmp_path)
+    page.wait_for_selector(f"[data-testid=status-{boss}][data-status=completed]", timeout=10_000)
+    assert errors == []
+
+
+def test_a_message_moves_from_pending_to_delivered_on_screen(browser, team, tmp_path: Path):
+    srv, c, boss, worker = team
+    page = browser.new_page(viewport={"width": 1400, "height": 700})
+    page.goto(srv.url + "/#/messages")
+    page.wait_for_selector("#live.on")
+    c.post(f"/terminals/{worker}/input", json={"message": "work hard"})
+    wait_until(lambda: c.get(f"/terminals/{worker}").json()["status"] == "processing")
+    mid = c.post(
+        f"/terminals/{worker}/inbox/messages", json={"message": "token-dash", "sender_id": boss}
+    ).json()["message_id"]
+    page.wait_for_selector(f"[data-testid=message-{mid}][data-status=pending]", timeout=10_000)
+    assert "receiver busy" in page.locator(f"tr[data-message='{mid}']").inner_text()
+    _shot(page, "messages", tmp_path)
+    page.wait_for_selector(f"[data-testid=message-{mid}][data-status=delivered]", timeout=15_000)
+    assert page.locator(".matrix td.n[data-n='1']").count() == 1  # boss → worker, at a glance
+
+
+def test_typing_in_the_terminal_view_reaches_the_agent(browser, team, tmp_path: Path):
+    srv, c, boss, _worker = team
+    page = browser.new_page(viewport={"width": 1500, "height": 800})
+    page.goto(srv.url + f"/#/t/{boss}")
+    page.wait_for_selector(".xterm-rows")
+    page.wait_for_function("document.querySelector('.xterm-rows').innerText.includes('cao scripted agent')")
+    page.fill("#input textarea", "hello from the browser \u001b[201~ /exit")
+    page.click("#input button")
+    wait_until(lambda: read_records(srv.home, boss), timeout=10, what="the agent received the typed input")
+    [rec] = read_records(srv.home, boss)
+    assert rec["text"] == "hello from the browser ␛[201~ /exit"  # neutralised, one input, not keystrokes
+    page.wait_for_function(
+        "document.querySelector('.xterm-rows').innerText.includes('ok: hello from the browser')",
+        timeout=10_000,
+    )
+    _shot(page, "terminal", tmp_path)
+    assert c.get(f"/terminals/{boss}").json()["status"] in ("idle", "completed")  # /exit was not run
+
+
+def test_the_dashboard_follows_the_apis_access_rules(browser, make_server, tmp_path: Path):
+    token = "t" * 32
+    srv: ServerProcess = make_server(CAO_API_TOKEN=token)
+    page = browser.new_page()
+    page.goto(srv.url + "/")
+    page.wait_for_selector(".login")  # the page loads, the API refuses it without the token
+    assert "cao dashboard" in page.locator(".login").inner_text()
+    assert page.goto(srv.url + "/login?token=wrong").status == 401
+    page.goto(srv.url + f"/login?token={token}")
+    page.wait_for_selector("#live.on")  # the cookie carries the token: API, events
+    cookie = next(ck for ck in page.context.cookies() if ck["name"] == "cao_token")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    # a page from another origin can't open the terminal stream (no CORS for WebSockets)
+    ws = httpx.get(
+        srv.url + "/terminals/abcdef12/stream",
+        headers={
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Origin": "http://evil.example",
+            "Cookie": f"cao_token={token}",
+        },
+    )
+    assert ws.status_code == 403
