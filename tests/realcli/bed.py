@@ -120,6 +120,41 @@ def install_clis(cache: Path | None = None, timeout: float = 900) -> dict[str, P
     return bins
 
 
+def version_bin(command: str, version: str, cache: Path | None = None) -> Path:
+    """Where an older (or pinned) release of ``command`` lives: ``<cache>/versions/<command>-<version>``."""
+    return (cache or cache_dir()) / "versions" / f"{command}-{version}" / "node_modules" / ".bin" / command
+
+
+def install_cli_version(command: str, version: str, cache: Path | None = None, timeout: float = 900) -> Path:
+    """Install release ``version`` of ``command`` (claude/codex/gemini) beside the current ones, once.
+
+    Point a provider at it with its ``CAO_<CLI>_BIN`` knob. Raises BedUnavailable like install_clis.
+    """
+    cache = cache or cache_dir()
+    binary = version_bin(command, version, cache)
+    if binary.exists():
+        return binary
+    npm = shutil.which("npm")
+    if npm is None:
+        raise BedUnavailable(f"npm is not installed, so {command} {version} cannot be installed")
+    prefix = binary.parents[2]
+    prefix.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.exists():
+            return binary
+        spec = f"{CLI_PACKAGES[command]}@{version}"
+        cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error", spec]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=prefix)
+        except subprocess.TimeoutExpired:
+            raise BedUnavailable(f"npm install of {spec} timed out after {timeout:.0f}s") from None
+        if proc.returncode != 0 or not binary.exists():
+            tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
+            raise BedUnavailable(f"npm install of {spec} failed (offline?): {tail}")
+    return binary
+
+
 # --------------------------------------------------------------------------------------------------
 # Can the bed run here?
 # --------------------------------------------------------------------------------------------------

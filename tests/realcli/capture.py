@@ -1,7 +1,8 @@
 """Capture the real agent CLIs' screens in each status, for the providers' contract tests.
 
     python -m tests.realcli.capture [--out tests/screens] [--only claude_code,codex,gemini_cli]
-                                    [--phases turns,prompts,typed,retrying,dialogs]
+                                    [--phases turns,prompts,typed,retrying,dialogs,exited]
+                                    [--cli-version 0.77.0]   (with one provider in --only)
 
 For each CLI, one at a time, inside a loopback-only bed (tests/realcli/bed.py): seed a throwaway
 HOME so no first-run dialog appears, launch the CLI in a 200x50 tmux window with an environment
@@ -13,8 +14,10 @@ status, launch recipe, observed timings). Every process started is killed at the
 Phases: ``turns`` (idle, processing, completed, tools, queued, error), ``prompts`` (permission
 prompts and questions), ``typed`` (text pasted into the box but not submitted), ``retrying`` (a 5xx
 the CLI is still retrying) and ``dialogs`` (each start-up dialog the CLI can show offline, brought
-back by leaving one piece out of the seeded HOME; saved as ``dialog_<name>.txt``). A run of only
-some phases keeps the other screens and updates meta.json's states.
+back by leaving one piece out of the seeded HOME; saved as ``dialog_<name>.txt``) and ``exited``
+(the CLI quit with its exit command, as a dead pane shows it). A run of only some phases keeps the
+other screens and updates meta.json's states. ``--cli-version`` captures an older release
+(installed once under ``<cache>/versions/<cli>-<version>/``) into ``<out>/<provider>/<version>/``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,15 @@ from typing import Any
 
 import providers
 from providers.base import LaunchContext, LaunchSpec
-from tests.realcli.bed import REPO_ROOT, Bed, cache_dir, install_clis, wait_until, why_bed_cannot_run
+from tests.realcli.bed import (
+    REPO_ROOT,
+    Bed,
+    cache_dir,
+    install_cli_version,
+    install_clis,
+    wait_until,
+    why_bed_cannot_run,
+)
 
 FAKE_KEY_ANTHROPIC = "sk-ant-api03-cao-fake-key-0123456789abcdefghijklmnopqrstuvwxyz"
 FAKE_KEY = "cao-fake-key-0123456789"
@@ -124,6 +135,10 @@ class Recipe:
     enter_delay: float = 0.2
     asks_questions: bool = True  # the CLI offers the fake model a question tool outside plan mode
     retry_shown: Pred | None = None  # what the CLI shows while it retries a failed request, if anything
+    version: tuple[int, ...] = ()  # an older release being captured (--cli-version); () = the current one
+
+    def older_than(self, *version: int) -> bool:
+        return bool(self.version) and self.version < version
 
     def ready(self, screen: Screen) -> bool:
         """Idle and done starting up (for a stable idle screen; input is accepted before this)."""
@@ -150,13 +165,30 @@ class Recipe:
         """Let the CLI retry a failed request (the default seed may turn retries off)."""
 
 
+def claude_project() -> dict[str, Any]:
+    """A ``projects`` entry of ``~/.claude.json`` in the full shape 1.0.x needs (it crashes with
+    ``allowedTools is not iterable`` on the short one); newer releases read it too."""
+    return {
+        "hasTrustDialogAccepted": True,
+        "allowedTools": [],
+        "mcpContextUris": [],
+        "mcpServers": {},
+        "enabledMcpjsonServers": [],
+        "disabledMcpjsonServers": [],
+        "hasCompletedProjectOnboarding": True,
+    }
+
+
 class Claude(Recipe):
     def __init__(self) -> None:
         super().__init__(
             provider="claude_code",
             bin_name="claude",
             busy=lambda s: "esc to interrupt" in s,
-            idle=lambda s: "esc to interrupt" not in s and any(line.startswith("❯\xa0") for line in lines(s)),
+            # The box opens with ❯ (">" before 2.0) and a no-break space.
+            idle=lambda s: (
+                "esc to interrupt" not in s and any(line.startswith(("❯\xa0", ">\xa0")) for line in lines(s))
+            ),
             permission=lambda s: "Do you want to proceed?" in s or "Enter to select" in s,
             error=lambda s: "API Error" in s,
             retry_shown=lambda s: "Retrying in" in s,
@@ -167,7 +199,8 @@ class Claude(Recipe):
         state = {
             "hasCompletedOnboarding": True,
             "customApiKeyResponses": {"approved": [FAKE_KEY_ANTHROPIC[-20:]], "rejected": []},
-            "projects": {str(launch.work): {"hasTrustDialogAccepted": True}},
+            "bypassPermissionsModeAccepted": True,  # before 2.1: the bypass warning's answer lives here
+            "projects": {str(launch.work): claude_project()},
         }
         (launch.home / ".claude.json").write_text(json.dumps(state, indent=2))
         settings = {"skipDangerousModePermissionPrompt": True}
@@ -210,6 +243,10 @@ class Claude(Recipe):
             servers = {"mcpServers": {"repo-tool": {"command": "true"}}}
             (launch.work / ".mcp.json").write_text(json.dumps(servers))
 
+        def unseed_bypass(launch: Launch) -> None:  # the answer is in settings (2.1) or state (before)
+            _edit_json(launch.home / ".claude" / "settings.json", dict.clear)
+            _edit_json(launch.home / ".claude.json", lambda d: d.pop("bypassPermissionsModeAccepted"))
+
         return [
             Dialog(
                 "trust",
@@ -229,7 +266,7 @@ class Claude(Recipe):
             Dialog(
                 "bypass",
                 lambda s: "Yes, I accept" in s,
-                lambda launch: _edit_json(launch.home / ".claude" / "settings.json", dict.clear),
+                unseed_bypass,
             ),
             Dialog(
                 "project_mcp",  # a .mcp.json in the workdir; bypass mode skips this dialog
@@ -267,7 +304,10 @@ class Codex(Recipe):
         codex_home = launch.home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
         # 0.171 accepts only "on-request" and "never" ("untrusted" is a fatal config error now).
-        approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
+        # Older releases run a simple shell command under on-request without asking; "untrusted" asks.
+        # (0.77 ran it even so in workspace-write; a read-only sandbox makes it ask.)
+        asking = ("untrusted", "read-only") if self.older_than(0, 171) else ("on-request", "workspace-write")
+        approval, sandbox = ("never", "danger-full-access") if bypass else asking
         mcp_env = ", ".join(f"{k} = {_toml_str(v)}" for k, v in launch.mcp_env.items())
         config = f"""\
 model = "fake-model"  # a real slug brings a model-upgrade dialog; unknown = one harmless warning
@@ -353,7 +393,10 @@ env = {{ {mcp_env} }}
         return self.idle(screen) and "fake-model" in screen
 
     def finished(self, screen: Screen, reply: str) -> bool:
-        # The answer shows ~0.1 s before "Worked for Ns • HH:MM" closes the turn.
+        # The answer shows ~0.1 s before "Worked for Ns • HH:MM" closes the turn; releases before
+        # 0.171 show it only when the turn ends, and print no "Worked for" after a plain answer.
+        if self.older_than(0, 171):
+            return self.idle(screen) and f"• {reply}" in screen
         return self.idle(screen) and "Worked for" in after_echo(screen, reply)
 
 
@@ -423,7 +466,10 @@ class Gemini(Recipe):
 
     def ready(self, screen: Screen) -> bool:
         # The input box shows ~1-2 s before the header; prompts sent before then are queued
-        # ("Waiting for MCP servers to initialize... prompts will be queued").
+        # ("Waiting for MCP servers to initialize... prompts will be queued"). 0.24 draws a logo
+        # and no version line; its MCP line shows once the servers are up.
+        if self.older_than(0, 30):
+            return self.idle(screen) and "MCP server" in screen
         return self.idle(screen) and "Gemini CLI v" in screen
 
 
@@ -524,6 +570,7 @@ STATUS = {
     "queued": "processing",
     "typed": "completed",  # the turn before is answered; the pasted text waits in the box
     "retrying": "processing",
+    "exited": "unknown",  # the pane is dead (tmux's pane_dead says so); no screen reads ready
 }
 
 
@@ -613,7 +660,7 @@ class Session:
         return screen
 
     def save(self, state: str, screen: Screen) -> None:
-        path = self.out / self.recipe.provider / f"{state}.txt"
+        path = self.out / f"{state}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(screen)
         print(f"  saved {path.relative_to(self.out.parent) if self.out.parent in path.parents else path}")
@@ -690,7 +737,7 @@ def after_echo(screen: Screen, needle: str) -> str:
     return screen[idx:] if idx >= 0 else ""
 
 
-PHASES = ("turns", "prompts", "typed", "retrying", "dialogs")
+PHASES = ("turns", "prompts", "typed", "retrying", "dialogs", "exited")
 # Pasted into the box without Enter for the "typed" screen (a delivery whose Enter was lost).
 TYPED = "[cao message #7 from abcd1234]\nPlease reply typed-but-not-sent"
 
@@ -728,10 +775,18 @@ def capture_provider(
         leftovers += capture_typed(bed, recipe, launch_for("typed"), out, timings, debug)
     if "retrying" in phases:
         leftovers += capture_retrying(bed, recipe, launch_for("retrying"), out, timings, debug)
+    if "exited" in phases:
+        leftovers += capture_exited(bed, recipe, launch_for("exited"), out, timings, debug)
     if "dialogs" in phases:
         for dialog in recipe.dialogs():
             launch = launch_for(f"dialog-{dialog.name}")
-            leftovers += capture_dialog(bed, recipe, launch, out, timings, debug, dialog)
+            try:
+                leftovers += capture_dialog(bed, recipe, launch, out, timings, debug, dialog)
+            except CaptureError:
+                if not recipe.version:
+                    raise
+                # An older release may not have this dialog (or not offline): note it, go on.
+                timings.setdefault("dialogs_not_shown", []).append(dialog.name)
     calls = mcp_log.read_text().splitlines() if mcp_log.exists() else []
     return {"timings": timings, "leftover_processes": leftovers, "mcp_calls": calls}
 
@@ -764,15 +819,22 @@ def capture_turns(
         screen = session.wait("completed_tools", lambda s: recipe.finished(s, tools_reply), 60)
         session.save("completed_tools", screen)
 
-        if recipe.provider == "claude_code":
+        # 1.0.x runs a message queued mid-turn, but that turn and every later one fail locally
+        # ("Invalid API key · Please run /login", no request made): its queue isn't captured.
+        if recipe.provider == "claude_code" and not recipe.older_than(2):
             session.send("First long task [[delay:8]][[reply:First task finished.]]")
             session.bed.paste(
                 session.pane,
                 "Second task, sent while busy [[reply:Second task finished.]]",
                 enter_delay=recipe.enter_delay,
             )
-            screen = session.wait("queued", lambda s: "queued" in s.lower() and recipe.busy(s), 5)
-            session.save("queued", screen)
+            # Not just "queued": the MCP tool's result line reads "message queued for abcd1234".
+            shown: Pred = lambda s: "queued messages" in s and recipe.busy(s)  # noqa: E731
+            queued = session.bed.wait_for(session.pane, shown, 5)
+            if queued is not None:
+                session.save("queued", queued)
+            else:  # 1.0.x keeps the text in the box while busy and shows no queue
+                session.timings.setdefault("no_queue_shown", []).append(True)
             session.wait("both replies", lambda s: recipe.finished(s, "Second task finished."), 40)
 
         session.send("Please fail [[error:400]]")
@@ -811,9 +873,13 @@ def capture_prompts(
 
         if recipe.asks_questions:
             session.send("Ask me something [[question:Which colour?|red|blue]][[reply:Colour noted.]]")
-            session.wait("question", recipe.permission, 30)
-            session.save("waiting_user_answer_question", session.settle(recipe.permission, quiet=0.5))
-            session.approve("Colour noted.")
+            # A release without a question tool (Gemini 0.24) gets the question as its answer text.
+            asked = session.wait(
+                "question", lambda s: recipe.permission(s) or recipe.finished(s, "(red / blue)"), 30
+            )
+            if recipe.permission(asked):
+                session.save("waiting_user_answer_question", session.settle(recipe.permission, quiet=0.5))
+                session.approve("Colour noted.")
     finally:
         leftovers = session.stop()
     return leftovers
@@ -866,6 +932,32 @@ def capture_retrying(
         session.wait("retrying", lambda s: recipe.busy(s) and shown(s), 30)
         time.sleep(0.5)  # past the first frame of the retry notice
         session.save("retrying", session.wait("retrying", lambda s: recipe.busy(s) and shown(s), 5))
+    finally:
+        leftovers = session.stop()
+    return leftovers
+
+
+def capture_exited(
+    bed: Bed, recipe: Recipe, launch: Launch, out: Path, timings: dict[str, list[Any]], debug: Path | None
+) -> list[str]:
+    """After an answered turn, the CLI quit with its exit command: the screen a dead pane keeps
+    (the bed's windows have ``remain-on-exit on``, so tmux adds its "Pane is dead" line)."""
+    session = Session(bed, recipe, launch, True, out, timings, debug)
+    try:
+        session.start()
+        reply = "Hello from the fake model."
+        session.send(f"Say hello [[reply:{reply}]]")
+        session.wait("exited turn answered", lambda s: recipe.finished(s, reply), 30)
+        for _ in range(3):  # an exit command whose Enter was swallowed (Gemini) is sent again
+            exit_command = providers.get(recipe.provider).exit_command
+            bed.paste(session.pane, exit_command, enter_delay=recipe.enter_delay)
+            if wait_until(lambda: bed.pane_dead(session.pane), 10):
+                break
+        else:
+            screen = bed.capture(session.pane)
+            raise CaptureError(f"{recipe.provider}: the CLI did not exit; screen:\n{screen}")
+        time.sleep(0.3)
+        session.save("exited", bed.capture(session.pane))
     finally:
         leftovers = session.stop()
     return leftovers
@@ -957,6 +1049,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", type=Path, help="save timed-out screens and request logs here")
     parser.add_argument("--keep", action="store_true", help="keep the throwaway HOMEs")
     parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated phases (see above)")
+    parser.add_argument(
+        "--cli-version",
+        help="capture this older release (installed in <cache>/versions/) into <out>/<provider>/<version>/",
+    )
     args = parser.parse_args(argv)
     phases = tuple(phase.strip() for phase in args.phases.split(","))
     if unknown := set(phases) - set(PHASES):
@@ -968,21 +1064,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     bins = install_clis()
     out = args.out.resolve()
+    providers_wanted = [provider.strip() for provider in args.only.split(",")]
+    if args.cli_version and len(providers_wanted) != 1:
+        parser.error("--cli-version needs exactly one provider in --only")
     # Not under /tmp (Codex warns about a CODEX_HOME there); a fixed name keeps the saved screens stable.
     run_dir = cache_dir() / "runs" / "capture"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     failed = False
     try:
-        for provider in args.only.split(","):
-            recipe = RECIPES[provider.strip()]
-            print(f"{recipe.provider}:", flush=True)
+        for provider in providers_wanted:
+            recipe = RECIPES[provider]
+            bin_path, folder = bins[recipe.bin_name], out / recipe.provider
+            if args.cli_version:
+                bin_path = install_cli_version(recipe.bin_name, args.cli_version)
+                folder = folder / args.cli_version
+                recipe.version = tuple(int(part) for part in re.findall(r"\d+", args.cli_version)[:3])
+            print(f"{recipe.provider} ({bin_path}):", flush=True)
             with Bed(port=args.port) as bed:
-                version = cli_version(bed, recipe, bins[recipe.bin_name], run_dir)
+                version = cli_version(bed, recipe, bin_path, run_dir)
                 try:
-                    result = capture_provider(
-                        bed, recipe, bins[recipe.bin_name], out, run_dir, args.debug, phases
-                    )
+                    result = capture_provider(bed, recipe, bin_path, folder, run_dir, args.debug, phases)
                 except CaptureError as exc:
                     print(f"  FAILED: {exc}", file=sys.stderr)
                     failed = True
@@ -994,7 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
                             json.dumps(bed.fake_requests(bodies=True), indent=1)
                         )
             if result:
-                write_meta(out / recipe.provider / "meta.json", recipe, version, result, phases)
+                write_meta(folder / "meta.json", recipe, version, result, phases)
                 print(f"  version {version}; leftovers: {result['leftover_processes'] or 'none'}")
     finally:
         if not args.keep:
