@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import click
@@ -19,9 +20,10 @@ from rich.markup import escape
 from rich.table import Table
 
 import cao
-from cao import apitoken
+from cao import apitoken, runfile
 from cao.errors import CaoError
 from cao.settings import Settings
+from cao.timefmt import epoch
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 console = Console()
@@ -40,6 +42,7 @@ class Client:
         auth: httpx.Auth | None = None,
     ):
         self.base_url = base_url
+        self.found_in: str = "CAO_SERVER_URL"  # where the URL came from, for the "not reachable" error
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout, auth=auth)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -47,8 +50,8 @@ class Client:
             resp = self.http.request(method, path, **kwargs)
         except httpx.TransportError:
             raise click.ClickException(
-                f"cao-server is not reachable at {self.base_url}; start it with `cao-server` "
-                "(or set CAO_SERVER_URL)"
+                f"cao-server is not reachable at {self.base_url} ({self.found_in}); start it with "
+                "`cao-server`, or point cao at a running one with CAO_SERVER_URL=http://HOST:PORT"
             ) from None
         if resp.status_code >= 400:
             try:
@@ -79,20 +82,39 @@ def _settings() -> Settings:
         raise click.ClickException(exc.message) from None
 
 
+def server_location(settings: Settings, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The URL of the cao-server to talk to, and where it came from: CAO_SERVER_URL (or
+    CAO_API_HOST/CAO_API_PORT) when set, else the server that is running for this CAO_HOME
+    ($CAO_HOME/server.json), else the default."""
+    env = os.environ if environ is None else environ
+    if env.get("CAO_SERVER_URL"):
+        return settings.server_url, "from CAO_SERVER_URL"
+    if env.get("CAO_API_PORT") or env.get("CAO_API_HOST"):
+        return settings.server_url, "from CAO_API_HOST/CAO_API_PORT"
+    running = runfile.read(settings.home)
+    if running is not None:
+        return str(running["url"]).rstrip("/"), f"the server running for {settings.home}"
+    return settings.server_url, f"the default; no cao-server is running for {settings.home}"
+
+
 def _client(ctx: click.Context) -> Client:
     obj = ctx.ensure_object(dict)
     if "client" not in obj:
         settings = _settings()  # the token: CAO_API_TOKEN, else the one cao-server wrote to CAO_HOME
-        obj["client"] = Client(settings.server_url, auth=apitoken.BearerAuth(settings))
-    client: Client = obj["client"]
-    return client
+        url, found_in = server_location(settings)
+        client = Client(url, auth=apitoken.BearerAuth(settings))
+        client.found_in = found_in
+        obj["client"] = client
+    client_: Client = obj["client"]
+    return client_
 
 
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def _age(ts: float | None) -> str:
+def _age(value: str | float | None) -> str:
+    ts = epoch(value)
     if ts is None:
         return "-"
     secs = max(0.0, time.time() - ts)
@@ -179,9 +201,14 @@ def launch(
     if not headless:
         from cao.tmux import Tmux
 
-        argv = Tmux(_settings().tmux_socket).attach_argv(
-            term["session_name"], inside_tmux="TMUX" in os.environ
-        )
+        socket = client.get("/info").get("tmux_socket")  # the server's tmux, not this shell's setting
+        argv = Tmux(socket).attach_argv(term["session_name"], inside_tmux="TMUX" in os.environ)
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            console.print(
+                "not attaching (no terminal here); the agent keeps running. Watch it with:\n  "
+                + " ".join(argv)
+            )
+            return
         os.execvp(argv[0], argv)
 
 
@@ -394,6 +421,33 @@ def cancel(ctx: click.Context, message_id: str) -> None:
 
 
 # -- agent profiles (local: the profile store is a folder under CAO_HOME) ------------------------
+@cli.command(epilog="\b\nExamples:\n  cao dashboard\n  cao dashboard --open")
+@click.option("--open", "open_", is_flag=True, help="Open it in the default web browser too.")
+@click.pass_context
+def dashboard(ctx: click.Context, open_: bool) -> None:
+    """Print the web dashboard's address (with a one-time login link when a token is set)."""
+    client = _client(ctx)
+    client.get("/health")  # reachable?
+    token = apitoken.read(_settings())
+    url = f"{client.base_url}/login?token={token}" if token else f"{client.base_url}/"
+    console.print(f"dashboard: [bold]{url}[/]")
+    if open_:
+        import webbrowser
+
+        webbrowser.open(url)
+
+
+@cli.command(epilog="\b\nExamples:\n  cao watch\n  cao watch --json --for 60 > events.jsonl")
+@click.option("--json", "as_json", is_flag=True, help="Print every event as a JSON line instead of tables.")
+@click.option("--for", "duration", type=click.FloatRange(0.1), default=None, help="Stop after SECONDS.")
+@click.pass_context
+def watch(ctx: click.Context, as_json: bool, duration: float | None) -> None:
+    """Follow the fleet live: statuses and messages as they change (cao-server's event stream)."""
+    from cao.watch import Watcher
+
+    Watcher(_client(ctx), as_json=as_json, duration=duration, console=console).run()
+
+
 @cli.command("profiles", epilog="\b\nExamples:\n  cao profiles\n  cao profiles --json | jq '.[].name'")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (with each system prompt).")
 def profiles_(as_json: bool) -> None:
@@ -456,3 +510,7 @@ def main() -> NoReturn:
         err_console.print("interrupted")
         sys.exit(1)
     sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,6 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import providers
@@ -26,6 +25,7 @@ from cao.settings import Settings
 from cao.states import ENDED, MessageStatus, TerminalState
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
 from cao.terminals import GONE, Terminals, validate_terminal_id
+from cao.timefmt import iso
 from cao.tmux import Tmux, session_name_for
 
 logger = logging.getLogger(__name__)
@@ -73,11 +73,6 @@ class StepFailed(CaoError):
         super().__init__(message)
         self.status_code = 504 if kind == "timeout" else 502
         self.fields = {"kind": kind, "terminal_id": terminal_id}
-
-
-def iso(ts: float | None) -> str | None:
-    """An epoch timestamp as ISO 8601 in UTC (the reference's receipts and lists use this form)."""
-    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 @dataclass(frozen=True)
@@ -190,9 +185,9 @@ class Cao:
             "status": message.status,
             "message": message.body,
             "idempotency_key": message.idempotency_key,
-            "created_at": message.created_at,
-            "claimed_at": message.claimed_at,
-            "delivered_at": message.delivered_at,
+            "created_at": iso(message.created_at),
+            "claimed_at": iso(message.claimed_at),
+            "delivered_at": iso(message.delivered_at),
             "attempts": message.attempts,
             "last_error": message.last_error,
             "waiting_reason": waiting,
@@ -350,7 +345,10 @@ class Cao:
 
     def list_terminals(self, session_name: str | None = None) -> list[dict[str, object]]:
         session = session_name_for(session_name) if session_name else None
-        return [self.view(t) for t in self.store.list_terminals(session_name=session)]
+        rows = self.store.list_terminals(session_name=session)
+        if session is not None and not rows and not self.tmux.has_session(session):
+            raise NotFound(f"session {session} not found; list sessions with `cao status`")
+        return [self.view(t) for t in rows]
 
     def siblings(self, terminal_id: str) -> list[dict[str, object]]:
         """The other live terminals of this terminal's session. cao has no terminal groups, so the
@@ -562,6 +560,7 @@ class Cao:
             "providers": providers.names(),
             "messages": self.store.counts_by_status(),
             "engine": dict(self.engine.stats),
+            "event_listeners": self.events.listeners,
         }
 
 

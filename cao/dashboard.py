@@ -68,9 +68,13 @@ def install(app: FastAPI, core: Cao) -> None:
         return response
 
     @app.get("/events", include_in_schema=False)
-    async def events(request: Request, last_event_id: str | None = None) -> StreamingResponse:
-        """Server-Sent Events; ``Last-Event-ID`` (header, or ``?last_event_id=``) resumes."""
+    async def events(
+        request: Request, last_event_id: str | None = None, keepalive: float = KEEPALIVE_SECONDS
+    ) -> StreamingResponse:
+        """Server-Sent Events; ``Last-Event-ID`` (header, or ``?last_event_id=``) resumes;
+        ``keepalive`` (1-60 s) is how often a comment line shows the connection is alive."""
         last = request.headers.get("last-event-id") or last_event_id
+        keepalive = min(max(keepalive, 1.0), 60.0)
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
@@ -94,7 +98,7 @@ def install(app: FastAPI, core: Cao) -> None:
                     if sub.events:
                         continue
                     try:
-                        await asyncio.wait_for(wake.wait(), KEEPALIVE_SECONDS)
+                        await asyncio.wait_for(wake.wait(), keepalive)
                     except TimeoutError:
                         if await request.is_disconnected():
                             return

@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from cao.timefmt import epoch
 from cao.tmux import Tmux
 
 SUPERVISOR_RULES = {
@@ -62,7 +63,7 @@ def _table(messages: list[dict[str, Any]], names: dict[str, str]) -> Table:
     for m in sorted(messages, key=lambda m: m["id"]):
         latency = "-"
         if m["delivered_at"]:
-            latency = f"{(m['delivered_at'] - m['created_at']) * 1000:.0f} ms"
+            latency = f"{((epoch(m['delivered_at']) or 0) - (epoch(m['created_at']) or 0)) * 1000:.0f} ms"
         style = {"delivered": "green", "pending": "yellow", "delivering": "blue", "failed": "red"}.get(
             m["status"], "white"
         )

@@ -76,6 +76,10 @@ class EventBus:
     def listening(self) -> bool:
         return bool(self._subs)
 
+    @property
+    def listeners(self) -> int:
+        return len(self._subs)
+
     def publish(self, type_: str, **fields: Any) -> Event:
         with self._lock:
             event = {"id": f"{self.epoch}-{next(self._seq)}", "type": type_, "t": self.clock(), **fields}

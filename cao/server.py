@@ -7,6 +7,7 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -16,7 +17,7 @@ from typing import IO, Any
 import click
 
 import cao
-from cao import apitoken, security
+from cao import apitoken, runfile, security
 from cao.errors import CaoError
 from cao.settings import Settings
 
@@ -195,6 +196,7 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
         raise click.ClickException(exc.message) from None
     apitoken.publish(settings)
     adopted = core.start()
+    runfile.write(settings.home, url=settings.server_url, tmux_socket=settings.tmux_socket)
     logger.info(
         "cao-server listening on %s:%s (home %s, tmux socket %s, adopted %d, gone %d)",
         host,
@@ -204,6 +206,9 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
         len(adopted["adopted"]),
         len(adopted["gone"]),
     )
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it under the handler that was there
+    # before: make that one leave through Python, so the cleanup below runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(
             create_app(core),
@@ -216,6 +221,7 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
             access_log=False,  # the query form would put message bodies in it
         )
     finally:
+        runfile.remove(settings.home)
         core.stop()
         lock.close()
 

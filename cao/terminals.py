@@ -46,6 +46,7 @@ from cao.profiles import Profile
 from cao.settings import Settings
 from cao.states import ENDED, TerminalState
 from cao.store import Store, Terminal
+from cao.timefmt import iso
 from cao.tmux import PaneInfo, PaneRef, Tmux, session_name_for
 from providers.base import LaunchContext, Provider, TerminalStatus
 from providers.scripted import ScriptedProvider
@@ -97,15 +98,9 @@ class TerminalView:
             "pane_id": t.pane_id,
             "supervisor_id": t.supervisor_id,
             "mcp_ready": self.mcp_ready,
-            "created_at": _iso(t.created_at),
-            "last_active": _iso(t.last_active),
+            "created_at": iso(t.created_at),
+            "last_active": iso(t.last_active),
         }
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}Z"
 
 
 class Terminals:
@@ -419,6 +414,8 @@ class Terminals:
             return GONE
         reading = self.provider(terminal).detect(screen)
         status = reading.status.value
+        if terminal.ready_at is None and status == TerminalStatus.PROCESSING:
+            status = TerminalState.STARTING.value  # never ready yet: starting, not working
         if status == TerminalStatus.UNKNOWN and terminal.status != status:
             logger.warning("terminal status unknown: %s", reading.reason, extra={"terminal_id": terminal.id})
         self.remember_status(terminal, status)
@@ -544,6 +541,21 @@ class Terminals:
             self.paste(terminal, text, fence=fence)
         if after_paste is not None:
             after_paste()
+        try:
+            return self._confirm(terminal, prov, before, fence, renew)
+        except (PaneGone, TmuxServerDown):
+            # The agent took the input and its pane went away (an exit command, a crash) while we
+            # looked: the input did reach it. (Its undelivered mail was failed by lose().)
+            return True
+
+    def _confirm(
+        self,
+        terminal: Terminal,
+        prov: Provider,
+        before: str,
+        fence: int | None,
+        renew: Callable[[], None] | None,
+    ) -> bool:
         deadline = time.monotonic() + prov.submit_timeout
         retried = False
         delay = 0.005

@@ -560,12 +560,20 @@ class Tmux:
             self.run("kill-session", "-t", f"={session_name}")
 
     def kill_server(self) -> None:
-        """Stop this tmux server; for a private socket also remove the socket file (tmux 3.3a leaves it)."""
+        """Stop this tmux server; for a private socket also remove the socket file (tmux 3.3a leaves it).
+
+        The server says where its socket is (``#{socket_path}``), so the right file goes even when
+        ``TMUX_TMPDIR`` differs between whoever started the server and whoever stops it."""
+        path: str | None = None
+        with contextlib.suppress(TmuxError):
+            path = self.run("display-message", "-p", "#{socket_path}").strip() or None
         with contextlib.suppress(TmuxError):
             self.run("kill-server")
         if self.socket_name:
             base = os.environ.get("TMUX_TMPDIR") or "/tmp"
-            Path(base, f"tmux-{os.getuid()}", self.socket_name).unlink(missing_ok=True)
+            for candidate in {path, str(Path(base, f"tmux-{os.getuid()}", self.socket_name))}:
+                if candidate and Path(candidate).name == self.socket_name:
+                    Path(candidate).unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:

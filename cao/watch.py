@@ -1,0 +1,136 @@
+"""``cao watch``: the fleet live in a terminal, fed by cao-server's event stream (GET /events).
+
+A rich table of agents (status, for how long) and of the latest messages (state, why waiting),
+redrawn as events arrive; ``--json`` prints the events themselves, one JSON object a line. It
+reconnects with ``Last-Event-ID`` after a dropped connection, so it misses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import click
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from cao.cli import Client
+
+MESSAGE_ROWS = 12
+
+
+class Watcher:
+    def __init__(self, client: Client, *, as_json: bool, duration: float | None, console: Console) -> None:
+        self.client = client
+        self.as_json = as_json
+        self.deadline = None if duration is None else time.monotonic() + duration
+        self.console = console
+        self.terminals: dict[str, dict[str, Any]] = {}
+        self.since: dict[str, float] = {}
+        self.messages: dict[int, dict[str, Any]] = {}
+        self.last_id: str | None = None
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def load(self) -> None:
+        self.terminals = {t["id"]: t for t in self.client.get("/terminals")}
+        for tid in self.terminals:
+            self.since.setdefault(tid, time.time())
+        rows = self.client.get("/messages", params={"limit": MESSAGE_ROWS})
+        self.messages = {m["id"]: m for m in rows}
+
+    def run(self) -> None:
+        if not self.as_json:
+            self.load()
+        live = None if self.as_json else Live(self.render(), console=self.console, auto_refresh=False)
+        if live is not None:
+            live.start()
+        try:
+            while not self.expired():
+                self.follow(live)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if live is not None:
+                live.update(self.render(), refresh=True)
+                live.stop()
+
+    def follow(self, live: Live | None) -> None:
+        headers = {"Last-Event-ID": self.last_id} if self.last_id else {}
+        try:
+            with self.client.http.stream(
+                "GET",
+                "/events",
+                params={"keepalive": 1},
+                headers=headers,
+                timeout=httpx.Timeout(10.0, read=5.0),
+            ) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise click.ClickException(
+                        f"{resp.json().get('detail', resp.text)} (HTTP {resp.status_code})"
+                    )
+                data: list[str] = []
+                for line in resp.iter_lines():
+                    if line.startswith("data:"):
+                        data.append(line[5:].strip())
+                    elif line == "" and data:
+                        self.handle(json.loads("".join(data)))
+                        data = []
+                    if live is not None:
+                        live.update(self.render(), refresh=True)
+                    if self.expired():
+                        return
+        except httpx.ReadTimeout:
+            return  # reconnect (with Last-Event-ID)
+        except httpx.TransportError:
+            raise click.ClickException(
+                f"cao-server is not reachable at {self.client.base_url}; start it with `cao-server`"
+            ) from None
+
+    def handle(self, event: dict[str, Any]) -> None:
+        self.last_id = event["id"]
+        if self.as_json:
+            click.echo(json.dumps(event, ensure_ascii=False))
+            return
+        kind = event["type"]
+        if kind == "terminal.status" and event["terminal_id"] in self.terminals:
+            self.terminals[event["terminal_id"]]["status"] = event["status"]
+            self.since[event["terminal_id"]] = event["t"]
+        elif kind.startswith(("terminal.", "message.", "stream.")):
+            self.load()
+
+    def render(self) -> Group:
+        agents = Table(title="agents", expand=True)
+        for col in ("terminal", "session", "provider", "profile", "status", "for"):
+            agents.add_column(col)
+        from cao.cli import _styled
+
+        now = time.time()
+        for t in self.terminals.values():
+            agents.add_row(
+                t["id"],
+                t["session_name"],
+                t["provider"],
+                t["agent_profile"],
+                _styled(t["status"]),
+                f"{max(0, now - self.since.get(t['id'], now)):.0f}s",
+            )
+        mail = Table(title="latest messages", expand=True)
+        for col in ("id", "sender → receiver", "state", "why / error", "attempts"):
+            mail.add_column(col)
+        for m in sorted(self.messages.values(), key=lambda m: -int(m["id"]))[:MESSAGE_ROWS]:
+            why = m.get("waiting_reason") or (m.get("last_error") if m["status"] != "delivered" else "") or ""
+            mail.add_row(
+                f"#{m['id']}",
+                f"{m['sender_id']} → {m['receiver_id']}",
+                _styled(m["status"]),
+                why,
+                str(m["attempts"]),
+            )
+        return Group(agents, mail)
