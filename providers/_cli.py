@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Callable
@@ -30,6 +31,31 @@ def find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
         f"{wanted} not found (on PATH or in {cache}/node_modules/.bin); install it with "
         f"`npm install -g {package}` or set {knob}=/path/to/{command} for cao-server"
     )
+
+
+def npm_version(binary: str) -> tuple[int, ...] | None:
+    """The release of an npm-installed CLI (from the ``package.json`` above its resolved script),
+    so a launch can leave out a flag an older release would reject; None when it can't tell."""
+    path = Path(binary).resolve()
+    for parent in list(path.parents)[:3]:
+        if (manifest := parent / "package.json").is_file():
+            try:
+                version = str(json.loads(manifest.read_text()).get("version", ""))
+            except (OSError, ValueError):
+                return None
+            found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+            return tuple(int(part) for part in found.groups()) if found else None
+    return None
+
+
+# What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini).
+RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume) \S")
+
+
+def exited(lines: list[str]) -> bool:
+    """The CLI has quit: tmux's own last line for a dead pane (windows with ``remain-on-exit``), or
+    the CLI's parting "resume this session" hint at the very bottom (the box is gone or above it)."""
+    return any(line.startswith("Pane is dead (") or RESUME_RE.search(line) for line in lines[-3:])
 
 
 def judge_submit(

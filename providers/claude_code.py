@@ -33,20 +33,33 @@ import sys
 from typing import ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit, npm_version
+from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "sk-ant-api03-cao-local-model-server-key-0123456789abcdef"
 RULE_RE = re.compile(r"^─{10,}$")
-BOX = "❯\u00a0"
-ECHO_RE = re.compile(r"^❯ (?!\d+\. )")  # a user turn; "❯ 1. Yes" is a menu option
-MENU_RE = re.compile(r"^\s*❯ \d+\. ")
+BOX_RE = re.compile(r"^[❯>]\u00a0")  # the input box: ❯ (">" before 2.0) + NO-BREAK SPACE
+ECHO_RE = re.compile(r"^[❯>] (?!\d+\. )")  # a user turn; "❯ 1. Yes" is a menu option
+MENU_RE = re.compile(r"^[│\s]*❯ \d+\. ")  # framed (│ ❯ 1. Yes │) before 2.0
 # The key hint under a prompt or dialog, for one whose cursor line isn't a numbered option.
 HINT_RE = re.compile(r"^\s*(?:Enter to (?:confirm|select)|Esc to cancel) · ")
 QUEUED_RE = re.compile(r"^  ❯ ")  # a message typed while busy, waiting for its turn
 SPINNER_RE = re.compile(r"^[·✢✳✶✻✽*] \S.*…")
 ERROR_RE = re.compile(r"^(API Error|Invalid API key|Credit balance is too low|OAuth token|Request timed out)")
 PLACEHOLDERS = ("Press up to edit queued messages",)
+# A ``projects`` entry of ~/.claude.json in the full shape 1.0.x needs (with only the trust flag it
+# crashes at start: "allowedTools is not iterable"); later releases read it as well.
+PROJECT = {
+    "hasTrustDialogAccepted": True,
+    "allowedTools": [],
+    "mcpContextUris": [],
+    "mcpServers": {},
+    "enabledMcpjsonServers": [],
+    "disabledMcpjsonServers": [],
+    "hasCompletedProjectOnboarding": True,
+}
+HINT_IN_BOX_RE = re.compile(r'^Try "[^"]*"$')  # 1.0.x's example prompt in the empty box
+RESULT = "  ⎿"  # a tool's result; right under a user turn (before 2.1), the turn's API error
 
 
 def _lines(screen: str) -> list[str]:
@@ -59,7 +72,7 @@ def _lines(screen: str) -> list[str]:
 def _box(lines: list[str]) -> tuple[int, int] | None:
     """``(first, end)`` of the input box: between the last two full-width rules, opening with ❯+NBSP."""
     rules = [i for i, line in enumerate(lines) if RULE_RE.match(line)]
-    if len(rules) >= 2 and rules[-1] - rules[-2] > 1 and lines[rules[-2] + 1].startswith(BOX):
+    if len(rules) >= 2 and rules[-1] - rules[-2] > 1 and BOX_RE.match(lines[rules[-2] + 1]):
         return rules[-2] + 1, rules[-1]
     return None
 
@@ -69,9 +82,27 @@ def _turn(transcript: list[str]) -> list[str] | None:
     for i in range(len(transcript) - 1, -1, -1):
         if ECHO_RE.match(transcript[i]):
             j = i + 1
-            while j < len(transcript) and transcript[j].startswith("  "):
+            while (
+                j < len(transcript)
+                and transcript[j].startswith("  ")
+                and not transcript[j].startswith(RESULT)
+            ):
                 j += 1
             return transcript[j:]
+    return None
+
+
+def _quit(lines: list[str]) -> str | None:
+    """Why the screen is a Claude that quit, or None: the pane is dead or shows the resume hint
+    (2.1), 1.0's cost summary under the box, or ``/exit`` as the last user turn (2.0 and 1.0 leave
+    their box on screen)."""
+    if exited(lines):
+        return "the CLI has exited (pane dead, or its resume hint)"
+    if any(line.startswith("Total cost:") for line in lines[-12:]):
+        return "the CLI has exited (its cost summary is under the box)"
+    echoes = [line[2:].strip() for line in lines if ECHO_RE.match(line)]
+    if echoes and echoes[-1] in ("/exit", "/quit"):
+        return f"the CLI was told to {echoes[-1]}"
     return None
 
 
@@ -85,7 +116,13 @@ def _marks(screen: str) -> tuple[str | None, int]:
 
 
 def _blocks(lines: list[str]) -> list[str]:
-    """The ``● …`` blocks (answers, tool calls, errors) in ``lines``, each without its bullet/indent."""
+    """The ``● …`` blocks (answers, tool calls, errors) in ``lines``, each without its bullet/indent.
+
+    Before 2.1 a failed turn shows no ``●`` block but ``  ⎿  API Error: …`` right under the user's
+    line: that opens the turn's lines here, and reads as a block too."""
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None and lines[first].startswith(RESULT):
+        lines = [*lines[:first], "● " + lines[first][len(RESULT) :].strip(" \u00a0"), *lines[first + 1 :]]
     return bullet_blocks(lines, ("● ",))
 
 
@@ -134,7 +171,8 @@ class ClaudeCodeProvider(Provider):
         state = {
             "hasCompletedOnboarding": True,
             "customApiKeyResponses": {"approved": [key[-20:]] if key else [], "rejected": []},
-            "projects": {str(ctx.working_directory): {"hasTrustDialogAccepted": True}},
+            "bypassPermissionsModeAccepted": True,  # before 2.1: the bypass warning's answer
+            "projects": {str(ctx.working_directory): PROJECT},
         }
         settings = {"skipDangerousModePermissionPrompt": True, "promptSuggestionEnabled": False}
         servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
@@ -155,13 +193,16 @@ class ClaudeCodeProvider(Provider):
             home / ".claude" / "settings.json": json.dumps(settings, indent=2),
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
-        command = [find_cli(ctx, "CAO_CLAUDE_BIN", "claude", "@anthropic-ai/claude-code")]
-        command += ["--mcp-config", str(home / "mcp.json")]
+        binary = find_cli(ctx, "CAO_CLAUDE_BIN", "claude", "@anthropic-ai/claude-code")
+        command = [binary, "--mcp-config", str(home / "mcp.json")]
         if model := knobs.get("CAO_CLAUDE_MODEL") or (profile and profile.model):
             command += ["--model", model]
         if profile and profile.system_prompt:
-            files[home / "system-prompt.md"] = profile.system_prompt
-            command += ["--append-system-prompt-file", str(home / "system-prompt.md")]
+            if (version := npm_version(binary)) is not None and version < (2, 1):  # no -file flag yet
+                command += ["--append-system-prompt", profile.system_prompt]
+            else:
+                files[home / "system-prompt.md"] = profile.system_prompt
+                command += ["--append-system-prompt-file", str(home / "system-prompt.md")]
         if allowed is not None:
             command += ["--allowedTools", ",".join(allowed)]
         if bypass:
@@ -169,23 +210,38 @@ class ClaudeCodeProvider(Provider):
         return LaunchSpec(command=command, env=env, files=files)
 
     def detect_status(self, screen: str) -> TerminalStatus:
+        return self.detect(screen).status
+
+    def detect(self, screen: str) -> Reading:
         lines = _lines(screen)
+        if quit_ := _quit(lines):
+            return Reading(TerminalStatus.UNKNOWN, quit_)
         box = _box(lines)
         if box is None:  # a permission prompt, a question or a dialog replaces the box
             if any(MENU_RE.match(line) or HINT_RE.match(line) for line in lines):
-                return TerminalStatus.WAITING_USER_ANSWER
-            return TerminalStatus.PROCESSING  # starting up
+                return Reading(TerminalStatus.WAITING_USER_ANSWER, "a menu or a dialog's key hint")
+            if not lines:
+                return Reading(TerminalStatus.PROCESSING, "starting: nothing drawn yet")
+            return Reading(
+                TerminalStatus.UNKNOWN,
+                "no input box (❯ between two ──── rules), menu or dialog on screen: still starting, "
+                "or a screen of a Claude Code release this provider does not know",
+            )
         first, end = box
         if any("esc to interrupt" in line for line in lines[end + 1 :]):
-            return TerminalStatus.PROCESSING
+            return Reading(TerminalStatus.PROCESSING, "footer: esc to interrupt")
         transcript = lines[: first - 1]
         turn = _turn(transcript)
         if any(SPINNER_RE.match(line) for line in turn or ()):
-            return TerminalStatus.PROCESSING
+            return Reading(TerminalStatus.PROCESSING, "a spinner line after the last user turn")
         blocks = _blocks(transcript if turn is None else turn)
         if not blocks:  # nothing answered yet (a long echo may have scrolled the start away)
-            return TerminalStatus.IDLE if turn is None else TerminalStatus.COMPLETED
-        return TerminalStatus.ERROR if ERROR_RE.match(blocks[-1]) else TerminalStatus.COMPLETED
+            if turn is None:
+                return Reading(TerminalStatus.IDLE, "the input box, no turn on screen")
+            return Reading(TerminalStatus.COMPLETED, "the input box after a user turn")
+        if ERROR_RE.match(blocks[-1]):
+            return Reading(TerminalStatus.ERROR, "the last turn ends in an API error")
+        return Reading(TerminalStatus.COMPLETED, "the input box after an answered turn")
 
     def extract_last_message(self, screen: str) -> str:
         lines = _lines(screen)
@@ -198,8 +254,9 @@ class ClaudeCodeProvider(Provider):
     def transcript(self, screen: str) -> str:
         """Everything above the rule that opens the input box (queued inputs included: they were
         submitted and will run as their own turns); the whole screen while a prompt or dialog shows."""
-        box = _box(_lines(screen))
-        return screen if box is None else head(screen, box[0] - 1)
+        lines = _lines(screen)
+        box = _box(lines)
+        return screen if box is None or _quit(lines) else head(screen, box[0] - 1)
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         return judge_submit(self, before, after, _marks)
@@ -207,9 +264,9 @@ class ClaudeCodeProvider(Provider):
     def input_text(self, screen: str) -> str | None:
         lines = _lines(screen)
         box = _box(lines)
-        if box is None:
+        if box is None or _quit(lines):
             return None
         first, end = box
-        rows = [lines[first][len(BOX) :], *(line[2:] for line in lines[first + 1 : end])]
+        rows = [lines[first][2:], *(line[2:] for line in lines[first + 1 : end])]
         text = "\n".join(rows).strip()
-        return "" if text in PLACEHOLDERS else text
+        return "" if text in PLACEHOLDERS or HINT_IN_BOX_RE.match(text) else text

@@ -30,12 +30,30 @@ import sys
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit, npm_version
+from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
 PROMPT = "› "
 PLACEHOLDERS = ("Ask Codex to do anything", "Ask a follow-up question")
+# Releases before 0.171 show one of these example prompts in the empty box instead.
+EXAMPLES = (
+    "Explain this codebase",
+    "Summarize recent commits",
+    "Implement {feature}",
+    "Find and fix a bug in @filename",
+    "Write tests for @filename",
+    "Improve documentation in @filename",
+    "Run /review on my current changes",
+    "Use /skills to list available skills",
+    "Check recently modified functions for compatibility",
+    "How many files have been modified?",
+    "Will this algorithm scale well?",
+)
+BANNER_RE = re.compile(r">_ OpenAI Codex \(v(\d+)\.(\d+)\.")
+OLD_FOOTER_RE = re.compile(r"^\s+(?:\d+% context left|\d+ used) · ")  # 0.77's footer
+# "• Working (3s • esc to interrupt)": 0.171 shows it until the first token, older ones all turn long.
+WORKING_RE = re.compile(r"\(\d+[ms]?[^)]*esc to interrupt\)")
 WAITING_RE = re.compile(
     r"Would you like to (?:run|make|apply)|Allow the \S+ MCP server to run tool|"
     r"enter to (?:confirm|submit)\b.*esc to cancel",
@@ -44,7 +62,10 @@ WAITING_RE = re.compile(
 # The last line of a start-up dialog (update available, trust this folder, sign in): "enter continue ·
 # esc skip", "enter continue · esc back", "Press enter to continue". Its options start "› 1." like the box.
 DIALOG_HINT_RE = re.compile(r"^\s*(?:press enter to continue|enter continue(?: · esc \w+)?)$", re.IGNORECASE)
+# "  Worked for 6s • 08:04" closes a turn (0.171); "─ Worked for 0s ───" (before 0.171) only
+# separates a turn's tool calls from its final answer.
 WORKED_RE = re.compile(r"^\s*(?:─+ )?Worked for \S")
+CLOSED_RE = re.compile(r"^\s*Worked for \S")
 FAILED = "■ "
 INTERRUPTED = "■ Conversation interrupted"
 
@@ -92,8 +113,24 @@ def _last_echo(screen: str) -> str | None:
 
 
 def _blocks(lines: list[str]) -> list[str]:
-    """The ``• …`` and ``■ …`` blocks in ``lines``, without bullet or indent, up to a Worked-for line."""
-    return bullet_blocks(lines, ("• ", FAILED), stop=WORKED_RE)
+    """The ``• …`` and ``■ …`` blocks in ``lines``, without bullet or indent, up to the line that
+    closes the turn (the busy line ``• Working (…)`` is no block)."""
+    blocks = bullet_blocks(
+        [line for line in lines if not WORKED_RE.match(line)], ("• ", FAILED), stop=CLOSED_RE
+    )
+    return [block for block in blocks if not WORKING_RE.search(block.split("\n")[0])]
+
+
+def _streams_before_closing(lines: list[str], box: int) -> bool:
+    """0.171 streams the answer with nothing busy on screen and closes the turn with "Worked for"
+    ~0.1 s later; older releases show the answer only when the turn is over and may print no
+    "Worked for" at all. True unless the screen shows an older release (its banner, an example
+    prompt in the empty box, its footer)."""
+    for found in BANNER_RE.finditer("\n".join(lines)):
+        return (int(found[1]), int(found[2])) >= (0, 171)
+    if lines[box][len(PROMPT) :].strip() in EXAMPLES:
+        return False
+    return not any(OLD_FOOTER_RE.match(line) for line in lines[box + 1 :])
 
 
 def _toml(value: str) -> str:
@@ -191,7 +228,11 @@ show_tooltips = false
         env.setdefault("SHELL", "/bin/bash")
         env.update(HOME=str(ctx.terminal_home), CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
         # Inline mode keeps the transcript in tmux's scrollback (delivery recovery looks there).
-        command = [find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex"), "--no-alt-screen"]
+        binary = find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex")
+        command = [binary]
+        # Releases before the flag existed (0.77 here; 0.130 has it) draw inline anyway, and reject it.
+        if (version := npm_version(binary)) is None or version >= (0, 130):
+            command.append("--no-alt-screen")
         if bypass:
             command.append("--dangerously-bypass-approvals-and-sandbox")
         files = {codex_home / "config.toml": config}
@@ -200,24 +241,43 @@ show_tooltips = false
         return LaunchSpec(command=command, env=env, files=files)
 
     def detect_status(self, screen: str) -> TerminalStatus:
+        return self.detect(screen).status
+
+    def detect(self, screen: str) -> Reading:
         lines = _lines(screen)
+        if exited(lines):
+            return Reading(TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)")
         if _waiting(lines):
-            return TerminalStatus.WAITING_USER_ANSWER
+            return Reading(TerminalStatus.WAITING_USER_ANSWER, "an approval prompt or a start-up dialog")
         box = _box(lines)
         if box is None:
-            return TerminalStatus.PROCESSING  # starting up
+            if not lines:
+                return Reading(TerminalStatus.PROCESSING, "starting: nothing drawn yet")
+            return Reading(
+                TerminalStatus.UNKNOWN,
+                "no input box (a line starting ›), approval prompt or dialog on screen: still starting, "
+                "or a screen of a Codex release this provider does not know",
+            )
         transcript = lines[:box]
         start = _turn_start(transcript)
+        turn = transcript[start or 0 :]
+        if any(WORKING_RE.search(line) for line in turn):
+            return Reading(TerminalStatus.PROCESSING, "• Working (… esc to interrupt)")
         # The last thing that closes or opens a turn decides: an echo opens one, "Worked for" or ■
         # closes it. With no echo on screen (scrolled away), answer bullets mean a turn is running.
-        for line in reversed(transcript[start or 0 :]):
-            if WORKED_RE.match(line) or line.startswith(INTERRUPTED):
-                return TerminalStatus.COMPLETED
+        for line in reversed(turn):
+            if CLOSED_RE.match(line) or line.startswith(INTERRUPTED):
+                return Reading(TerminalStatus.COMPLETED, "Worked for … closed the last turn")
             if line.startswith(FAILED):
-                return TerminalStatus.ERROR
-        if start is None and not any(line.startswith("• ") for line in transcript):
-            return TerminalStatus.IDLE
-        return TerminalStatus.PROCESSING
+                return Reading(TerminalStatus.ERROR, "■ closed the last turn")
+        answered = any(line.startswith("• ") for line in turn)
+        if start is None and not answered:
+            return Reading(TerminalStatus.IDLE, "the input box, no turn on screen")
+        if answered and not _streams_before_closing(lines, box):
+            return Reading(TerminalStatus.COMPLETED, "an answer and no Working line (a release before 0.171)")
+        if answered:
+            return Reading(TerminalStatus.PROCESSING, "an answer streaming: no Worked for yet")
+        return Reading(TerminalStatus.PROCESSING, "a user turn not answered yet")
 
     def extract_last_message(self, screen: str) -> str:
         lines = _lines(screen)
@@ -230,7 +290,7 @@ show_tooltips = false
         """Everything above the input box (the last ``› `` line); the whole screen under a prompt."""
         lines = _lines(screen)
         box = _box(lines)
-        return screen if box is None or _waiting(lines) else head(screen, box)
+        return screen if box is None or _waiting(lines) or exited(lines) else head(screen, box)
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         """See ``judge_submit``; Codex has no queue (input only when idle)."""
@@ -239,7 +299,7 @@ show_tooltips = false
     def input_text(self, screen: str) -> str | None:
         lines = _lines(screen)
         box = _box(lines)
-        if box is None or _waiting(lines):
+        if box is None or _waiting(lines) or exited(lines):
             return None
         rows = [lines[box][len(PROMPT) :]]
         for line in lines[box + 1 :]:
@@ -247,4 +307,4 @@ show_tooltips = false
                 break
             rows.append(line[2:])
         text = "\n".join(rows).strip()
-        return "" if text in PLACEHOLDERS else text
+        return "" if text in PLACEHOLDERS or text in EXAMPLES else text

@@ -33,8 +33,8 @@ from itertools import takewhile
 from typing import ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit
+from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
 TOP_RE = re.compile(r"^▄{10,}$")
@@ -45,6 +45,10 @@ PROMPT_RE = re.compile(r"^ [>*!] ")  # " > " (" * " under --yolo, " ! " in shell
 MENU_RE = re.compile(r"^[│ ]*● \d+\. ")
 # A framed dialog without a menu (the API-key entry box) or with one: its key hint.
 DIALOG_HINT_RE = re.compile(r"^[│ ]*\((?:Press|Use) Enter to (?:submit|select)\b")
+FRAME_TOP_RE = re.compile(r"^╭─{10,}╮$")  # before 0.30: the box is a rounded frame
+FRAME_BOTTOM_RE = re.compile(r"^╰─{10,}╯$")
+FRAMED_PROMPT_RE = re.compile(r"^│ [>*!] ")
+ECHO_LINE_RE = re.compile(r"^> \S")  # before 0.30: an echoed user turn is a plain "> text" line
 PLACEHOLDERS = ("Type your message or @path/to/file",)
 QUEUED = "Queued (press ↑ to edit):"  # then one line per input typed while busy, indented 4
 
@@ -69,8 +73,22 @@ def _bands(lines: list[str]) -> list[tuple[int, int]]:
     return bands
 
 
+def _framed_box(lines: list[str]) -> tuple[int, int] | None:
+    """Before 0.30: the last ╭…╰ frame whose first row is the prompt (``│ > …`` / ``│ * …``)."""
+    for end in range(len(lines) - 1, -1, -1):
+        if FRAME_BOTTOM_RE.match(lines[end]):
+            for top in range(end - 1, -1, -1):
+                if FRAME_TOP_RE.match(lines[top]):
+                    return (
+                        (top + 1, end) if top + 1 < end and FRAMED_PROMPT_RE.match(lines[top + 1]) else None
+                    )
+            return None
+    return None
+
+
 def _box(lines: list[str]) -> tuple[int, int] | None:
-    """The input box: the last band, right under the composer's rule (and its mode line).
+    """The input box: the last band, right under the composer's rule (and its mode line); before
+    0.30 a rounded frame.
 
     Typed text reads " > text" exactly like an echoed turn, so only the position tells them apart.
     """
@@ -79,7 +97,29 @@ def _box(lines: list[str]) -> tuple[int, int] | None:
         first, end = bands[-1]
         if any(RULE_RE.match(line) for line in lines[max(0, first - 4) : first - 1]):
             return first, end
-    return None
+    return _framed_box(lines)
+
+
+def _row(line: str) -> str:
+    """A box row without a frame's side borders (a band's rows have none)."""
+    return line[1:].rstrip().removesuffix("│").rstrip() if line.startswith("│") else line
+
+
+def _echoes(lines: list[str], box: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """``(first, last)`` rows of each echoed user turn above the box: its band (first row to the
+    ▀ row), or before 0.30 a ``> text`` line and its indented continuation."""
+    top = box[0] - 1 if box else len(lines)
+    bands = [band for band in _bands(lines) if band != box and band[1] < top]
+    if bands:
+        return bands
+    echoes = []
+    for i in range(top):
+        if ECHO_LINE_RE.match(lines[i]):
+            j = i
+            while j + 1 < top and lines[j + 1].startswith("  ") and lines[j + 1].strip():
+                j += 1
+            echoes.append((i, j))
+    return echoes
 
 
 def _turn(lines: list[str], box: tuple[int, int] | None) -> list[str] | None:
@@ -89,7 +129,7 @@ def _turn(lines: list[str], box: tuple[int, int] | None) -> list[str] | None:
     rules = [i for i in range(end) if RULE_RE.match(lines[i])]
     if box and rules:
         end = rules[-1] - 1  # the spinner / "? for shortcuts" line sits right above the rule
-    echoes = [band for band in _bands(lines) if band != box and band[1] <= end]
+    echoes = [echo for echo in _echoes(lines, box) if echo[1] <= end]
     if not echoes:
         return None
     return lines[echoes[-1][1] + 1 : end]
@@ -99,7 +139,7 @@ def _marks(screen: str) -> tuple[str | None, int]:
     """What a submit adds: (the last echoed user turn's first line, how many inputs are queued)."""
     lines = _lines(screen)
     box = _box(lines)
-    echoes = [band for band in _bands(lines) if band != box]
+    echoes = _echoes(lines, box)
     queued = 0
     for i, line in enumerate(lines):
         if line.strip() == QUEUED:
@@ -171,19 +211,34 @@ class GeminiCliProvider(Provider):
         return LaunchSpec(command=command, env=env, files=files)
 
     def detect_status(self, screen: str) -> TerminalStatus:
+        return self.detect(screen).status
+
+    def detect(self, screen: str) -> Reading:
         lines = _lines(screen)
+        if exited(lines):
+            return Reading(TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)")
         box = _box(lines)
         if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
             if any(MENU_RE.match(line) or DIALOG_HINT_RE.match(line) for line in lines):
-                return TerminalStatus.WAITING_USER_ANSWER
-            return TerminalStatus.PROCESSING  # starting up
+                return Reading(TerminalStatus.WAITING_USER_ANSWER, "a menu or a dialog's key hint")
+            if not lines:
+                return Reading(TerminalStatus.PROCESSING, "starting: nothing drawn yet")
+            return Reading(
+                TerminalStatus.UNKNOWN,
+                "no input box (a ▄/▀ band under a ──── rule, or a ╭╰ frame), menu or dialog on screen: "
+                "still starting, or a screen of a Gemini CLI release this provider does not know",
+            )
         if any(BUSY_RE.search(line) for line in lines[: box[0]]):
-            return TerminalStatus.PROCESSING
+            return Reading(TerminalStatus.PROCESSING, "a spinner line (esc to cancel, Ns)")
         turn = _turn(lines, box)
         marks = [line[0] for line in (lines[: box[0]] if turn is None else turn) if line[:2] in ("✦ ", "✕ ")]
         if not marks:  # nothing answered yet (a long echo may have scrolled the start away)
-            return TerminalStatus.IDLE if turn is None else TerminalStatus.COMPLETED
-        return TerminalStatus.ERROR if marks[-1] == "✕" else TerminalStatus.COMPLETED
+            if turn is None:
+                return Reading(TerminalStatus.IDLE, "the input box, no turn on screen")
+            return Reading(TerminalStatus.COMPLETED, "the input box after a user turn")
+        if marks[-1] == "✕":
+            return Reading(TerminalStatus.ERROR, "the last turn ends in ✕ (an error)")
+        return Reading(TerminalStatus.COMPLETED, "the input box after an answered turn")
 
     def extract_last_message(self, screen: str) -> str:
         lines = _lines(screen)
@@ -197,9 +252,9 @@ class GeminiCliProvider(Provider):
         screen while a prompt or dialog shows."""
         lines = _lines(screen)
         box = _box(lines)
-        if box is None:
+        if box is None or exited(lines):
             return screen
-        top = box[0] - 1  # the ▄ row
+        top = box[0] - 1  # the ▄ row (╭ before 0.30)
         rules = [i for i in range(max(0, top - 3), top) if RULE_RE.match(lines[i])]
         return head(screen, rules[-1] if rules else top)
 
@@ -210,9 +265,9 @@ class GeminiCliProvider(Provider):
     def input_text(self, screen: str) -> str | None:
         lines = _lines(screen)
         box = _box(lines)
-        if box is None:
+        if box is None or exited(lines):
             return None
         first, end = box
-        rows = [PROMPT_RE.sub("", lines[first]), *(line[3:] for line in lines[first + 1 : end])]
+        rows = [PROMPT_RE.sub("", _row(lines[first])), *(_row(line)[3:] for line in lines[first + 1 : end])]
         text = "\n".join(rows).strip()
         return "" if text in PLACEHOLDERS else text

@@ -60,14 +60,22 @@ class Case(NamedTuple):
     provider: str
     state: str
     status: TerminalStatus
+    folder: str = ""  # under tests/screens: "<provider>" (current release) or "<provider>/<version>"
+
+    @property
+    def id(self) -> str:
+        return f"{self.folder.replace('/', '-') or self.provider}-{self.state}"
 
 
 def saved_cases() -> list[Case]:
+    """Every saved screen: the current release's in ``<provider>/``, older ones' in
+    ``<provider>/<version>/``."""
     cases = []
-    for meta_path in sorted(SCREENS.glob("*/meta.json")):
+    for meta_path in sorted([*SCREENS.glob("*/meta.json"), *SCREENS.glob("*/*/meta.json")]):
         meta = json.loads(meta_path.read_text())
+        folder = meta_path.parent.relative_to(SCREENS).as_posix()
         for state, status in sorted(meta["states"].items()):
-            cases.append(Case(meta["provider"], state, TerminalStatus(status)))
+            cases.append(Case(meta["provider"], state, TerminalStatus(status), folder))
     return cases
 
 
@@ -154,18 +162,25 @@ def scripted_screens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
 def screen_of(case: Case, scripted: Callable[[], dict[str, str]]) -> str:
     if case.provider in SCRIPTED:
         return scripted()[case.state]
-    return (SCREENS / case.provider / f"{case.state}.txt").read_text()
+    return (SCREENS / case.folder / f"{case.state}.txt").read_text()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.provider}-{c.state}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) -> None:
     provider = providers.get(case.provider)
     screen = screen_of(case, lambda: request.getfixturevalue("scripted_screens"))
 
     assert provider.detect_status(screen) == case.status
+    reading = provider.detect(screen)
+    assert reading.status == case.status
+    if case.status == TerminalStatus.UNKNOWN:
+        assert reading.reason  # shown to the operator: never an unexplained unknown
+    if case.state == "exited":  # also without tmux's "Pane is dead" line (remain-on-exit off)
+        alive = "\n".join(line for line in screen.split("\n") if not line.startswith("Pane is dead ("))
+        assert provider.detect(alive).status == TerminalStatus.UNKNOWN
     box = provider.input_text(screen)
-    if case.status == TerminalStatus.WAITING_USER_ANSWER:
-        assert box is None  # a prompt or a start-up dialog replaces the input box
+    if case.status in (TerminalStatus.WAITING_USER_ANSWER, TerminalStatus.UNKNOWN):
+        assert box is None  # a prompt, a start-up dialog or an exited CLI: nothing to type into
     elif case.state in BUSY_STATES:
         assert not box  # the box may stay visible (empty) while busy, or be gone
     elif case.state == "typed":
@@ -184,7 +199,7 @@ def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) 
 SAVED = saved_cases()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.provider}-{c.state}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_transcript_is_the_screen_above_the_box(case: Case, request: pytest.FixtureRequest) -> None:
     provider = providers.get(case.provider)
     screen = screen_of(case, lambda: request.getfixturevalue("scripted_screens"))
