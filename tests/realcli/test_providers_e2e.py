@@ -20,8 +20,8 @@ import pytest
 
 import providers
 from cao.tmux import descendants, pid_alive
-from tests.realcli.bed import Bed
-from tests.realcli.conftest import CaoServer, knob, wait_for
+from tests.realcli.bed import Bed, BedUnavailable, install_cli_version, version_bin
+from tests.realcli.conftest import CACHE, COMMANDS, INSTALL, CaoServer, knob, wait_for
 
 pytestmark = pytest.mark.realcli
 
@@ -296,3 +296,47 @@ def test_inbox_message_sent_while_busy(cli: CLI, bed: Bed, make_server: Callable
     assert len(turns_with(bed, tok)) == 1
     assert turns_with(bed, first)[0] < turns_with(bed, tok)[0]
     assert_delivered_at_first_or_second_try(cli, agent.message(message_id))
+
+
+# -- older releases ------------------------------------------------------------------------------
+# The oldest release of each CLI that the providers support (docs/providers.md), through the same
+# cao-server path: the provider's own launch with CAO_<CLI>_BIN pointing at the older release.
+OLDER = [("claude_code", "1.0.128"), ("codex", "0.77.0"), ("gemini_cli", "0.24.5")]
+
+
+def older_release(provider: str, version: str) -> str:
+    """The release's binary, installed beside the current ones once (or a skip saying why not)."""
+    binary = version_bin(COMMANDS[provider], version, CACHE)
+    if not binary.exists() and not INSTALL:
+        pytest.skip(f"{provider} {version} is not installed in {CACHE}/versions (CAO_REALCLI_INSTALL=0)")
+    try:
+        return str(install_cli_version(COMMANDS[provider], version, CACHE))
+    except BedUnavailable as exc:
+        pytest.skip(f"{provider} {version} unavailable: {exc}")
+
+
+@pytest.mark.parametrize(("provider", "version"), OLDER, ids=[f"{p}-{v}" for p, v in OLDER])
+def test_older_release_answers_and_takes_an_inbox_message_once(
+    provider: str, version: str, bed: Bed, make_server: Callable[..., CaoServer]
+) -> None:
+    binary = older_release(provider, version)
+    cli = next(c for c in CLIS if c.provider == provider)
+    agent = launch(make_server(provider, **{knob(provider, "BIN"): binary}), bed, cli)
+    assert agent.last() == ""
+
+    tok = token()
+    agent.type(f"Say hello slowly {tok} [[delay:3]][[reply:Hello from {version}.]]", tok)
+    agent.wait("processing", timeout=10)
+    agent.wait("completed", timeout=30)
+    assert agent.last() == f"Hello from {version}."
+
+    tok = token()
+    message_id = agent.send(f"Please acknowledge {tok} [[reply:Acknowledged {tok}.]]")
+    wait_for(lambda: agent.message(message_id)["status"] == "delivered", 30, "the message delivered")
+    wait_for(
+        lambda: agent.last() == f"Acknowledged {tok}." and agent.status() == "completed",
+        30,
+        f"the answer to message {message_id}",
+    )
+    assert_delivered_at_first_or_second_try(cli, agent.message(message_id))
+    assert len(turns_with(bed, tok)) == 1
