@@ -555,7 +555,37 @@ class QwenCode(ProviderRecipe):
         return self.idle(screen) and "Connecting to MCP servers" not in screen and "Qwen Code (v" in screen
 
 
-RECIPES: dict[str, Recipe] = {r.provider: r for r in (Claude(), Codex(), Gemini(), OpenCode(), QwenCode())}
+class Copilot(ProviderRecipe):
+    knob = "COPILOT"
+
+    def __init__(self) -> None:
+        super().__init__(
+            provider="copilot",
+            bin_name="copilot",
+            busy=lambda s: "Working" in s,
+            idle=lambda s: "Working" not in s and "open sidebar" in s,
+            permission=lambda s: "Do you want to" in s or "enter to select" in s,
+            error=lambda s: "400" in s and "open sidebar" in s,
+            asks_questions=False,
+        )
+
+    def ready(self, screen: Screen) -> bool:
+        return self.idle(screen) and "Copilot v" in screen
+
+    def finished(self, screen: Screen, reply: str) -> bool:
+        # The footer drops "Working" a frame before the answer is drawn.
+        return self.idle(screen) and f"● {reply}" in screen
+
+    def dialogs(self) -> list[Dialog]:
+        def untrusted(launch: Launch) -> None:
+            _edit_json(launch.home / ".copilot" / "config.json", lambda d: d.update(trustedFolders=[]))
+
+        return [Dialog("trust", lambda s: "Do you trust the files in this folder?" in s, untrusted)]
+
+
+RECIPES: dict[str, Recipe] = {
+    r.provider: r for r in (Claude(), Codex(), Gemini(), OpenCode(), QwenCode(), Copilot())
+}
 
 # saved state -> status a provider must report for it
 STATUS = {
