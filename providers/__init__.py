@@ -20,6 +20,7 @@ _REGISTRY: dict[str, str] = {
     "gemini_cli": "providers.gemini_cli:GeminiCliProvider",
     "opencode": "providers.opencode:OpenCodeProvider",
     "qwen_code": "providers.qwen_code:QwenCodeProvider",
+    "copilot": "providers.copilot:CopilotProvider",
 }
 _CACHE: dict[str, Provider] = {}
 

@@ -3,9 +3,11 @@
 or one JSON ``chat.completion`` with ``"stream": false``; ``GET /v1/models`` lists one model.
 
 Tool naming differs by client, so it is taken from the request's tool list: an MCP tool is the one
-named ``<tool>`` or ending ``_<tool>`` (OpenCode ``cao_send_message``, Qwen ``mcp__cao__send_message``
-or ``send_message``, Kimi ``send_message``), preferring one that names the server; the shell tool is
-the first of ``bash``/``Shell``/``run_shell_command``/… offered, its arguments filled from its schema.
+named ``<tool>`` or ending ``_<tool>``/``-<tool>`` (OpenCode ``cao_send_message``, Qwen
+``mcp__cao__send_message``, Copilot ``cao-send_message``), preferring one that names the server
+(Qwen Code lists MCP tools only after a ``tool_search`` call, which is made first and not counted
+as a step); the shell tool is the first of ``bash``/``Shell``/``run_shell_command``/… offered, its
+arguments filled from its schema.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from cao.testing.fakemodel.wire import SSE_HEADERS, RequestLog, chunks, log_entr
 
 SHELL_TOOLS = ("bash", "shell", "run_shell_command", "shell_command", "exec_command", "run_in_terminal")
 COMMAND_KEYS = ("command", "cmd")
+TOOL_SEARCH = "tool_search"  # Qwen Code: reveals deferred (MCP) tools
 
 
 def _text(content: Any) -> list[str]:
@@ -60,8 +63,20 @@ def chat_conversation(body: JSON) -> Conversation:
         if texts:
             start, prompt = i, "\n".join(texts)
             break
-    results = [as_text(m.get("content")) for m in messages[start + 1 :] if m.get("role") == "tool"]
-    return Conversation(prompt, results, bool(body.get("tools")))
+    later = messages[start + 1 :]
+    searches = {  # tool-discovery calls made this turn: their results are not steps of the script
+        call.get("id")
+        for m in later
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or []
+        if (call.get("function") or {}).get("name") == TOOL_SEARCH
+    }
+    results = [
+        as_text(m.get("content"))
+        for m in later
+        if m.get("role") == "tool" and m.get("tool_call_id") not in searches
+    ]
+    return Conversation(prompt, results, bool(body.get("tools")), waited_for_mcp=bool(searches))
 
 
 def _functions(body: JSON) -> list[JSON]:
@@ -79,13 +94,16 @@ def _fill(spec: JSON, given: JSON) -> JSON:
     return args
 
 
-def chat_tool(body: JSON, marker: Marker) -> ToolCall:
+def chat_tool(body: JSON, conv: Conversation, marker: Marker) -> ToolCall:
     functions = _functions(body)
     names = [str(f.get("name", "")) for f in functions]
     if marker.name == "mcp":
         server, tool, args = parse_mcp_arg(marker.arg)
-        candidates = [n for n in names if n == tool or n.endswith(f"_{tool}")]
+        candidates = [n for n in names if n == tool or n.endswith((f"_{tool}", f"-{tool}"))]
         named = [n for n in candidates if server in n.removesuffix(tool)]
+        if not named and TOOL_SEARCH in names and not conv.waited_for_mcp:
+            # Qwen Code offers MCP tools only after a search reveals them (mcp__<server>__<tool>).
+            return ToolCall(TOOL_SEARCH, {"query": f"select:mcp__{server}__{tool}"})
         return ToolCall((named or candidates or [f"{server}_{tool}"])[0], args)
     if marker.name == "question":
         question, options = parse_question_arg(marker.arg)
@@ -196,7 +214,7 @@ def routes(log: RequestLog) -> list[Route]:
         entry.update(prompt=conv.prompt, tool_results=len(conv.tool_results), stream=stream)
         schema = chat_json_schema(body)
         if conv.has_tools:
-            action = decide(script, conv, lambda m: chat_tool(body, m))
+            action = decide(script, conv, lambda m: chat_tool(body, conv, m))
             delay, chunk_delay = script.delay, script.chunk_delay
         else:
             text = json.dumps(example_from_schema(schema, script.title())) if schema else script.title()

@@ -231,5 +231,10 @@ def as_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+# A context block some CLIs put in front of the typed text, in the same text part (Copilot CLI).
+LEADING_CONTEXT_RE = re.compile(r"^\s*<(current_datetime)>.*?</\1>\s*", re.S)
+
+
 def user_texts(texts: list[str]) -> list[str]:
+    texts = [LEADING_CONTEXT_RE.sub("", t) for t in texts]
     return [t for t in texts if t.strip() and not t.lstrip().startswith(WRAPPER_PREFIXES)]
