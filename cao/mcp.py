@@ -29,12 +29,13 @@ command and then deleted (pane and processes), shielded from cancellation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -332,11 +333,15 @@ class AgentTools:
     ) -> str:
         wid, started = worker["id"], self.clock()
         deadline = started + timeout
-        await self._wait(worker, started, deadline, timeout, report, task_sent=False)
-        await self._call(
-            "POST", f"/terminals/{wid}/input", json={"message": message}, what=f"sending the task to {wid}"
-        )
-        await self._wait(worker, started, deadline, timeout, report, task_sent=True)
+        async with self._status_events(wid) as wake:
+            await self._wait(worker, started, deadline, timeout, report, task_sent=False, wake=wake)
+            await self._call(
+                "POST",
+                f"/terminals/{wid}/input",
+                json={"message": message},
+                what=f"sending the task to {wid}",
+            )
+            await self._wait(worker, started, deadline, timeout, report, task_sent=True, wake=wake)
         out = await self._call(
             "GET", f"/terminals/{wid}/output", params={"mode": "last"}, what=f"reading {wid}'s answer"
         )
@@ -352,8 +357,11 @@ class AgentTools:
         report: Report | None,
         *,
         task_sent: bool,
+        wake: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
-        """Poll until the worker is ready (before the task) or done (after it); errors fail fast."""
+        """Read the worker's status until it is ready (before the task) or done (after it); errors
+        fail fast. ``wake(seconds)`` returns early when the event stream reports a status change of
+        the worker, so the reads follow the worker instead of a fixed beat."""
         wid, profile = worker["id"], worker["agent_profile"]
         status, last_status, last_report, busy_seen = "starting", "", -1e9, False
         while True:
@@ -393,7 +401,51 @@ class AgentTools:
                     note += f" (it asks a question: answer it in tmux session {worker['session_name']})"
                 await _quietly(report, round(now - started, 1), timeout, note)
                 last_status, last_report = status, now
-            await anyio.sleep(self.poll_interval)
+            if wake is not None:
+                await wake(self.poll_interval)
+            else:
+                await anyio.sleep(self.poll_interval)
+
+    @contextlib.asynccontextmanager
+    async def _status_events(self, wid: str) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
+        """Follow cao-server's event stream for ``wid``'s status changes while a handoff waits (the
+        status reads stay the source of truth; this only says when to read). Without a stream
+        (an older server, a dropped connection) the reads keep their plain beat."""
+        send, receive = anyio.create_memory_object_stream[None](64)
+        needle = f'"terminal_id":"{wid}"'
+
+        async def follow() -> None:
+            with contextlib.suppress(httpx.HTTPError, anyio.EndOfStream, anyio.ClosedResourceError):
+                async with self.http.stream(
+                    "GET", "/events", params={"keepalive": 15}, timeout=httpx.Timeout(HTTP_TIMEOUT, read=None)
+                ) as resp:
+                    if resp.status_code != 200:
+                        return
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data:") and needle in line and '"type":"terminal.' in line:
+                            with contextlib.suppress(anyio.WouldBlock):
+                                send.send_nowait(None)
+
+        async def wake(seconds: float) -> None:
+            with anyio.move_on_after(seconds):
+                await receive.receive()
+            while True:  # several changes at once: one read covers them
+                try:
+                    receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                try:
+                    yield wake
+                finally:
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the waiting body's own error, not a group of them
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
 
     async def _last_words(self, worker_id: str) -> str:
         try:

@@ -230,7 +230,7 @@ def test_assign_then_the_worker_reports_back_to_its_supervisor(team: Team):
             assert time.monotonic() - started < 10  # returns at once, doesn't wait for the work
             workers = data(await mcp.call_tool("my_workers", {}))["workers"]
             assert [w["id"] for w in workers] == [assigned["worker_id"]]
-            assert workers[0]["status"] in ("processing", "idle", "completed")
+            assert workers[0]["status"] in ("starting", "processing", "idle", "completed")
             return assigned
 
     assigned = anyio.run(assign)
