@@ -1,0 +1,77 @@
+"""The CLIs added after the first three (OpenCode, Qwen Code, Copilot CLI) driven through cao-server in the bed.
+
+Lean on purpose (``make test`` has a time budget): one cao-server and one terminal per CLI, and in
+that one terminal a turn with its answer, an MCP ``send_message`` round trip to a scripted peer, and
+an inbox message delivered exactly once (counted at the fake model). The helpers are the ones of
+test_providers_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from cao.tmux import descendants
+from tests.realcli.bed import Bed
+from tests.realcli.conftest import CaoServer, wait_for
+from tests.realcli.test_providers_e2e import (
+    CLI,
+    SENDER,
+    assert_delivered_at_first_or_second_try,
+    cmdline,
+    launch,
+    token,
+    turns_with,
+)
+
+pytestmark = pytest.mark.realcli
+
+CLIS = [
+    CLI("opencode", queues_while_busy=False, start_timeout=90),
+    CLI("qwen_code", queues_while_busy=False, start_timeout=90),
+    CLI("copilot", queues_while_busy=False, start_timeout=90),
+]
+
+
+@pytest.mark.parametrize("cli", CLIS, ids=[c.provider for c in CLIS])
+def test_turn_mcp_round_trip_and_inbox_once(
+    cli: CLI, bed: Bed, make_server: Callable[..., CaoServer]
+) -> None:
+    server = make_server(cli.provider)
+    agent = launch(server, bed, cli)
+    assert agent.last() == ""
+
+    tok = token()
+    agent.type(f"Say hello slowly {tok} [[delay:3]][[reply:Hello from the model.\n\nSecond line.]]", tok)
+    agent.wait("processing", timeout=10)
+    agent.wait("completed", timeout=40)
+    assert agent.last() == "Hello from the model.\n\nSecond line."
+
+    # The CLI's MCP server (python -m cao.mcp) speaks for the agent: the peer's inbox names it.
+    peer = server.call(
+        "POST", "/sessions", params={"provider": "scripted", "working_directory": str(server.work)}
+    )
+    pane_pid = int(bed.tmux("display-message", "-p", "-t", agent.pane, "#{pane_pid}").strip())
+    wait_for(
+        lambda: any("cao.mcp" in cmdline(p) for p in descendants(pane_pid)), 30, "the CLI's cao MCP server"
+    )
+    tok = token()
+    call = json.dumps({"receiver_id": peer["id"], "message": f"hello from {tok}"})
+    agent.type(f"Tell the peer {tok} [[mcp:send_message {call}]][[reply:Peer told.]]", tok)
+    wait_for(lambda: agent.last() == "Peer told." and agent.status() == "completed", 40, "the MCP turn")
+    inbox = server.call("GET", f"/terminals/{peer['id']}/inbox/messages")
+    assert [(m["sender_id"], m["message"]) for m in inbox] == [(agent.id, f"hello from {tok}")]
+
+    tok = token()
+    message_id = agent.send(f"Please acknowledge {tok} [[reply:Acknowledged {tok}.]]")
+    wait_for(lambda: agent.message(message_id)["status"] == "delivered", 30, "the message delivered")
+    wait_for(
+        lambda: agent.last() == f"Acknowledged {tok}." and agent.status() == "completed",
+        40,
+        f"the answer to message {message_id}",
+    )
+    assert_delivered_at_first_or_second_try(cli, agent.message(message_id))
+    assert len(turns_with(bed, tok)) == 1
+    assert f"[cao message #{message_id} from {SENDER}]" in agent.screen()
