@@ -1,4 +1,4 @@
-"""The CLIs added after the first three (OpenCode, Qwen Code, Copilot CLI) driven through cao-server in the bed.
+"""OpenCode, Qwen Code and Copilot CLI driven through cao-server, inside the loopback-only bed.
 
 Lean on purpose (``make test`` has a time budget): one cao-server and one terminal per CLI, and in
 that one terminal a turn with its answer, an MCP ``send_message`` round trip to a scripted peer, and
