@@ -53,7 +53,7 @@ async def _params(request: Request) -> dict[str, Any]:
 
 def _bool(params: dict[str, Any], name: str, default: bool = False) -> bool:
     value = params.get(name)
-    if value is None or value == "":
+    if value is None:
         return default
     if isinstance(value, bool):
         return value
@@ -74,12 +74,9 @@ def _number(params: dict[str, Any], name: str, default: float) -> float:
         raise InvalidInput(f"{name} must be a number of seconds") from None
 
 
-def _no_worktree(params: dict[str, Any]) -> None:
-    if _bool(params, "use_worktree"):
-        raise InvalidInput(
-            "use_worktree is not supported by cao-server: workers share the working directory you give "
-            "them; create a git worktree yourself and pass it as working_directory"
-        )
+def _maybe_bool(params: dict[str, Any], name: str) -> bool | None:
+    """A flag that may be left out (``None``: the default decides, e.g. the profile's)."""
+    return None if params.get(name) is None else _bool(params, name)
 
 
 def _str(params: dict[str, Any], name: str, *, required: bool = False) -> str | None:
@@ -126,7 +123,6 @@ def create_app(core: Cao) -> FastAPI:
     @app.post("/sessions", status_code=201)
     async def create_session(request: Request) -> dict[str, Any]:
         p = await _params(request)
-        _no_worktree(p)
         _bool(p, "defer_init")  # accepted: cao-server always answers once the pane exists
         return await _off_loop(
             core.create_terminal,
@@ -137,6 +133,7 @@ def create_app(core: Cao) -> FastAPI:
             new_session=True,
             caller_id=_str(p, "caller_id"),
             initial_message=_str(p, "initial_message"),
+            use_worktree=_maybe_bool(p, "use_worktree"),
         )
 
     @app.get("/sessions")
@@ -155,7 +152,6 @@ def create_app(core: Cao) -> FastAPI:
     @app.post("/sessions/{name}/terminals", status_code=201)
     async def add_terminal(name: str, request: Request) -> dict[str, Any]:
         p = await _params(request)
-        _no_worktree(p)
         _bool(p, "defer_init")  # accepted: cao-server always answers once the pane exists
         return await _off_loop(
             core.create_terminal,
@@ -167,6 +163,7 @@ def create_app(core: Cao) -> FastAPI:
             supervisor_id=_str(p, "supervisor_id"),
             caller_id=_str(p, "caller_id"),
             initial_message=_str(p, "initial_message"),
+            use_worktree=_maybe_bool(p, "use_worktree"),
         )
 
     @app.get("/sessions/{name}/terminals")
@@ -182,7 +179,6 @@ def create_app(core: Cao) -> FastAPI:
     async def run_step(request: Request) -> dict[str, Any]:
         """One agent step, start to answer (the reference's handoff): see Cao.run_step."""
         p = await _params(request)
-        _no_worktree(p)
         prompt = _str(p, "prompt", required=True)
         agent = _str(p, "agent", required=True)
         assert prompt is not None and agent is not None
@@ -198,6 +194,7 @@ def create_app(core: Cao) -> FastAPI:
             working_directory=_str(p, "working_directory"),
             caller_id=_str(p, "caller_id"),
             job_id=_str(p, "job_id"),
+            use_worktree=_maybe_bool(p, "use_worktree"),
         )
 
     @app.get("/handoff-results/{job_id}")
@@ -253,6 +250,24 @@ def create_app(core: Cao) -> FastAPI:
     async def exit_terminal(terminal_id: str) -> dict[str, Any]:
         confirmed = await _off_loop(core.exit_terminal, terminal_id)
         return {"success": True, "confirmed": confirmed}
+
+    # -- worktrees: review and merge (docs/worktrees.md) ---------------------------------------
+    @app.get("/worktrees")
+    async def list_worktrees() -> list[dict[str, Any]]:
+        return await _off_loop(core.worktrees)
+
+    @app.get("/terminals/{terminal_id}/diff")
+    async def worker_diff(terminal_id: str, full: bool = False, into: str | None = None) -> dict[str, Any]:
+        """The worker's changes on its branch (and uncommitted, while its worktree exists)."""
+        if into is not None:
+            inputs.check_text("into", into)
+        return await _off_loop(core.diff, terminal_id, stat=not full, into=into)
+
+    @app.post("/terminals/{terminal_id}/merge")
+    async def merge_worker(terminal_id: str, request: Request) -> dict[str, Any]:
+        """Merge the worker's branch into ``into`` (default: the branch it was made from)."""
+        p = await _params(request)
+        return await _off_loop(core.merge, terminal_id, into=_str(p, "into"))
 
     @app.delete("/terminals/{terminal_id}")
     async def delete_terminal(terminal_id: str) -> dict[str, Any]:

@@ -133,6 +133,9 @@ class Cao:
 
     def start(self) -> dict[str, list[str]]:
         adopted = self.terminals.adopt()
+        rows = {t.id: t for t in self.store.list_terminals(include_deleted=True)}
+        trees = self.terminals.workspaces.adopt(rows)  # orphans are listed, never removed
+        adopted["worktrees_adopted"], adopted["worktree_orphans"] = trees["adopted"], trees["orphans"]
         self.engine.start()
         self.started = True
         logger.info("cao started", extra={"adopted": len(adopted["adopted"]), "gone": len(adopted["gone"])})
@@ -317,6 +320,7 @@ class Cao:
         # native allowed_tools limit what its CLI may do, which that vocabulary can't express).
         out["allowed_tools"] = ["*"]
         out["initial_delivery"] = self._initial_delivery(terminal)
+        out["worktree"] = self.terminals.workspaces.view(terminal.id)
         return out
 
     def _initial_delivery(self, terminal: Terminal) -> dict[str, object] | None:
@@ -383,6 +387,28 @@ class Cao:
     def delete_terminal(self, terminal_id: str) -> int:
         return self.terminals.delete(self.terminals.get(terminal_id))
 
+    # -- worktrees: review and merge (docs/worktrees.md) -----------------------------------------
+    def _worker(self, terminal_id: str) -> Terminal:
+        """A terminal, deleted ones included: a deleted worker's branch can still be merged."""
+        return self.store.get_terminal(validate_terminal_id(terminal_id), include_deleted=True)
+
+    def diff(self, terminal_id: str, *, stat: bool = True, into: str | None = None) -> dict[str, object]:
+        """What a worker changed on its branch (and, while its worktree exists, not committed yet)."""
+        self._worker(terminal_id)
+        return self.terminals.workspaces.diff(terminal_id, stat=stat, into=into)
+
+    def merge(self, terminal_id: str, *, into: str | None = None) -> dict[str, object]:
+        """Merge a worker's branch into ``into`` (default: the branch it was made from); a
+        conflict changes nothing and is answered 409 with the conflicted files."""
+        worker = self._worker(terminal_id)
+        return self.terminals.workspaces.merge(
+            terminal_id, into=into, label=f"cao worker {worker.agent_profile} {worker.id}"
+        )
+
+    def worktrees(self) -> list[dict[str, object]]:
+        """Every worktree cao made (active, removed, kept) and orphans found at start."""
+        return self.terminals.workspaces.listing()
+
     def mcp_ready(self, terminal_id: str) -> None:
         self.terminals.note_mcp_ready(self.terminals.get(terminal_id))
         self.engine.kick(terminal_id, "mcp_ready")
@@ -434,6 +460,7 @@ class Cao:
         working_directory: str | None = None,
         caller_id: str | None = None,
         job_id: str | None = None,
+        use_worktree: bool | None = None,
     ) -> dict[str, object]:
         """Create a worker (or reuse one), type ``prompt`` once it is ready, wait until it has
         answered, return its last message, and delete it (``teardown``, only a worker created
@@ -465,6 +492,7 @@ class Cao:
                     working_directory=working_directory,
                     new_session=session_name is None,
                     caller_id=caller_id,
+                    use_worktree=use_worktree,
                 )
                 terminal = self.terminals.get(str(created["id"]))
             worker = terminal.id
@@ -558,6 +586,7 @@ class Cao:
             "sweep_interval": s.sweep_interval,
             "sweep_grace": s.sweep_grace,
             "providers": providers.names(),
+            "worktrees_dir": str(s.worktrees_dir),
             "messages": self.store.counts_by_status(),
             "engine": dict(self.engine.stats),
             "event_listeners": self.events.listeners,

@@ -67,6 +67,7 @@ BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
         "caller_id": _name,
         "initial_message": _message,
         "defer_init": _flag,
+        "use_worktree": _flag,
     },
     ("post", "/sessions/{name}/terminals"): {
         "provider": _name,
@@ -76,6 +77,7 @@ BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
         "caller_id": _name,
         "initial_message": _message,
         "defer_init": _flag,
+        "use_worktree": _flag,
     },
     ("post", "/terminals/run-step"): {
         "provider": _name,
@@ -88,7 +90,9 @@ BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
         "working_directory": _name,
         "caller_id": _name,
         "job_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        "use_worktree": _flag,
     },
+    ("post", "/terminals/{terminal_id}/merge"): {"into": _name},
     ("post", "/terminals/{terminal_id}/key"): {"key": _name},
     ("post", "/terminals/{terminal_id}/input"): {"message": _message},
     ("post", "/terminals/{receiver_id}/inbox/messages"): {
@@ -102,6 +106,9 @@ EXTRA_ERRORS = {
     ("post", "/terminals/run-step"): {
         "502": "the worker stopped with an error or exited (kind: error; terminal_id names it)",
         "504": "the worker did not become ready or finish in time (kind: timeout; terminal_id names it)",
+    },
+    ("post", "/terminals/{terminal_id}/merge"): {
+        "409": "the merge would conflict (conflicts lists the files; nothing changed), or it can't start",
     },
 }
 EXTRA_SUCCESS = {("post", "/terminals/{receiver_id}/inbox/messages"): "200"}  # a duplicate's receipt

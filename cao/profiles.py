@@ -10,6 +10,7 @@ A profile is a markdown file with YAML front matter; the body is the system prom
     allowed_tools: [Read, Grep]          # optional: omitted = the CLI's defaults
     mcp_servers:                         # optional: extra MCP servers for the CLI
       cao: {command: cao-mcp-server}
+    use_worktree: true                   # optional: its own git worktree by default (docs/worktrees.md)
     ---
     You are a careful code reviewer ...
 
@@ -39,7 +40,7 @@ from cao.settings import Settings
 # The same rule as terminal and session names (cao.terminals.NAME_RE): a profile name is used in
 # tmux window names and file names.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-FIELDS = ("name", "description", "provider", "model", "allowed_tools", "mcp_servers")
+FIELDS = ("name", "description", "provider", "model", "allowed_tools", "mcp_servers", "use_worktree")
 BUILTIN = "builtin"
 FRONT_MATTER_RE = re.compile(
     r"\A---[ \t]*\r?\n(?P<yaml>.*?)^---[ \t]*(?:\r?\n|\Z)(?P<body>.*)\Z", re.S | re.M
@@ -55,6 +56,7 @@ class Profile:
     model: str | None = None
     allowed_tools: tuple[str, ...] | None = None  # None: the CLI's own defaults
     mcp_servers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    use_worktree: bool = False  # workers with this profile get their own git worktree by default
     source: str = BUILTIN  # "builtin" or the file it was read from
 
     @property
@@ -69,6 +71,7 @@ class Profile:
             "model": self.model,
             "allowed_tools": builtins.list(self.allowed_tools) if self.allowed_tools is not None else None,
             "mcp_servers": {k: dict(v) for k, v in self.mcp_servers.items()},
+            "use_worktree": self.use_worktree,
             "source": self.source,
             "system_prompt": self.system_prompt,
         }
@@ -126,6 +129,7 @@ def parse(text: str, source: str = BUILTIN) -> Profile:
         model=_text(meta, "model", source),
         allowed_tools=_tools(meta.get("allowed_tools"), source),
         mcp_servers=_mcp_servers(meta.get("mcp_servers"), source),
+        use_worktree=_flag(meta, "use_worktree", source),
         source=source,
     )
 
@@ -139,6 +143,13 @@ def _text(meta: Mapping[str, Any], key: str, source: str, *, required: bool = Fa
     if not isinstance(value, str):
         raise InvalidInput(f"{source}: {key} must be a string, got {type(value).__name__}")
     return value.strip()
+
+
+def _flag(meta: Mapping[str, Any], key: str, source: str) -> bool:
+    value = meta.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{source}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _tools(value: object, source: str) -> tuple[str, ...] | None:

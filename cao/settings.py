@@ -96,6 +96,8 @@ class Settings:
     allowed_hosts: tuple[str, ...] = ()
     # another orchestrator's provider names, run by one of ours (docs/compatibility.md)
     provider_aliases: tuple[tuple[str, str], ...] = ()
+    # where workers' git worktrees go (docs/worktrees.md); None = $CAO_HOME/worktrees
+    worktrees_root: Path | None = None
 
     @property
     def db_path(self) -> Path:
@@ -116,6 +118,11 @@ class Settings:
     @property
     def profiles_dir(self) -> Path:
         return self.home / "agent-store"
+
+    @property
+    def worktrees_dir(self) -> Path:
+        """Workers' git worktrees: ``<this>/<repository name>/<profile>-<terminal id>``."""
+        return self.worktrees_root if self.worktrees_root is not None else self.home / "worktrees"
 
     @property
     def token_file(self) -> Path:
@@ -157,6 +164,9 @@ class Settings:
             allowed_origins=_words(env, "CAO_ALLOWED_ORIGINS"),
             allowed_hosts=_words(env, "CAO_ALLOWED_HOSTS"),
             provider_aliases=_pairs(env, "CAO_PROVIDER_ALIASES"),
+            worktrees_root=Path(env["CAO_WORKTREES_DIR"]).expanduser()
+            if env.get("CAO_WORKTREES_DIR")
+            else None,
         )
 
     def with_(self, **changes: object) -> Settings:

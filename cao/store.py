@@ -43,7 +43,7 @@ from cao.errors import (
 )
 from cao.states import RECEIVER_GONE, MessageStatus, TerminalState
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -121,6 +121,30 @@ class HandoffJob(SQLModel):
     updated_at: float
 
 
+class Worktree(SQLModel):
+    """A worker's git worktree (schema 5): where it is, its branch, where it came from.
+
+    ``state``: ``active`` while the worktree exists for its terminal, ``removed`` once the delete
+    retired it (``note`` says what happened to its work and its branch), ``kept`` when it could
+    not be retired safely and was left as it is. ``setup_paths`` (JSON list) are the files cao
+    copied or linked in: never committed, never counted as the worker's changes.
+    """
+
+    terminal_id: str = Field(primary_key=True)
+    repo_dir: str  # the checkout it was made from (the default merge target is its branch)
+    common_dir: str  # the repository's shared git directory
+    path: str
+    branch: str
+    base_commit: str
+    base_branch: str | None = None
+    subdir: str = ""
+    setup_paths: str = "[]"
+    state: str = "active"
+    note: str | None = None
+    created_at: float
+    removed_at: float | None = None
+
+
 class TerminalTable(Terminal, table=True):
     """The ``terminal`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
@@ -137,6 +161,12 @@ class HandoffJobTable(HandoffJob, table=True):
     """The ``handoff_job`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
     __tablename__ = "handoff_job"
+
+
+class WorktreeTable(Worktree, table=True):
+    """The ``worktree`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "worktree"
 
 
 @dataclass(frozen=True)
@@ -218,9 +248,27 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             updated_at REAL NOT NULL
         )""",
     ),
+    # 5: a git worktree per worker (docs/worktrees.md)
+    5: (
+        """CREATE TABLE worktree (
+            terminal_id TEXT PRIMARY KEY,
+            repo_dir TEXT NOT NULL,
+            common_dir TEXT NOT NULL,
+            path TEXT NOT NULL,
+            branch TEXT NOT NULL,
+            base_commit TEXT NOT NULL,
+            base_branch TEXT,
+            subdir TEXT NOT NULL DEFAULT '',
+            setup_paths TEXT NOT NULL DEFAULT '[]',
+            state TEXT NOT NULL DEFAULT 'active',
+            note TEXT,
+            created_at REAL NOT NULL,
+            removed_at REAL
+        )""",
+    ),
 }
 
-M = TypeVar("M", Terminal, Message, HandoffJob)
+M = TypeVar("M", Terminal, Message, HandoffJob, Worktree)
 T = TypeVar("T")
 
 
@@ -872,3 +920,41 @@ class Store:
         if row is None:
             raise NotFound(f"handoff job {job_id} not found; it was never started on this server")
         return _row(HandoffJob, row)
+
+    # -- worktrees (docs/worktrees.md) -----------------------------------------------------------
+    def add_worktree(self, worktree: Worktree) -> None:
+        row = worktree.model_dump()
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO worktree ({', '.join(row)}) VALUES ({', '.join(f':{k}' for k in row)})", row
+            )
+
+    def get_worktree(self, terminal_id: str) -> Worktree | None:
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM worktree WHERE terminal_id = ?", (terminal_id,)).fetchone()
+        return None if row is None else _row(Worktree, row)
+
+    def list_worktrees(self, *, state: str | None = None) -> list[Worktree]:
+        sql = "SELECT * FROM worktree"
+        args: tuple[str, ...] = ()
+        if state is not None:
+            sql, args = sql + " WHERE state = ?", (state,)
+        with self._read() as conn:
+            rows = conn.execute(sql + " ORDER BY created_at, terminal_id", args).fetchall()
+        return [_row(Worktree, r) for r in rows]
+
+    def update_worktree_paths(self, terminal_id: str, setup_paths: str) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE worktree SET setup_paths = ? WHERE terminal_id = ?", (setup_paths, terminal_id)
+            )
+
+    def finish_worktree(self, terminal_id: str, state: str, note: str) -> bool:
+        """``active`` → ``removed``/``kept`` with what happened; False if it was not active."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE worktree SET state = ?, note = ?, removed_at = ? "
+                "WHERE terminal_id = ? AND state = 'active'",
+                (state, note, self.clock(), terminal_id),
+            )
+            return cur.rowcount == 1

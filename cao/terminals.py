@@ -48,6 +48,8 @@ from cao.states import ENDED, TerminalState
 from cao.store import Store, Terminal
 from cao.timefmt import iso
 from cao.tmux import PaneInfo, PaneRef, Tmux, session_name_for
+from cao.workspace import Workspaces
+from cao.worktrees import Git
 from providers.base import LaunchContext, Provider, TerminalStatus
 from providers.scripted import ScriptedProvider
 
@@ -115,6 +117,7 @@ class Terminals:
         sleep: Callable[[float], None] = time.sleep,
         fault: Callable[[str], None] = lambda _name: None,
         events: EventBus | None = None,
+        workspaces: Workspaces | None = None,
     ) -> None:
         self.sleep = sleep
         self.settings = settings
@@ -128,6 +131,9 @@ class Terminals:
         self.home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
+        self.workspaces = workspaces or Workspaces(
+            settings, store, Git(self.environ), events=self.events, clock=clock
+        )
 
     # -- lookup ----------------------------------------------------------------------------------
     def get(self, terminal_id: str) -> Terminal:
@@ -158,10 +164,15 @@ class Terminals:
         working_directory: str | None = None,
         new_session: bool = True,
         supervisor_id: str | None = None,
+        use_worktree: bool | None = None,
     ) -> Terminal:
         """Row first (``starting``), pane second, then the row goes ``live`` with the pane's
         identity. A tmux failure in between undoes both; a crash in between is cleaned up by
-        :meth:`adopt` (the pane is tagged with the terminal id), so no agent runs untracked."""
+        :meth:`adopt` (the pane is tagged with the terminal id), so no agent runs untracked.
+
+        ``use_worktree`` (default: the profile's ``use_worktree``): the agent runs in a new git
+        worktree on its own branch, made from the working directory's checkout after the row is
+        written (docs/worktrees.md); whether one can be made is checked before anything is."""
         profile = validate_name(agent_profile or "developer", "agent_profile")
         loaded = self.resolve_profile(profile, provider)
         provider_name = provider or (loaded.provider if loaded else None) or providers.default_name()
@@ -190,6 +201,9 @@ class Terminals:
             raise NotFound(f"session {session} not found; create it first with `cao launch`")
         terminal_id = self._new_id()
         window = f"{profile}-{terminal_id[:4]}"
+        wants_worktree = use_worktree if use_worktree is not None else bool(loaded and loaded.use_worktree)
+        plan = self.workspaces.plan(workdir, profile, terminal_id) if wants_worktree else None
+        agent_dir = plan.agent_dir if plan is not None else workdir
         home = self.settings.home / "terminals" / terminal_id
         home.mkdir(parents=True, exist_ok=True)
         base_env = {k: self.environ[k] for k in ENV_ALLOW if self.environ.get(k)}
@@ -210,7 +224,7 @@ class Terminals:
         ctx = LaunchContext(
             terminal_id=terminal_id,
             agent_profile=profile,
-            working_directory=workdir.resolve(),
+            working_directory=agent_dir.resolve(),
             cao_home=self.settings.home,
             server_url=self.settings.server_url,
             terminal_home=home,
@@ -236,7 +250,7 @@ class Terminals:
             session_name=session,
             provider=provider_name,
             agent_profile=profile,
-            working_directory=str(workdir),
+            working_directory=str(agent_dir),
             state=TerminalState.STARTING.value,
             status=TerminalStatus.PROCESSING.value,
             supervisor_id=supervisor_id,
@@ -245,12 +259,15 @@ class Terminals:
         )
         self.store.add_terminal(terminal)
         try:
+            command = spec.command
+            if plan is not None:  # the worktree, then its setup in the pane before the agent
+                command = self.workspaces.make(plan, terminal_id, spec.command)
             info: PaneInfo = self.tmux.create_window(
                 session_name=session,
                 window_name=window,
-                command=spec.command,
+                command=command,
                 env=spec.env,
-                cwd=workdir,
+                cwd=agent_dir,
                 log_path=self.log_path(terminal_id),
                 width=self.settings.pane_width,
                 height=self.settings.pane_height,
@@ -290,6 +307,7 @@ class Terminals:
                     self.tmux.kill_checked(pane.ref)
                 except CaoError:
                     logger.exception("could not kill a half-created pane", extra={"terminal_id": terminal_id})
+        self.workspaces.retire(terminal_id, label=f"terminal {terminal_id}")  # fresh: nothing to keep
         self.store.delete_terminal(terminal_id)
         logger.warning(
             "terminal creation undone",
@@ -604,6 +622,8 @@ class Terminals:
             # a pane that is not the terminal's (or none at all) is never touched
             with contextlib.suppress(PaneGone, TmuxServerDown):
                 self.tmux.kill_checked(PaneRef(terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid))
+        # the agent is stopped: its worktree's work is committed and the clean tree removed
+        self.workspaces.retire(terminal.id, label=f"{terminal.agent_profile} {terminal.id}")
         self.store.finish_delete(terminal.id)
         shutil.rmtree(self.settings.home / "terminals" / terminal.id, ignore_errors=True)
 

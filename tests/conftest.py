@@ -117,8 +117,9 @@ def server_env(home: Path, socket_name: str, port: int, **extra: str) -> dict[st
 class ServerProcess:
     """A real ``cao-server`` subprocess; ``stop()`` ends it (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, home: Path, socket_name: str, **env: str) -> None:
+    def __init__(self, home: Path, socket_name: str, cwd: Path = REPO, **env: str) -> None:
         self.home = home
+        self.cwd = cwd  # the server's own directory: where agents start when a request names none
         self.socket_name = socket_name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -133,7 +134,7 @@ class ServerProcess:
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
-            cwd=REPO,
+            cwd=self.cwd,
         )
         wait_until(self._healthy, timeout=20, what="cao-server /health")
         return self
@@ -174,8 +175,8 @@ class ServerProcess:
 def make_server(tmp_path: Path, tmux_socket: str) -> Iterator[Callable[..., ServerProcess]]:
     made: list[ServerProcess] = []
 
-    def make(home: Path | None = None, **env: str) -> ServerProcess:
-        srv = ServerProcess(home or tmp_path / "cao", tmux_socket, **env)
+    def make(home: Path | None = None, cwd: Path = REPO, **env: str) -> ServerProcess:
+        srv = ServerProcess(home or tmp_path / "cao", tmux_socket, cwd, **env)
         made.append(srv)
         return srv.start()
 

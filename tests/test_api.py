@@ -114,7 +114,7 @@ def test_input_output_exit_delete(client: TestClient, core: Cao):
         ("post", "/terminals/abcdef12/key", {"params": {"key": "Home; ls"}}, 422, "not allowed"),
         ("post", "/terminals/abcdef12/key", {"params": {"key": "C-c"}}, 404, "not found"),
         ("post", "/sessions", {"params": {"provider": "kiro_cli"}}, 422, "CAO_PROVIDER_ALIASES"),
-        ("post", "/sessions", {"params": {"use_worktree": "true"}}, 422, "not supported"),
+        ("post", "/sessions", {"params": {"use_worktree": "maybe"}}, 422, "true or false"),
         ("post", "/sessions", {"json": {"caller_id": "boss"}}, 422, "8 hex digits"),
         ("post", "/terminals/run-step", {"json": {"agent": "developer"}}, 422, "prompt is required"),
         (

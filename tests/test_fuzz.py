@@ -10,6 +10,7 @@ driven through Hypothesis directly, one ``@given`` per operation and mode.)
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -24,8 +25,13 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_EXAMPLES = 50
 
 
-def test_cao_server_matches_its_schema_and_never_fails(make_server: Callable[..., ServerProcess]) -> None:
-    srv = make_server(CAO_API_TOKEN=TOKEN)
+def test_cao_server_matches_its_schema_and_never_fails(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    # the server runs outside any git repository: a fuzzed use_worktree=true must not make
+    # worktrees and branches of this one (it gets a 422 instead)
+    (tmp_path / "server-cwd").mkdir()
+    srv = make_server(CAO_API_TOKEN=TOKEN, cwd=tmp_path / "server-cwd")
     # positive_data_acceptance wants 2xx for every schema-valid value; cao answers 422 for values no
     # schema can tell apart (an unknown provider, a directory that doesn't exist), so it is left out
     config = SchemathesisConfig.from_dict(

@@ -171,7 +171,8 @@ def test_cli_install_and_profiles(tmp_path: Path):
     assert listed.exit_code == 0, listed.output
     assert [p["name"] for p in json.loads(listed.output)] == BUILTINS
     assert set(json.loads(listed.output)[0]) == {
-        "name", "description", "provider", "model", "allowed_tools", "mcp_servers", "source", "system_prompt"
+        "name", "description", "provider", "model", "allowed_tools", "mcp_servers", "use_worktree", "source",
+        "system_prompt",
     }  # fmt: skip
     src = _write(tmp_path / "tester.md", TESTER)
     installed = runner.invoke(cli, ["install", str(src)], env=env)

@@ -64,16 +64,21 @@ def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path: Path):
     Store(tmp_path / "x.db")  # reopening is a no-op
 
 
-@pytest.mark.parametrize("table", ["terminal", "message", "handoff_job"])
+@pytest.mark.parametrize("table", ["terminal", "message", "handoff_job", "worktree"])
 def test_migrations_build_exactly_the_sqlmodel_tables(tmp_path: Path, table: str):
     """One source of truth: the sqlmodel table classes. The numbered migrations (which existing
     databases run) must end at the same columns, nullability and primary key."""
-    from cao.store import HandoffJobTable, MessageTable, TerminalTable
+    from cao.store import HandoffJobTable, MessageTable, TerminalTable, WorktreeTable
 
     Store(tmp_path / "x.db").close()
     with sqlite3.connect(tmp_path / "x.db") as conn:
         got = {r[1]: (not r[3] and not r[5], bool(r[5])) for r in conn.execute(f"PRAGMA table_info({table})")}
-    tables = {"terminal": TerminalTable, "message": MessageTable, "handoff_job": HandoffJobTable}
+    tables = {
+        "terminal": TerminalTable,
+        "message": MessageTable,
+        "handoff_job": HandoffJobTable,
+        "worktree": WorktreeTable,
+    }
     meta = tables[table].__table__  # type: ignore[attr-defined]
     want = {c.name: (bool(c.nullable) and not c.primary_key, bool(c.primary_key)) for c in meta.columns}
     # a column with a default may be NOT NULL in SQL while the model allows leaving it out

@@ -1,0 +1,319 @@
+"""A worker's git worktree through its life: made when the terminal is created, retired when it
+is deleted, adopted (or listed as an orphan) when the server starts, reviewed and merged on
+request. The rows are in the store (``worktree`` table), the git work in :mod:`cao.worktrees`.
+
+    create ──► plan()      422 before anything exists: not a repository, no commit, bad setup file
+           ──► make()      after the terminal's row: git worktree add, copy/link setup files;
+                           returns the agent's command wrapped so the setup commands run in its pane
+    delete ──► retire()    wip-commit uncommitted work, remove the clean worktree, keep an
+                           unmerged branch (never raises: a failure leaves the row ``active``)
+    start  ──► adopt()     worktrees of live terminals are adopted; the rest are listed as orphans
+    review ──► diff(), merge()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cao.errors import CaoError, InvalidInput
+from cao.events import EventBus
+from cao.settings import Settings
+from cao.states import TerminalState
+from cao.store import Store, Terminal, Worktree
+from cao.worktrees import (
+    Git,
+    NotMergeable,
+    Repo,
+    SetupPlan,
+    WorktreeError,
+    dumps,
+    load_plan,
+    loads,
+    setup_command,
+    validate_branch,
+)
+
+logger = logging.getLogger(__name__)
+
+STAT_TTL = 2.0  # seconds a worktree's diffstat is reused (views are polled often)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a worker's worktree will go, decided before anything is written."""
+
+    repo: Repo
+    setup: SetupPlan
+    path: Path
+    branch: str
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.path / self.repo.subdir if self.repo.subdir else self.path
+
+
+class Workspaces:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        git: Git,
+        *,
+        events: EventBus | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.git = git
+        self.events = events or EventBus()
+        self.clock = clock
+        self.orphans: list[dict[str, object]] = []
+        self._stats: dict[str, tuple[float, dict[str, int]]] = {}
+        self._lock = threading.Lock()
+
+    # -- create ----------------------------------------------------------------------------------
+    def plan(self, directory: Path, profile: str, terminal_id: str) -> Plan:
+        repo = self.git.inspect(directory)
+        setup = load_plan(repo.toplevel)
+        path = self.settings.worktrees_dir / repo.name / f"{profile}-{terminal_id}"
+        if path.resolve().is_relative_to(repo.toplevel.resolve()):
+            raise WorktreeError(
+                f"use_worktree: the worktrees directory {self.settings.worktrees_dir} is inside the "
+                f"checkout {repo.toplevel}; set CAO_WORKTREES_DIR to a directory outside it"
+            )
+        return Plan(repo, setup, path, f"cao/{profile}-{terminal_id}")
+
+    def make(self, plan: Plan, terminal_id: str, command: Sequence[str]) -> list[str]:
+        """Make the worktree (the terminal's row exists already) and return the agent's command,
+        preceded by the setup. Raises :class:`WorktreeError` with nothing left behind."""
+        repo = plan.repo
+        self.git.add(repo, plan.path, plan.branch)
+        self.store.add_worktree(
+            Worktree(
+                terminal_id=terminal_id,
+                repo_dir=str(repo.toplevel),
+                common_dir=str(repo.common_dir),
+                path=str(plan.path),
+                branch=plan.branch,
+                base_commit=repo.head,
+                base_branch=repo.branch,
+                subdir=repo.subdir,
+                created_at=self.clock(),
+            )
+        )
+        try:
+            prepared = self.git.prepare(repo, plan.path, plan.setup)
+        except OSError as exc:
+            self.retire(terminal_id, label=f"terminal {terminal_id}")
+            raise WorktreeError(f"use_worktree: copying the setup files failed: {exc}") from None
+        self.store.update_worktree_paths(terminal_id, dumps(prepared.paths))
+        logger.info("worktree created", extra={"terminal_id": terminal_id, "branch": plan.branch})
+        self.events.publish(
+            "terminal.worktree",
+            terminal_id=terminal_id,
+            state="active",
+            branch=plan.branch,
+            path=str(plan.path),
+            note=f"from {repo.branch or repo.head[:10]}",
+        )
+        return setup_command(command, root=plan.path, notes=prepared.notes, setup=plan.setup.setup)
+
+    # -- delete ----------------------------------------------------------------------------------
+    def retire(self, terminal_id: str, *, label: str) -> Worktree | None:
+        """The terminal is being deleted: keep its work, drop what holds none (see
+        :meth:`Git.retire`). Never raises; a failure leaves the row ``active`` (an orphan)."""
+        wt = self.store.get_worktree(terminal_id)
+        if wt is None or wt.state != "active":
+            return wt
+        try:
+            state, note = self.git.retire(
+                common_dir=Path(wt.common_dir),
+                path=Path(wt.path),
+                branch=wt.branch,
+                skip=loads(wt.setup_paths),
+                label=label,
+            )
+        except (CaoError, OSError) as exc:
+            why = exc.message if isinstance(exc, CaoError) else str(exc)
+            logger.warning("worktree not retired", extra={"terminal_id": terminal_id, "error": why})
+            return wt
+        self.store.finish_worktree(terminal_id, state, note)
+        self._stats.pop(terminal_id, None)
+        logger.info("worktree retired: %s", note, extra={"terminal_id": terminal_id})
+        self.events.publish(
+            "terminal.worktree",
+            terminal_id=terminal_id,
+            state=state,
+            branch=wt.branch,
+            path=wt.path,
+            note=note,
+        )
+        return self.store.get_worktree(terminal_id)
+
+    # -- restart ---------------------------------------------------------------------------------
+    def adopt(self, terminals: dict[str, Terminal]) -> dict[str, list[str]]:
+        """At server start: worktrees of live terminals are adopted; active worktrees whose
+        terminal is not live, and folders in the worktrees directory no row knows, are listed
+        as orphans (never removed: they may hold work)."""
+        adopted: list[str] = []
+        orphans: list[dict[str, object]] = []
+        known: set[str] = set()
+        for wt in self.store.list_worktrees():
+            known.add(str(Path(wt.path).resolve()))
+            if wt.state == "removed":
+                continue
+            term = terminals.get(wt.terminal_id)
+            live = term is not None and term.state == TerminalState.LIVE and Path(wt.path).is_dir()
+            if live and wt.state == "active":
+                adopted.append(wt.terminal_id)
+                continue
+            why = (
+                "kept at delete"
+                if wt.state == "kept"
+                else f"its terminal is {term.state if term else 'unknown'}"
+            )
+            if not Path(wt.path).is_dir():
+                why += "; its folder is missing"
+            orphans.append({**self._row_view(wt), "reason": why})
+        root = self.settings.worktrees_dir
+        if root.is_dir():
+            for repo_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+                for path in sorted(p for p in repo_dir.iterdir() if p.is_dir()):
+                    if str(path.resolve()) not in known:
+                        orphans.append(
+                            {
+                                "terminal_id": None,
+                                "path": str(path),
+                                "branch": self._branch(path),
+                                "reason": "no terminal knows it",
+                            }
+                        )
+        self.orphans = orphans
+        for o in orphans:
+            logger.warning(
+                "orphaned worktree: %s (%s)", o["path"], o["reason"], extra={"terminal_id": o["terminal_id"]}
+            )
+        return {"adopted": adopted, "orphans": [str(o["path"]) for o in orphans]}
+
+    def _branch(self, path: Path) -> str | None:
+        try:
+            return self.git.branch_of(path)
+        except CaoError:
+            return None
+
+    # -- views -----------------------------------------------------------------------------------
+    def _row_view(self, wt: Worktree) -> dict[str, object]:
+        return {
+            "terminal_id": wt.terminal_id,
+            "path": wt.path,
+            "branch": wt.branch,
+            "base_branch": wt.base_branch,
+            "base_commit": wt.base_commit,
+            "repository": wt.repo_dir,
+            "state": wt.state,
+            "note": wt.note,
+        }
+
+    def view(self, terminal_id: str) -> dict[str, object] | None:
+        """A terminal's worktree for its view (``None``: it has none), with a diffstat."""
+        wt = self.store.get_worktree(terminal_id)
+        if wt is None:
+            return None
+        out = self._row_view(wt)
+        out["diffstat"] = self._diffstat(wt)
+        return out
+
+    def _diffstat(self, wt: Worktree) -> dict[str, int] | None:
+        if wt.state != "active" or not Path(wt.path).is_dir():
+            return None
+        now = time.monotonic()
+        with self._lock:
+            cached = self._stats.get(wt.terminal_id)
+        if cached is not None and now - cached[0] < STAT_TTL:
+            return cached[1]
+        try:
+            stat = self.git.shortstat(Path(wt.path), wt.base_commit)
+        except CaoError:
+            return None
+        with self._lock:
+            self._stats[wt.terminal_id] = (now, stat)
+        return stat
+
+    def listing(self) -> list[dict[str, object]]:
+        rows = [self.view(wt.terminal_id) or {} for wt in self.store.list_worktrees()]
+        reasons = {o["path"]: o["reason"] for o in self.orphans}
+        for row in rows:
+            row["orphan"] = row["path"] in reasons
+            row["reason"] = reasons.get(row["path"])
+        known = {row["path"] for row in rows}
+        rows += [{**o, "orphan": True} for o in self.orphans if o["path"] not in known]
+        return rows
+
+    # -- review ----------------------------------------------------------------------------------
+    def get(self, terminal_id: str) -> Worktree:
+        wt = self.store.get_worktree(terminal_id)
+        if wt is None:
+            raise InvalidInput(
+                f"terminal {terminal_id} has no worktree (it was not created with use_worktree); "
+                "there is no branch to diff or merge"
+            )
+        return wt
+
+    def target(self, wt: Worktree, into: str | None) -> str:
+        target = validate_branch(into) if into is not None else wt.base_branch
+        if not target:
+            raise InvalidInput(
+                f"the checkout terminal {wt.terminal_id} came from had no branch checked out (detached "
+                "HEAD); name the branch to merge into (`cao merge ID --into BRANCH`, into=...)"
+            )
+        return target
+
+    def diff(self, terminal_id: str, *, stat: bool, into: str | None = None) -> dict[str, object]:
+        wt = self.get(terminal_id)
+        common = Path(wt.common_dir)
+        target = (validate_branch(into) if into is not None else None) or wt.base_branch or wt.base_commit
+        try:
+            base = self.git.fork_point(common, target, wt.branch)
+        except WorktreeError:
+            base = wt.base_commit
+        path = Path(wt.path) if wt.state == "active" else None
+        text = self.git.diff(
+            common_dir=common, path=path, base=base, branch=wt.branch, skip=loads(wt.setup_paths), stat=stat
+        )
+        return {
+            "terminal_id": terminal_id,
+            "branch": wt.branch,
+            "base": base,
+            "against": target,
+            "includes_uncommitted": path is not None and path.is_dir(),
+            "mode": "stat" if stat else "full",
+            "diff": text,
+        }
+
+    def merge(self, terminal_id: str, *, into: str | None, label: str) -> dict[str, object]:
+        wt = self.get(terminal_id)
+        target = self.target(wt, into)
+        if wt.state == "active" and Path(wt.path).is_dir():
+            dirty = self.git.dirty(Path(wt.path), loads(wt.setup_paths))
+            if dirty:
+                raise NotMergeable(
+                    f"worker {terminal_id} has uncommitted changes in {wt.path} ({len(dirty)} file(s): "
+                    f"{', '.join(line[3:] for line in dirty[:5])}); they would not be merged. Ask it to "
+                    "commit, or delete the worker (its work is committed as a wip commit), then merge"
+                )
+        result = self.git.merge(common_dir=Path(wt.common_dir), branch=wt.branch, target=target, label=label)
+        self._stats.pop(terminal_id, None)
+        self.events.publish(
+            "terminal.worktree",
+            terminal_id=terminal_id,
+            state=wt.state,
+            branch=wt.branch,
+            path=wt.path,
+            note=f"merged into {target}" + (" (already)" if result.already else ""),
+        )
+        return {"terminal_id": terminal_id, **result.as_dict()}
