@@ -304,9 +304,9 @@ class Codex(Recipe):
         codex_home = launch.home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
         # 0.171 accepts only "on-request" and "never" ("untrusted" is a fatal config error now).
-        # Older releases run a simple shell command under on-request without asking; "untrusted" asks.
-        # (0.77 ran it even so in workspace-write; a read-only sandbox makes it ask.)
-        asking = ("untrusted", "read-only") if self.older_than(0, 171) else ("on-request", "workspace-write")
+        # Before 0.171 a simple shell command runs without asking under on-request + workspace-write,
+        # and "untrusted" rejects the fake's escalation request outright; a read-only sandbox asks.
+        asking = ("on-request", "read-only") if self.older_than(0, 171) else ("on-request", "workspace-write")
         approval, sandbox = ("never", "danger-full-access") if bypass else asking
         mcp_env = ", ".join(f"{k} = {_toml_str(v)}" for k, v in launch.mcp_env.items())
         config = f"""\
