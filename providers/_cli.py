@@ -33,18 +33,21 @@ def find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
     )
 
 
-def npm_version(binary: str) -> tuple[int, ...] | None:
-    """The release of an npm-installed CLI (from the ``package.json`` above its resolved script),
-    so a launch can leave out a flag an older release would reject; None when it can't tell."""
+def npm_version(binary: str, package: str) -> tuple[int, ...] | None:
+    """The release of ``package`` when ``binary`` is its npm-installed command (read from the
+    ``package.json`` above the resolved script), so a launch can leave out a flag an older release
+    would reject; None when it can't tell (another install, a wrapper, no manifest)."""
     path = Path(binary).resolve()
     for parent in list(path.parents)[:3]:
         if (manifest := parent / "package.json").is_file():
             try:
-                version = str(json.loads(manifest.read_text()).get("version", ""))
+                data = json.loads(manifest.read_text())
             except (OSError, ValueError):
                 return None
-            found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-            return tuple(int(part) for part in found.groups()) if found else None
+            found = re.match(r"(\d+)\.(\d+)\.(\d+)", str(data.get("version", "")))
+            return (
+                tuple(int(part) for part in found.groups()) if found and data.get("name") == package else None
+            )
     return None
 
 

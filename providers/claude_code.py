@@ -198,7 +198,8 @@ class ClaudeCodeProvider(Provider):
         if model := knobs.get("CAO_CLAUDE_MODEL") or (profile and profile.model):
             command += ["--model", model]
         if profile and profile.system_prompt:
-            if (version := npm_version(binary)) is not None and version < (2, 1):  # no -file flag yet
+            version = npm_version(binary, "@anthropic-ai/claude-code")
+            if version is not None and version < (2, 1):  # no --append-system-prompt-file yet
                 command += ["--append-system-prompt", profile.system_prompt]
             else:
                 files[home / "system-prompt.md"] = profile.system_prompt

@@ -231,7 +231,7 @@ show_tooltips = false
         binary = find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex")
         command = [binary]
         # Releases before the flag existed (0.77 here; 0.130 has it) draw inline anyway, and reject it.
-        if (version := npm_version(binary)) is None or version >= (0, 130):
+        if (version := npm_version(binary, "@openai/codex")) is None or version >= (0, 130):
             command.append("--no-alt-screen")
         if bypass:
             command.append("--dangerously-bypass-approvals-and-sandbox")

@@ -253,3 +253,75 @@ def test_claude_profile_tool_allow_list_asks_for_the_rest(tmp_path: Path) -> Non
     )
     assert launched.command[launched.command.index("--allowedTools") + 1] == "Read,Bash(pytest:*),mcp__cao"
     assert "--dangerously-skip-permissions" not in launched.command
+
+
+def npm_install(tmp_path: Path, package: str, version: str, command: str) -> Path:
+    """A fake npm layout: ``node_modules/.bin/<command>`` → the package's script, its package.json."""
+    root = tmp_path / "npm" / version / "node_modules"
+    script = executable(root / package / "bin" / f"{command}.js")
+    (root / package / "package.json").write_text(json.dumps({"name": package, "version": version}))
+    link = root / ".bin" / command
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(script)
+    return link
+
+
+class Release(NamedTuple):
+    provider: str
+    package: str
+    version: str
+    has: tuple[str, ...]  # in the launch command
+    lacks: tuple[str, ...]
+
+
+RELEASES = [
+    Release("codex", "@openai/codex", "0.77.0", (), ("--no-alt-screen",)),  # 0.77 rejects the flag
+    Release("codex", "@openai/codex", "0.130.0", ("--no-alt-screen",), ()),
+    Release(
+        "claude_code",
+        "@anthropic-ai/claude-code",
+        "1.0.128",
+        ("--append-system-prompt",),
+        ("--append-system-prompt-file",),
+    ),
+    Release(
+        "claude_code",
+        "@anthropic-ai/claude-code",
+        "2.0.77",
+        ("--append-system-prompt",),
+        ("--append-system-prompt-file",),
+    ),
+    Release(
+        "claude_code",
+        "@anthropic-ai/claude-code",
+        "2.1.197",
+        ("--append-system-prompt-file",),
+        ("--append-system-prompt",),
+    ),
+]
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[f"{r.provider}-{r.version}" for r in RELEASES])
+def test_launch_leaves_out_what_an_older_release_rejects(release: Release, tmp_path: Path) -> None:
+    spec = next(s for s in SPECS if s.provider == release.provider)
+    cli = npm_install(tmp_path, release.package, release.version, spec.command)
+    knobs = {f"CAO_{spec.prefix}_BIN": str(cli), "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081"}
+    launched = providers.get(release.provider).launch(replace(context(tmp_path, knobs), profile=PROFILE))
+    assert set(release.has) <= set(launched.command)
+    assert not set(release.lacks) & set(launched.command)
+
+
+def test_claude_seed_fits_1_0_and_later(tmp_path: Path) -> None:
+    """1.0.x crashes at start on a short ``projects`` entry and keeps the bypass answer in state."""
+    launched = launch(SPECS[0], tmp_path)
+    state = json.loads(launched.files[context(tmp_path, {}).terminal_home / ".claude.json"])
+    project = state["projects"][str(tmp_path / "work")]
+    assert project["allowedTools"] == [] and project["mcpServers"] == {}
+    assert state["bypassPermissionsModeAccepted"] is True
+
+
+def test_an_unrelated_package_json_is_no_release(tmp_path: Path) -> None:
+    """A user's own ``codex`` wrapper in a project with its own package.json: the current flags."""
+    cli = npm_install(tmp_path, "my-tools", "0.1.0", "codex")
+    knobs = {"CAO_CODEX_BIN": str(cli), "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081"}
+    assert "--no-alt-screen" in providers.get("codex").launch(context(tmp_path, knobs)).command
