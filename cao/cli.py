@@ -45,14 +45,20 @@ class Client:
         self.found_in: str = "CAO_SERVER_URL"  # where the URL came from, for the "not reachable" error
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout, auth=auth)
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def response(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The raw answer (for callers that read an error's fields); unreachable → exit 1."""
         try:
-            resp = self.http.request(method, path, **kwargs)
+            return self.http.request(method, path, **kwargs)
         except httpx.TransportError:
             raise click.ClickException(
                 f"cao-server is not reachable at {self.base_url} ({self.found_in}); start it with "
                 "`cao-server`, or point cao at a running one with CAO_SERVER_URL=http://HOST:PORT"
             ) from None
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.answer(self.response(method, path, **kwargs))
+
+    def answer(self, resp: httpx.Response) -> Any:
         if resp.status_code >= 400:
             try:
                 detail = resp.json().get("detail", resp.text)
@@ -171,6 +177,12 @@ def cli(ctx: click.Context) -> None:
     "--working-directory", "-w", default=None, help="Directory the agent starts in (default: here)."
 )
 @click.option("--headless", is_flag=True, help="Don't attach to the tmux session.")
+@click.option(
+    "--worktree/--no-worktree",
+    "use_worktree",
+    default=None,
+    help="Run the agent in its own git worktree on a new branch (default: the profile's setting).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the new terminal as JSON.")
 @click.pass_context
 def launch(
@@ -180,6 +192,7 @@ def launch(
     session_name: str | None,
     working_directory: str | None,
     headless: bool,
+    use_worktree: bool | None,
     as_json: bool,
 ) -> None:
     """Create a session with one agent and attach to it (unless --headless)."""
@@ -189,6 +202,7 @@ def launch(
         "agent_profile": agent_profile,
         "session_name": session_name,
         "working_directory": os.path.abspath(working_directory or os.getcwd()),
+        "use_worktree": use_worktree,
     }
     term = client.post("/sessions", json={k: v for k, v in body.items() if v is not None})
     if as_json:
@@ -198,6 +212,9 @@ def launch(
             f"terminal [bold]{term['id']}[/] ({term['provider']}, {term['agent_profile']}) "
             f"in session [bold]{term['session_name']}[/]: {_styled(term['status'])}"
         )
+        if term.get("worktree"):
+            wt = term["worktree"]
+            console.print(f"worktree {escape(wt['path'])} on branch [bold]{escape(wt['branch'])}[/]")
     if not headless:
         from cao.tmux import Tmux
 
@@ -308,6 +325,87 @@ def info(ctx: click.Context, as_json: bool) -> None:
     table = Table(show_header=False, title="cao info")
     for key, value in data.items():
         table.add_row(key, json.dumps(value) if isinstance(value, dict | list) else str(value))
+    console.print(table)
+
+
+# -- worktrees: review and merge -----------------------------------------------------------------
+@cli.command(epilog="\b\nExamples:\n  cao diff 1a2b3c4d\n  cao diff 1a2b3c4d --full | less -R")
+@click.argument("terminal_id")
+@click.option("--full", is_flag=True, help="The whole patch instead of the stat.")
+@click.option("--into", default=None, help="Compare with this branch (default: the one it was made from).")
+@click.option("--json", "as_json", is_flag=True, help="Print {branch, base, diff, ...} as JSON.")
+@click.pass_context
+def diff(ctx: click.Context, terminal_id: str, full: bool, into: str | None, as_json: bool) -> None:
+    """Show what a worker changed in its worktree: its branch's commits and what it has not
+    committed yet (new files included)."""
+    params: dict[str, Any] = {"full": "true" if full else "false"}
+    if into:
+        params["into"] = into
+    data = _client(ctx).get(f"/terminals/{terminal_id}/diff", params=params)
+    if as_json:
+        _print_json(data)
+        return
+    extra = " + uncommitted" if data["includes_uncommitted"] else ""
+    err_console.print(f"branch {data['branch']} against {data['against']} ({data['base'][:10]}{extra})")
+    click.echo(data["diff"].rstrip("\n") if data["diff"].strip() else "(no changes)")
+
+
+@cli.command(epilog="\b\nExamples:\n  cao merge 1a2b3c4d\n  cao merge 1a2b3c4d --into integration")
+@click.argument("terminal_id")
+@click.option("--into", default=None, help="Target branch (default: the branch it was made from).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result (or the conflicts) as JSON.")
+@click.pass_context
+def merge(ctx: click.Context, terminal_id: str, into: str | None, as_json: bool) -> None:
+    """Merge a worker's branch. A conflict stops before anything changes and is shown."""
+    client = _client(ctx)
+    resp = client.response("POST", f"/terminals/{terminal_id}/merge", json={"into": into} if into else {})
+    if resp.status_code == 409 and resp.json().get("conflicts") is not None:
+        data = resp.json()
+        if as_json:
+            _print_json(data)
+        else:
+            err_console.print(f"[red]conflict:[/] {escape(data['detail'])}")
+            for c in data["conflicts"]:
+                click.echo(f"--- {c['path']}\n{c['text'].rstrip()}")
+        raise SystemExit(1)
+    data = client.answer(resp)
+    if as_json:
+        _print_json(data)
+    elif data["already_merged"]:
+        console.print(f"{data['branch']} is already merged into {data['target']}")
+    else:
+        where = f" (checkout {escape(data['updated_checkout'])})" if data["updated_checkout"] else ""
+        console.print(f"merged {data['branch']} into [bold]{data['target']}[/]{where}: {data['commit'][:10]}")
+
+
+@cli.command(epilog="\b\nExamples:\n  cao worktrees\n  cao worktrees --json | jq '.[] | select(.orphan)'")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.pass_context
+def worktrees(ctx: click.Context, as_json: bool) -> None:
+    """List workers' worktrees: branch, state, changes, and orphans found at server start."""
+    rows = _client(ctx).get("/worktrees")
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        console.print("no worktrees; start a worker with `cao launch --worktree`")
+        return
+    table = Table(title="worktrees")
+    for col in ("terminal", "branch", "state", "changes", "path", "note"):
+        table.add_column(col, overflow="fold")
+    for w in rows:
+        stat = w.get("diffstat")
+        changes = f"{stat['files']} files +{stat['insertions']} -{stat['deletions']}" if stat else "-"
+        state = "[red]orphan[/]" if w.get("orphan") else str(w.get("state") or "-")
+        note = w.get("reason") or w.get("note") or ""
+        table.add_row(
+            w.get("terminal_id") or "-",
+            escape(str(w.get("branch"))),
+            state,
+            changes,
+            escape(w["path"]),
+            escape(note),
+        )
     console.print(table)
 
 

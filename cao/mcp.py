@@ -7,6 +7,7 @@ Every agent CLI that cao launches starts one of these over stdio. It speaks for 
     send_message(message, receiver_id=None)   into an inbox; no receiver = the caller's supervisor
     assign(agent_profile, message, ...)        start a worker, queue its task, return its id at once
     handoff(agent_profile, message, timeout)   start a worker, run one task, return its answer, remove it
+    worker_diff(worker_id, full), merge_worker(worker_id, into)   review and merge a worker's branch
     my_inbox(status=None), my_workers(), whoami()
 
 **Idempotency of send_message.** An MCP retry is a *new* ``tools/call`` request (a new JSON-RPC id)
@@ -69,6 +70,8 @@ You are one of several coding agents, each in its own terminal, coordinated by c
 - handoff: give a task to a new worker and wait for its answer (the worker is removed afterwards).
 - assign: give a task to a new worker and carry on; it reports back to you with send_message.
 - send_message: message another agent by terminal id; leave receiver_id out to reach your supervisor.
+- use_worktree=true on assign/handoff gives a worker its own git worktree and branch; review its
+  work with worker_diff and merge it into your branch with merge_worker.
 Messages to you arrive as your input, headed `[cao message #N from <terminal id>]`; answer with
 send_message. my_inbox, my_workers and whoami show your messages, your workers and who you are."""
 
@@ -238,7 +241,11 @@ class AgentTools:
             return None  # cao-server names the problem when it creates the worker
 
     async def _start_worker(
-        self, me: dict[str, Any], agent_profile: str, working_directory: str | None
+        self,
+        me: dict[str, Any],
+        agent_profile: str,
+        working_directory: str | None,
+        use_worktree: bool | None = None,
     ) -> dict[str, Any]:
         body = {
             "agent_profile": agent_profile,
@@ -246,6 +253,8 @@ class AgentTools:
             "supervisor_id": me["id"],
             "working_directory": working_directory or me["working_directory"],
         }
+        if use_worktree is not None:  # else the profile's default
+            body["use_worktree"] = use_worktree
         worker: dict[str, Any] = await self._call(
             "POST",
             f"/sessions/{me['session_name']}/terminals",
@@ -275,12 +284,16 @@ class AgentTools:
             logger.warning("worker not removed: %s", exc, extra={"terminal_id": worker_id})
 
     async def assign(
-        self, agent_profile: str, message: str, working_directory: str | None = None
+        self,
+        agent_profile: str,
+        message: str,
+        working_directory: str | None = None,
+        use_worktree: bool | None = None,
     ) -> dict[str, Any]:
         if not message.strip():
             raise ToolError("message is empty; describe the task for the worker")
         me = await self.me()
-        worker = await self._start_worker(me, agent_profile, working_directory)
+        worker = await self._start_worker(me, agent_profile, working_directory, use_worktree)
         wid = worker["id"]
         note = ASSIGN_NOTE.format(worker=wid, profile=agent_profile, supervisor=me["id"])
         try:
@@ -299,7 +312,7 @@ class AgentTools:
             with anyio.CancelScope(shield=True):
                 await self._remove(wid)  # a worker without its task would idle forever
             raise
-        return {
+        out = {
             "worker_id": wid,
             "agent_profile": worker["agent_profile"],
             "provider": worker["provider"],
@@ -310,23 +323,43 @@ class AgentTools:
                 "the report arrives in your input as a cao message. See it working with my_workers."
             ),
         }
+        if worker.get("worktree"):
+            out["branch"] = worker["worktree"]["branch"]
+            out["worktree"] = worker["worktree"]["path"]
+            out["note"] += (
+                f" It works in its own git worktree on branch {out['branch']}: review its work with "
+                "worker_diff and merge it into your branch with merge_worker."
+            )
+        return out
 
     # -- handoff -----------------------------------------------------------------------------------
     async def handoff(
-        self, agent_profile: str, message: str, timeout: float = 600.0, report: Report | None = None
+        self,
+        agent_profile: str,
+        message: str,
+        timeout: float = 600.0,
+        report: Report | None = None,
+        use_worktree: bool | None = None,
     ) -> str:
         if not message.strip():
             raise ToolError("message is empty; describe the task for the worker")
         if not 0 < timeout <= MAX_TIMEOUT:
             raise ToolError(f"timeout must be between 0 and {MAX_TIMEOUT:g} seconds, got {timeout:g}")
         me = await self.me()
-        worker = await self._start_worker(me, agent_profile, None)
+        worker = await self._start_worker(me, agent_profile, None, use_worktree)
         wid = worker["id"]
         try:
-            return await self._run_task(worker, message, timeout, report)
+            answer = await self._run_task(worker, message, timeout, report)
         finally:
             with anyio.move_on_after(self.exit_grace + 2 * HTTP_TIMEOUT, shield=True):
                 await self._remove(wid)
+        if worker.get("worktree"):  # removed: uncommitted work became a wip commit on the branch
+            answer += (
+                f"\n\n(cao) Worker {wid} worked on branch {worker['worktree']['branch']}; its work (if "
+                f"it changed anything) stays there. Review it with worker_diff(worker_id={wid!r}) and "
+                f"merge it with merge_worker(worker_id={wid!r}).)"
+            )
+        return answer
 
     async def _run_task(
         self, worker: dict[str, Any], message: str, timeout: float, report: Report | None
@@ -482,8 +515,32 @@ class AgentTools:
             "working_directory",
             "last_active",
         )
-        workers = [{k: t.get(k) for k in keys} for t in rows if t.get("supervisor_id") == caller]
+        workers = [
+            {**{k: t.get(k) for k in keys}, "branch": (t.get("worktree") or {}).get("branch")}
+            for t in rows
+            if t.get("supervisor_id") == caller
+        ]
         return {"supervisor_id": caller, "workers": workers}
+
+    # -- review and merge (workers with their own git worktree) ------------------------------------
+    async def worker_diff(self, worker_id: str, full: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = await self._call(
+            "GET",
+            f"/terminals/{worker_id}/diff",
+            params={"full": "true" if full else "false"},
+            what=f"reading worker {worker_id}'s changes",
+        )
+        return data
+
+    async def merge_worker(self, worker_id: str, into: str | None = None) -> dict[str, Any]:
+        resp = await self.http.post(f"/terminals/{worker_id}/merge", json={"into": into} if into else {})
+        if resp.status_code == 409 and "conflicts" in resp.json():
+            body = resp.json()
+            return {"merged": False, "detail": body["detail"], "conflicts": body["conflicts"]}
+        if resp.status_code >= 400:
+            raise ToolError(f"merging worker {worker_id}: {_detail(resp)} (HTTP {resp.status_code})")
+        data: dict[str, Any] = resp.json()
+        return data
 
     async def my_inbox(self, status: str | None = None) -> dict[str, Any]:
         caller = self.caller()
@@ -531,6 +588,13 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
         working_directory: Annotated[
             str | None, Field(description="Directory the worker starts in (default: yours).")
         ] = None,
+        use_worktree: Annotated[
+            bool | None,
+            Field(
+                description="Give the worker its own git worktree on a new branch from your HEAD, so "
+                "parallel workers don't edit the same files (default: its profile's setting)."
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Start a new worker agent on a task and return its terminal id at once (don't wait for it).
 
@@ -538,7 +602,7 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
         reports back with send_message; the report arrives in your input as a cao message. Use it for
         parallel or long tasks; use handoff when you need the answer before going on.
         """
-        return await tools.assign(agent_profile, message, working_directory)
+        return await tools.assign(agent_profile, message, working_directory, use_worktree)
 
     @server.tool()
     async def handoff(
@@ -548,6 +612,10 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
             float,
             Field(description="Seconds to wait for the answer (start-up included).", gt=0, le=MAX_TIMEOUT),
         ] = 600.0,
+        use_worktree: Annotated[
+            bool | None,
+            Field(description="Run the worker in its own git worktree (its branch stays for merge_worker)."),
+        ] = None,
         ctx: Context[Any, Any] | None = None,
     ) -> str:
         """Start a new worker agent, give it one task, wait for it to finish and return its answer.
@@ -556,7 +624,27 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
         self-contained tasks whose result you need now; use assign for work that takes long.
         """
         report = ctx.report_progress if ctx is not None else None
-        return await tools.handoff(agent_profile, message, timeout, report)
+        return await tools.handoff(agent_profile, message, timeout, report, use_worktree)
+
+    @server.tool()
+    async def worker_diff(
+        worker_id: TerminalId,
+        full: Annotated[bool, Field(description="The whole patch instead of the stat.")] = False,
+    ) -> dict[str, Any]:
+        """Show what a worker with its own git worktree changed: its branch's commits and what it
+        has not committed yet, against the branch it was made from (stat, or the full patch)."""
+        return await tools.worker_diff(worker_id, full)
+
+    @server.tool()
+    async def merge_worker(
+        worker_id: TerminalId,
+        into: Annotated[
+            str | None, Field(description="Branch to merge into (default: the one it was made from).")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Merge a worker's branch into yours (or `into`). On a conflict nothing changes: you get
+        merged=false and the conflicted files' text; resolve it in the worker and merge again."""
+        return await tools.merge_worker(worker_id, into)
 
     @server.tool()
     async def my_inbox(
@@ -627,9 +715,10 @@ Try it by hand:
 def main(terminal_id: str | None, server_url: str | None, log_level: str) -> None:
     """MCP server (stdio) with the tools agents use to work together.
 
-    Tools: send_message, assign, handoff, my_inbox, my_workers, whoami. Each agent CLI started by
-    cao runs one; it acts as that agent (CAO_TERMINAL_ID) against cao-server (CAO_SERVER_URL),
-    sending the server's API token if it has one (CAO_API_TOKEN, else $CAO_HOME/api-token).
+    Tools: send_message, assign, handoff, worker_diff, merge_worker, my_inbox, my_workers, whoami.
+    Each agent CLI started by cao runs one; it acts as that agent (CAO_TERMINAL_ID) against
+    cao-server (CAO_SERVER_URL), sending the server's API token if it has one (CAO_API_TOKEN,
+    else $CAO_HOME/api-token).
     """
     logging.basicConfig(
         stream=sys.stderr, level=log_level.upper(), format="%(levelname)s %(name)s %(message)s"

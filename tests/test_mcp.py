@@ -26,7 +26,16 @@ from cao.tmux import Tmux
 from tests.conftest import REPO, ServerProcess, read_records, received_bodies, wait_until, write_rules
 
 MCP_SERVER = Path(sys.executable).with_name("cao-mcp-server")
-TOOLS = {"send_message", "assign", "handoff", "my_inbox", "my_workers", "whoami"}
+TOOLS = {
+    "send_message",
+    "assign",
+    "handoff",
+    "worker_diff",
+    "merge_worker",
+    "my_inbox",
+    "my_workers",
+    "whoami",
+}
 RULES: dict[str, dict[str, Any]] = {
     "boss": {"record": True},
     "coder": {

@@ -5,6 +5,7 @@ worktrees (scripted agents don't edit files)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Callable
@@ -344,3 +345,98 @@ def test_http_routes(wt_core: Cao, repo: Path, tmp_path: Path):
     assert (
         client.get(f"/terminals/{worker['id']}").json()["worktree"]["branch"] == worker["worktree"]["branch"]
     )
+
+
+def test_cli_launch_diff_merge_and_worktrees(wt_core: Cao, repo: Path):
+    from click.testing import CliRunner
+
+    from cao.cli import Client, cli
+
+    with TestClient(create_app(wt_core)) as http:
+        client = Client("http://testserver", http=http)
+
+        def run(*args: str) -> Any:
+            return CliRunner().invoke(cli, list(args), obj={"client": client})
+
+        made = []
+        for name in ("w1", "w2"):
+            res = run(
+                "launch",
+                "--headless",
+                "--worktree",
+                "--agents",
+                "dev",
+                "--session-name",
+                name,
+                "-w",
+                str(repo),
+            )
+            assert res.exit_code == 0 and "on branch cao/dev-" in res.output, res.output
+            made.append(json.loads(run("status", "--json", "--session", name).output)[0])
+        for i, term in enumerate(made):
+            (tree(term) / "app.py").write_text(f"line 1\nworker {i}\nline 3\n")
+            commit_all(tree(term), f"worker {i}")
+        stat = run("diff", made[0]["id"])
+        assert stat.exit_code == 0 and "app.py | 2 +-" in stat.output
+        assert "+worker 0" in run("diff", made[0]["id"], "--full").output
+        merged = run("merge", made[0]["id"])
+        assert merged.exit_code == 0 and "merged cao/dev-" in merged.output and "into main" in merged.output
+        clash = run("merge", made[1]["id"])
+        assert clash.exit_code == 1 and "conflict" in clash.output and "--- app.py" in clash.output
+        assert "<<<<<<<" in clash.output
+        assert git(repo, "status", "--porcelain") == ""
+        rows = json.loads(run("worktrees", "--json").output)
+        assert sorted(r["terminal_id"] for r in rows) == sorted(t["id"] for t in made)
+        assert "cao/dev-" in run("worktrees").output
+        assert run("diff", "abcdef12").exit_code == 1
+
+
+def test_mcp_assign_handoff_diff_and_merge(make_server: Callable[..., Any], tmp_path: Path, repo: Path):
+    """A supervisor agent's view: assign and handoff with use_worktree, then review and merge."""
+    import anyio
+
+    from tests.test_mcp import data, mcp_as
+
+    home = tmp_path / "cao"
+    write_rules(home, "boss", {"record": True})
+    write_rules(home, "dev", {"rules": [{"match": ".", "delay": 0.2, "reply": "done"}]})
+    srv = make_server(home)
+    with srv.client() as http:
+        boss = http.post(
+            "/sessions", json={"agent_profile": "boss", "session_name": "wt", "working_directory": str(repo)}
+        ).json()
+        wait_until(lambda: http.get(f"/terminals/{boss['id']}").json()["status"] == "idle", what="boss idle")
+
+        async def scenario() -> None:
+            async with mcp_as(srv, boss["id"]) as mcp:
+                one = data(
+                    await mcp.call_tool(
+                        "assign", {"agent_profile": "dev", "message": "a", "use_worktree": True}
+                    )
+                )
+                two = data(
+                    await mcp.call_tool(
+                        "assign", {"agent_profile": "dev", "message": "b", "use_worktree": True}
+                    )
+                )
+                assert one["branch"] == f"cao/dev-{one['worker_id']}" and "merge_worker" in one["note"]
+                for i, w in enumerate((one, two)):
+                    (Path(w["worktree"]) / "app.py").write_text(f"line 1\nfrom {i}\nline 3\n")
+                    commit_all(Path(w["worktree"]), f"work {i}")
+                workers = data(await mcp.call_tool("my_workers", {}))["workers"]
+                assert {w["branch"] for w in workers} == {one["branch"], two["branch"]}
+                diff = data(await mcp.call_tool("worker_diff", {"worker_id": one["worker_id"], "full": True}))
+                assert "+from 0" in diff["diff"]
+                merged = data(await mcp.call_tool("merge_worker", {"worker_id": one["worker_id"]}))
+                assert merged["merged"] is True and merged["target"] == "main"
+                clash = data(await mcp.call_tool("merge_worker", {"worker_id": two["worker_id"]}))
+                assert clash["merged"] is False and clash["conflicts"][0]["path"] == "app.py"
+                answer = await mcp.call_tool(
+                    "handoff", {"agent_profile": "dev", "message": "c", "use_worktree": True}
+                )
+                text = answer.content[0].text  # type: ignore[union-attr]
+                assert "done" in text and "worker_diff" in text and "cao/dev-" in text
+
+        anyio.run(scenario)
+    assert (repo / "app.py").read_text() == "line 1\nfrom 0\nline 3\n"
+    assert git(repo, "status", "--porcelain") == ""
