@@ -591,14 +591,22 @@ def install(name_or_path: str, as_json: bool) -> None:
         console.print(f"installed profile [bold]{profile.name}[/] at {escape(str(path))}")
 
 
-@cli.command(epilog="\b\nExamples:\n  cao demo\n  cao demo --keep   # leave the agents running to look at")
+@cli.command(
+    epilog="\b\nExamples:\n  cao demo\n  cao demo --keep   # leave the agents running to look at\n"
+    "  cao demo --worktrees"
+)
 @click.option("--keep", is_flag=True, help="Leave the server and agents running (prints how to attach).")
 @click.option("--timeout", default=60.0, show_default=True, help="Give up after this many seconds.")
-def demo(keep: bool, timeout: float) -> None:
+@click.option(
+    "--worktrees",
+    is_flag=True,
+    help="Give each worker its own git worktree, then merge both branches into the supervisor's.",
+)
+def demo(keep: bool, timeout: float, worktrees: bool) -> None:
     """Watch three scripted agents coordinate through the inbox (no API key needed)."""
     from cao.demo import run
 
-    run(keep, timeout)
+    run(keep, timeout, worktrees)
 
 
 def main() -> NoReturn:

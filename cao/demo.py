@@ -1,6 +1,11 @@
 """``cao demo``: a supervisor hands two tasks to two workers and collects their replies, all
 through the inbox, with scripted agents (no API key). Runs its own cao-server on a private tmux
-socket and a throwaway CAO_HOME, shows the messages live, then cleans up."""
+socket and a throwaway CAO_HOME, shows the messages live, then cleans up.
+
+``--worktrees``: the supervisor works in a throwaway git repository and each worker gets its own
+worktree on its own branch. Scripted agents don't edit files, so the demo writes each worker's
+"work" into its worktree when it reports back; then the workers are removed (their uncommitted
+work becomes a wip commit on their branch) and both branches are merged into the supervisor's."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from rich.table import Table
 
 from cao.timefmt import epoch
 from cao.tmux import Tmux
+from cao.worktrees import Git
 
 SUPERVISOR_RULES = {
     "rules": [
@@ -78,7 +84,50 @@ def _table(messages: list[dict[str, Any]], names: dict[str, str]) -> Table:
     return table
 
 
-def run(keep: bool, timeout: float) -> None:
+WORK = {  # what each worker "writes" in its worktree (--worktrees)
+    "worker-1": ("parser.py", "def parse(text):\n    return text.split()\n"),
+    "worker-2": (
+        "test_parser.py",
+        "from parser import parse\n\n\ndef test_parse():\n    assert parse('a b') == ['a', 'b']\n",
+    ),
+}
+
+
+def _make_repo(path: Path) -> None:
+    """A throwaway repository on branch main with one commit (the supervisor's checkout)."""
+    git = Git()
+    path.mkdir(parents=True)
+    git.run(path, "init", "-q", "-b", "main")
+    (path / "README.md").write_text("# demo project\n")
+    git.run(path, "add", "-A")
+    git.run(path, "commit", "-q", "--no-verify", "-m", "start", commit=True)
+
+
+def _merge_workers(
+    http: httpx.Client, console: Console, repo: Path, workers: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each worker's work into its worktree, the worker removed (wip commit), its branch merged."""
+    results = []
+    for label, worker in workers.items():
+        name, text = WORK[label]
+        (Path(worker["worktree"]["path"]) / name).write_text(text)
+        stat = http.get(f"/terminals/{worker['id']}/diff").json()["diff"].strip()
+        console.print(f"[bold]{label}[/] on {worker['worktree']['branch']}:\n{escape(stat)}")
+        http.delete(f"/terminals/{worker['id']}").raise_for_status()
+        merged = http.post(f"/terminals/{worker['id']}/merge", json={})
+        if merged.status_code != 200:
+            raise click.ClickException(f"merging {label} failed: {merged.json().get('detail')}")
+        results.append(merged.json())
+        console.print(f"merged {merged.json()['branch']} into [bold]{merged.json()['target']}[/]")
+    log = Git().out(repo, "log", "--graph", "--oneline", "--format=%s", "main")
+    files = sorted(p.name for p in repo.iterdir() if p.is_file())
+    console.print(
+        Panel(escape(log) + f"\n\nfiles on main: {', '.join(files)}", title="the supervisor's branch")
+    )
+    return results
+
+
+def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
     """The demo itself (``cao demo`` imports this module only when it runs)."""
     console = Console()
     home = Path(tempfile.mkdtemp(prefix="cao-demo-"))
@@ -112,9 +161,21 @@ def run(keep: bool, timeout: float) -> None:
                     ) from None
                 time.sleep(0.05)
         console.print(f"[bold]cao demo[/] · server {url} · tmux socket {socket_name} · home {home}")
-        sup = http.post("/sessions", json={"agent_profile": "demo_supervisor", "session_name": "demo"}).json()
-        w1 = http.post("/sessions/demo/terminals", json={"agent_profile": "demo_worker"}).json()
-        w2 = http.post("/sessions/demo/terminals", json={"agent_profile": "demo_worker"}).json()
+        repo = home / "project"
+        where: dict[str, Any] = {}
+        if worktrees:
+            _make_repo(repo)
+            where = {"working_directory": str(repo)}
+        sup = http.post(
+            "/sessions", json={"agent_profile": "demo_supervisor", "session_name": "demo", **where}
+        ).json()
+        one = {"agent_profile": "demo_worker", "supervisor_id": sup["id"], **where}
+        if worktrees:
+            one["use_worktree"] = True
+        w1 = http.post("/sessions/demo/terminals", json=one).json()
+        w2 = http.post("/sessions/demo/terminals", json=one).json()
+        if "id" not in w2:
+            raise click.ClickException(f"could not start the workers: {w2.get('detail')}")
         names = {
             sup["id"]: f"supervisor {sup['id']}",
             w1["id"]: f"worker-1 {w1['id']}",
@@ -149,6 +210,9 @@ def run(keep: bool, timeout: float) -> None:
         if not ok:
             raise click.ClickException(f"the demo did not finish within {timeout:.0f}s")
         console.print("[green]done:[/] 5 messages, each delivered exactly once, in order.")
+        if worktrees:
+            _merge_workers(http, console, repo, {"worker-1": w1, "worker-2": w2})
+            console.print("[green]done:[/] both workers' branches merged into the supervisor's (main).")
         if keep:
             console.print(
                 f"agents are still running: tmux -L {socket_name} attach -t cao-demo\n"

@@ -440,3 +440,27 @@ def test_mcp_assign_handoff_diff_and_merge(make_server: Callable[..., Any], tmp_
         anyio.run(scenario)
     assert (repo / "app.py").read_text() == "line 1\nfrom 0\nline 3\n"
     assert git(repo, "status", "--porcelain") == ""
+
+
+def test_demo_with_worktrees_merges_both_workers_into_the_supervisors_branch(tmp_path: Path):
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAO_", "TMUX", "GIT_"))}
+    env.update(HOME=str(tmp_path), TMPDIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "cao", "demo", "--worktrees", "--timeout", "60"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "5 messages, each delivered exactly once" in out
+    assert out.count("merged cao/demo_worker-") == 2 and "into main" in out
+    assert "files on main: README.md, parser.py, test_parser.py" in out
+    assert "both workers' branches merged" in out
+    assert list(tmp_path.glob("cao-demo-*")) == []  # its home, repository and worktrees are gone
