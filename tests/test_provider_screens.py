@@ -1,7 +1,10 @@
 """The provider contract, checked for every registered provider against real screens.
 
-Screens: ``tests/screens/<provider>/<state>.txt`` with the expected status in that folder's
-``meta.json`` (captured from the real CLIs by ``python -m tests.realcli.capture``); the bundled
+Screens: ``tests/screens/<provider>/<state>.txt`` (the current release) and
+``tests/screens/<provider>/<version>/<state>.txt`` (each older supported release) with the expected
+status in that folder's ``meta.json`` (captured from the real CLIs by ``python -m
+tests.realcli.capture [--cli-version V]``); ``exited`` screens must read ``unknown`` with a reason,
+also without tmux's "Pane is dead" line; the bundled
 scripted agent's screens are captured live here, from the real program in a private tmux server,
 so they can't drift from it. For each screen: ``detect_status`` gives the expected status,
 ``input_text`` is ``""`` where an idle box shows, falsy while busy, ``None`` under a prompt or a
