@@ -19,6 +19,7 @@ Event types (fields besides id/type/t):
     terminal.status      terminal_id, status, previous
     terminal.gone        terminal_id, reason, failed_messages
     terminal.deleted     terminal_id, failed_messages
+    terminal.worktree    terminal_id, state, branch, path, note   (made, retired or merged)
     message.queued       message_id, sender_id, receiver_id
     message.waiting      receiver_id, reason                 (the receiver's pending mail waits)
     message.claimed      receiver_id, message_ids, claim
