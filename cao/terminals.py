@@ -508,6 +508,8 @@ class Terminals:
 
     def wait_ready(self, terminal: Terminal, timeout: float) -> None:
         """Until the agent has shown its prompt once (``ready_at``) and its MCP tools are up."""
+        if terminal.ready_at is not None and self.mcp_ready(terminal):
+            return  # ready before: no screen read here (the paste checks the pane anyway)
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
