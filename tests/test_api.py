@@ -209,8 +209,8 @@ def test_receipt_and_reference_inbox_list(client: TestClient):
     assert set(listed[0]) == {"id", "sender_id", "receiver_id", "message", "status", "created_at"}
     assert listed[0]["created_at"] == first["created_at"]
     ours = client.get("/messages", params={"receiver_id": tid}).json()
-    assert [m["message"] for m in ours][:2] == ["m11", "m10"]  # our view: newest first, epoch times
-    assert ours[0]["created_at"] == first["created_at"] and "waiting_reason" in ours[0]  # ISO everywhere
+    assert [m["message"] for m in ours][:2] == ["m11", "m10"]  # our view: newest first, in full
+    assert ours[-1]["created_at"] == first["created_at"] and "waiting_reason" in ours[0]  # ISO everywhere
 
 
 def test_key_goes_through_the_checked_path(client: TestClient, core: Cao):
