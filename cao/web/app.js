@@ -132,6 +132,15 @@ function pendingFor(id) {
   return n;
 }
 
+// A worker with its own git worktree: its branch and, once it has changed something, the diffstat.
+function branchCell(t) {
+  const wt = t.worktree;
+  if (!wt) return "";
+  const d = wt.diffstat;
+  const stat = d && d.files ? ` <span class="dim" data-testid="diffstat-${esc(t.id)}">${d.files} file${d.files === 1 ? "" : "s"} +${d.insertions} −${d.deletions}</span>` : "";
+  return `<span class="mono" title="${esc(wt.path)}">${esc(wt.branch)}</span>${stat}`;
+}
+
 function fleetRows() {
   // supervisors first, each followed by its workers (supervisor_id), then the rest
   const all = [...state.terminals.values()];
@@ -176,7 +185,7 @@ function renderFleet() {
   const rows = fleetRows();
   $("#fleet").innerHTML = rows.length === 0 ? `<div class="empty">No agents yet. Create one above, or run <code class="mono">cao launch</code>.</div>` : `
     <table><thead><tr><th>terminal</th><th>session</th><th>provider</th><th>profile</th><th>status</th>
-      <th>for</th><th>inbox</th><th></th></tr></thead><tbody>
+      <th>for</th><th>inbox</th><th>branch</th><th></th></tr></thead><tbody>
     ${rows.map(([t, depth]) => `
       <tr class="${depth ? "worker" : ""}" data-terminal="${esc(t.id)}">
         <td class="mono"><a href="#/t/${esc(t.id)}">${esc(t.id)}</a> <span class="dim">${esc(t.name)}</span></td>
@@ -186,6 +195,7 @@ function renderFleet() {
         <td>${badge(t.status, `status-${t.id}`)}</td>
         <td class="dim" data-since="${esc(t.id)}">${ago(state.since.get(t.id))}</td>
         <td>${pendingFor(t.id) || ""}</td>
+        <td>${branchCell(t)}</td>
         <td>${t.status === "gone" ? "" : `<button data-act="exit" data-id="${esc(t.id)}">Exit</button>`}
             <button class="danger" data-act="delete" data-id="${esc(t.id)}">Delete</button></td>
       </tr>`).join("")}
