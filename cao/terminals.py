@@ -85,6 +85,7 @@ class TerminalView:
     terminal: Terminal
     status: str
     mcp_ready: bool | None = None  # None: this provider doesn't wait for cao's MCP server
+    status_reason: str | None = None  # why: an unknown screen, or why the terminal is gone
 
     def as_dict(self) -> dict[str, object]:
         t = self.terminal
@@ -100,6 +101,7 @@ class TerminalView:
             "pane_id": t.pane_id,
             "supervisor_id": t.supervisor_id,
             "mcp_ready": self.mcp_ready,
+            "status_reason": self.status_reason,
             "created_at": iso(t.created_at),
             "last_active": iso(t.last_active),
         }
@@ -128,6 +130,7 @@ class Terminals:
         self.fault = fault  # test-only crash points (see cao.delivery.Faults)
         self.events = events or EventBus()
         self._seen_status: dict[str, str] = {}  # last status published per terminal
+        self._reasons: dict[str, str] = {}  # why a terminal reads unknown (shown with its status)
         self.home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
@@ -436,6 +439,7 @@ class Terminals:
             status = TerminalState.STARTING.value  # never ready yet: starting, not working
         if status == TerminalStatus.UNKNOWN and terminal.status != status:
             logger.warning("terminal status unknown: %s", reading.reason, extra={"terminal_id": terminal.id})
+        self._reasons[terminal.id] = reading.reason if status == TerminalStatus.UNKNOWN else ""
         self.remember_status(terminal, status)
         self.note_status(terminal.id, status)
         return status
@@ -461,7 +465,9 @@ class Terminals:
 
     def view(self, terminal: Terminal) -> TerminalView:
         waits = self.provider(terminal).waits_for_mcp
-        return TerminalView(terminal, self.status(terminal), self.mcp_ready(terminal) if waits else None)
+        status = self.status(terminal)
+        reason = terminal.gone_reason if status == GONE else self._reasons.get(terminal.id)
+        return TerminalView(terminal, status, self.mcp_ready(terminal) if waits else None, reason or None)
 
     def mcp_ready(self, terminal: Terminal) -> bool:
         """Has the agent's cao MCP server reported in (or have we waited long enough)?"""

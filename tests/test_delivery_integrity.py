@@ -257,7 +257,8 @@ def test_29_an_exited_agent_is_gone_and_its_mail_fails(core: Cao):
     core.tmux.send_keys(term.pane_id or "", "/exit", "Enter")  # the agent exits; the pane stays, dead
     wait_until(lambda: any(p.dead for p in core.tmux.list_panes() if p.pane_id == term.pane_id))
     with TestClient(create_app(core)) as client:
-        assert client.get(f"/terminals/{tid}").json()["status"] == "gone"  # never "processing"
+        view = client.get(f"/terminals/{tid}").json()
+        assert view["status"] == "gone" and "exited" in view["status_reason"]  # never "processing"
         late = client.post(f"/terminals/{tid}/inbox/messages", json={"message": "late"})
         assert late.status_code == 404
     gone = core.store.get_terminal(tid)

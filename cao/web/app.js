@@ -98,7 +98,7 @@ function connectEvents() {
   source.addEventListener("terminal.status", (e) => {
     const ev = JSON.parse(e.data);
     const t = state.terminals.get(ev.terminal_id);
-    if (!t) return refreshTerminals();
+    if (!t || ev.status === "unknown" || ev.status === "gone") return refreshTerminals();  // with the reason
     t.status = ev.status;
     state.since.set(ev.terminal_id, ev.t * 1000);
     render();
@@ -192,7 +192,7 @@ function renderFleet() {
         <td class="mono">${esc(t.session_name)}</td>
         <td>${esc(t.provider)}</td>
         <td>${esc(t.agent_profile)}</td>
-        <td>${badge(t.status, `status-${t.id}`)}</td>
+        <td>${badge(t.status, `status-${t.id}`)}${t.status_reason ? `<div class="why">${esc(t.status_reason)}</div>` : ""}</td>
         <td class="dim" data-since="${esc(t.id)}">${ago(state.since.get(t.id))}</td>
         <td>${pendingFor(t.id) || ""}</td>
         <td>${branchCell(t)}</td>
