@@ -130,9 +130,11 @@ class EventBus:
 
     def _after(self, last_event_id: str) -> list[Event] | None:
         epoch, _, seq = last_event_id.partition("-")
-        if epoch != self.epoch or not seq.isdigit():
+        if epoch != self.epoch or not (seq.isascii() and seq.isdigit()) or len(seq) > 18:
             return None
         n = int(seq)
+        if n > self._last_seq():
+            return None  # an id from the future: not one this server gave out
         if (
             self._ring
             and self._ring[0]["id"] != last_event_id

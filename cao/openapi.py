@@ -47,6 +47,8 @@ _text = {"type": "string"}
 _name = {"type": "string", "maxLength": 4096, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$"}
 _message = {"type": "string", "minLength": 1, "description": "at most 256 KiB; not only blanks"}
 _flag = {"type": "boolean"}
+# a terminal's first task: empty means none (the reference's clients may send it empty)
+_task = {"type": "string", "description": "the first task, into the new agent's inbox; empty: none"}
 # constraints the routes check that FastAPI can't see in their signatures
 PARAMETERS: dict[str, dict[str, Any]] = {
     "terminal_id": {"type": "string", "pattern": "^[0-9a-f]{8}$"},
@@ -65,7 +67,7 @@ BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
         "session_name": _name,
         "working_directory": _name,
         "caller_id": _name,
-        "initial_message": _message,
+        "initial_message": _task,
         "defer_init": _flag,
         "use_worktree": _flag,
     },
@@ -75,7 +77,7 @@ BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
         "working_directory": _name,
         "supervisor_id": _name,
         "caller_id": _name,
-        "initial_message": _message,
+        "initial_message": _task,
         "defer_init": _flag,
         "use_worktree": _flag,
     },

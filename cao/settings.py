@@ -98,6 +98,8 @@ class Settings:
     provider_aliases: tuple[tuple[str, str], ...] = ()
     # where workers' git worktrees go (docs/worktrees.md); None = $CAO_HOME/worktrees
     worktrees_root: Path | None = None
+    # run the `setup:` commands of a repository's .cao/worktree.yaml (its code, on your machine)
+    worktree_setup_commands: bool = False
 
     @property
     def db_path(self) -> Path:
@@ -167,6 +169,7 @@ class Settings:
             worktrees_root=Path(env["CAO_WORKTREES_DIR"]).expanduser()
             if env.get("CAO_WORKTREES_DIR")
             else None,
+            worktree_setup_commands=_flag(env, "CAO_WORKTREE_SETUP_COMMANDS", False),
         )
 
     def with_(self, **changes: object) -> Settings:

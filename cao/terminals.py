@@ -192,6 +192,11 @@ class Terminals:
         if not is_dir:
             raise InvalidInput(f"working_directory {str(workdir)!r} is not a directory; pass an existing one")
         if session_name:
+            if "." in session_name:  # tmux turns '.' in a session name into '_'
+                raise InvalidInput(
+                    f"session_name {session_name!r} is not allowed: tmux rewrites '.' in session names; "
+                    "use letters, digits, '_' or '-'"
+                )
             session = session_name_for(validate_name(session_name, "session_name"))
         elif new_session:
             session = session_name_for(secrets.token_hex(4))

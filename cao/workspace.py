@@ -108,6 +108,9 @@ class Workspaces:
         )
         try:
             prepared = self.git.prepare(repo, plan.path, plan.setup)
+        except WorktreeError:
+            self.retire(terminal_id, label=f"terminal {terminal_id}")
+            raise
         except OSError as exc:
             self.retire(terminal_id, label=f"terminal {terminal_id}")
             raise WorktreeError(f"use_worktree: copying the setup files failed: {exc}") from None
@@ -121,7 +124,16 @@ class Workspaces:
             path=str(plan.path),
             note=f"from {repo.branch or repo.head[:10]}",
         )
-        return setup_command(command, root=plan.path, notes=prepared.notes, setup=plan.setup.setup)
+        commands, notes = plan.setup.setup, list(prepared.notes)
+        if commands and not self.settings.worktree_setup_commands:
+            # A repository's commands are its code: a checkout you cloned must not run anything on
+            # your machine just because a worker started in it. The operator opts in.
+            notes.append(
+                f"setup commands skipped ({len(commands)}): a repository's commands run only with "
+                "CAO_WORKTREE_SETUP_COMMANDS=true in cao-server's environment"
+            )
+            commands = ()
+        return setup_command(command, root=plan.path, notes=notes, setup=commands)
 
     # -- delete ----------------------------------------------------------------------------------
     def retire(self, terminal_id: str, *, label: str) -> Worktree | None:

@@ -140,6 +140,20 @@ def validate_branch(name: str, what: str = "into") -> str:
     return name
 
 
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _through_symlink(root: Path, rel: str) -> bool:
+    """Is any directory on the way from ``root`` to ``root/rel`` (excluding the last part) a symlink?"""
+    here = root
+    for part in PurePosixPath(rel).parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            return True
+    return False
+
+
 def _rel(path: str, what: str, source: str) -> str:
     """A path inside the checkout: relative, no '..', no '.git'."""
     p = PurePosixPath(path)
@@ -320,6 +334,13 @@ class Git:
             if not src.exists():
                 notes.append(f"not in the checkout, skipped: {rel}")
                 continue
+            # A committed symlink must not carry a copy or link out of its tree: the source must
+            # resolve inside the checkout, and no parent of the destination may be a symlink (the
+            # destination is removed before it is replaced).
+            if not _inside(src.resolve(), repo.toplevel.resolve()):
+                raise WorktreeError(f"setup: {rel} resolves outside the checkout (a symlink?); refusing it")
+            if _through_symlink(path, rel):
+                raise WorktreeError(f"setup: {rel} goes through a symlink in the worktree; refusing it")
             dst.parent.mkdir(parents=True, exist_ok=True)
             if dst.is_dir() and not dst.is_symlink():
                 shutil.rmtree(dst)

@@ -91,6 +91,7 @@ def test_input_output_exit_delete(client: TestClient, core: Cao):
         ("get", "/terminals/abcdef12", {}, 404, "not found"),
         ("post", "/sessions", {"params": {"provider": "nope"}}, 422, "choose one of"),
         ("post", "/sessions", {"params": {"session_name": "bad name!"}}, 422, "not allowed"),
+        ("post", "/sessions", {"params": {"session_name": "a.b"}}, 422, "rewrites '.'"),
         ("post", "/sessions", {"params": {"working_directory": "/does/not/exist"}}, 422, "not a directory"),
         (
             "post",

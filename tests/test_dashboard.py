@@ -139,6 +139,12 @@ def test_the_dashboard_follows_the_apis_access_rules(browser, make_server, tmp_p
     page.wait_for_selector("#live.on")  # the cookie carries the token: API, events
     cookie = next(ck for ck in page.context.cookies() if ck["name"] == "cao_token")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    # a crafted link can't smuggle a path into the terminal view's requests (found by a review)
+    page.goto(srv.url + "/#/t/../sessions?provider=scripted&session_name=pwned&initial_message=X&z=")
+    page.wait_for_selector("#fleet")  # not a terminal id: the fleet view, no terminal view to send from
+    assert page.locator("#input").count() == 0
+    sessions = httpx.get(srv.url + "/sessions", headers={"Authorization": f"Bearer {token}"}).json()
+    assert sessions == []
     # a page from another origin can't open the terminal stream (no CORS for WebSockets)
     ws = httpx.get(
         srv.url + "/terminals/abcdef12/stream",

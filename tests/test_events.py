@@ -26,6 +26,9 @@ def test_ids_resume_and_reset():
         bus.publish("x.a", n=i)
     assert bus.since(first[0]["id"]) is None  # fell out of the ring: the client must re-read
     assert bus.since("othersrv-3") is None  # another server life
+    assert bus.since(f"{bus.epoch}-" + "9" * 5000) is None  # absurd: a reset, not a crash
+    assert bus.since(f"{bus.epoch}-999999") is None  # from the future: never given out here
+    assert bus.since(f"{bus.epoch}-٣") is None  # not ASCII digits
     woke: list[int] = []
     sub = bus.subscribe(lambda: woke.append(1), last_event_id="othersrv-3")
     assert [e["type"] for e in sub.take()] == ["stream.reset"]

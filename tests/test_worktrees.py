@@ -165,7 +165,11 @@ def test_a_profile_can_ask_for_a_worktree_by_default(wt_core: Cao, repo: Path):
 
 
 # -- setup -----------------------------------------------------------------------------------------
-def test_setup_copies_and_links_files_and_runs_commands_in_the_pane(wt_core: Cao, repo: Path):
+def test_setup_copies_and_links_files_and_runs_commands_in_the_pane(
+    make_core: Callable[..., Cao], settings: Settings, repo: Path
+):
+    wt_core = make_core(settings.with_(worktree_setup_commands=True))  # the operator opted in
+    write_rules(wt_core.settings.home, "dev", ECHO)
     (repo / ".cao").mkdir()
     (repo / ".cao" / "worktree.yaml").write_text(
         "copy: [.env, missing.txt]\nlink: [data]\n"
@@ -464,3 +468,36 @@ def test_demo_with_worktrees_merges_both_workers_into_the_supervisors_branch(tmp
     assert "files on main: README.md, parser.py, test_parser.py" in out
     assert "both workers' branches merged" in out
     assert list(tmp_path.glob("cao-demo-*")) == []  # its home, repository and worktrees are gone
+
+
+def test_setup_paths_cannot_escape_through_committed_symlinks(wt_core: Cao, tmp_path: Path):
+    """A repository's own symlinks must not carry copy/link setup outside it (found by a hostile
+    review: a relative link to / plus `link: [r/<victim>]` replaced the victim with a symlink)."""
+    victim = tmp_path / "victim" / "proj"
+    victim.mkdir(parents=True)
+    (victim / "secret.txt").write_text("KEEP")
+    for setup in (f"link: [r{victim}]\n", f"copy: [r{victim}]\n", "copy: [passwd]\n"):
+        repo = tmp_path / f"r{abs(hash(setup))}"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        (repo / "README").write_text("hi\n")
+        (repo / "r").symlink_to("../" * 12)  # relative: reaches / from anywhere
+        (repo / "passwd").symlink_to("/etc/passwd")
+        (repo / ".cao").mkdir()
+        (repo / ".cao" / "worktree.yaml").write_text(setup)
+        commit_all(repo, "init")
+        with pytest.raises(InvalidInput, match=r"outside the checkout|through a symlink"):
+            wt_core.create_terminal(agent_profile="dev", working_directory=str(repo), use_worktree=True)
+        assert (victim / "secret.txt").read_text() == "KEEP" and not victim.is_symlink()
+    assert wt_core.list_terminals() == []
+
+
+def test_a_repositorys_setup_commands_run_only_when_the_operator_allows_it(wt_core: Cao, repo: Path):
+    """A checkout someone else wrote must not run its commands on your machine by default."""
+    (repo / ".cao").mkdir()
+    (repo / ".cao" / "worktree.yaml").write_text("setup: ['echo ran > pwned.txt']\n")
+    commit_all(repo, "setup config")
+    term = make_worker(wt_core, repo)
+    ready(wt_core, term["id"])
+    assert not (tree(term) / "pwned.txt").exists()
+    assert "CAO_WORKTREE_SETUP_COMMANDS=true" in wt_core.output(term["id"])

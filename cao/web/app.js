@@ -299,7 +299,7 @@ function openTerminal(id) {
   const term = new Terminal({ convertEol: false, disableStdin: true, fontSize: 13, scrollback: 5000 });
   term.open($("#term"));
   const proto = location.protocol === "https:" ? "wss" : "ws";
-  const ws = new WebSocket(`${proto}://${location.host}/terminals/${id}/stream`);
+  const ws = new WebSocket(`${proto}://${location.host}/terminals/${encodeURIComponent(id)}/stream`);
   ws.binaryType = "arraybuffer";
   ws.onmessage = (e) => {
     if (typeof e.data === "string") {
@@ -316,7 +316,7 @@ function openTerminal(id) {
     const box = e.target.elements.message;
     if (!box.value.trim()) return;
     try {
-      const r = await api(`/terminals/${id}/input`, { json: { message: box.value } });
+      const r = await api(`/terminals/${encodeURIComponent(id)}/input`, { json: { message: box.value } });
       box.value = "";
       toast(r.confirmed ? "sent" : "typed (not confirmed on screen yet)");
     } catch (err) {
@@ -331,10 +331,13 @@ function openTerminal(id) {
 }
 
 // -- routing ---------------------------------------------------------------------------------------
+const TERMINAL_ROUTE = /^#\/t\/[0-9a-f]{8}$/; // an id goes into request paths: nothing else may
+
 function route() {
   if (view) view();
   view = null;
   state.route = location.hash || "#/";
+  if (state.route.startsWith("#/t/") && !TERMINAL_ROUTE.test(state.route)) state.route = "#/";
   for (const a of document.querySelectorAll("nav a")) {
     a.classList.toggle("active", (a.dataset.nav === "messages") === (state.route === "#/messages") && !state.route.startsWith("#/t/"));
   }

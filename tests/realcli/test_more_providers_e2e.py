@@ -46,8 +46,12 @@ def test_turn_mcp_round_trip_and_inbox_once(
     tok = token()
     agent.type(f"Say hello slowly {tok} [[delay:3]][[reply:Hello from the model.\n\nSecond line.]]", tok)
     agent.wait("processing", timeout=10)
-    agent.wait("completed", timeout=40)
-    assert agent.last() == "Hello from the model.\n\nSecond line."
+    # "completed" can show a frame before the answer is fully drawn: wait for the answer itself
+    wait_for(
+        lambda: agent.last() == "Hello from the model.\n\nSecond line." and agent.status() == "completed",
+        40,
+        "the answer",
+    )
 
     # The CLI's MCP server (python -m cao.mcp) speaks for the agent: the peer's inbox names it.
     peer = server.call(
