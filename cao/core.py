@@ -168,9 +168,13 @@ class Cao:
             body=body,
             idempotency_key=idempotency_key,
             before_commit=lambda: self.faults.hit("before_commit"),
+            # stored with the row in the same insert: no second write to say why it waits
+            waiting_reason=(hint := self.delivery.reason_for(receiver_id)),
         )
         self.faults.hit("after_commit")
         if not duplicate:
+            if hint is not None:
+                self.delivery.stored_with(receiver_id, hint, message.id or 0)
             self.events.publish(
                 "message.queued", message_id=message.id, sender_id=sender_id, receiver_id=receiver_id
             )

@@ -125,13 +125,12 @@ class Delivery:
 
     # -- the delivery function ------------------------------------------------------------------
     def deliver(self, receiver_id: str, *, trigger: str = "manual") -> Result:
-        newest = self.store.newest_pending(receiver_id)
+        try:  # one read: the row, any outstanding claim, the newest pending message
+            terminal, outstanding, newest = self.store.delivery_view(receiver_id)
+        except CaoError:
+            return Result(Outcome.NOTHING)
         if newest is None:
             self._noted.pop(receiver_id, None)
-            return Result(Outcome.NOTHING)
-        try:
-            terminal, outstanding = self.store.delivery_view(receiver_id)
-        except CaoError:
             return Result(Outcome.NOTHING)
         if terminal.state in ENDED:
             n = self.store.fail_undelivered(receiver_id, RECEIVER_GONE)
@@ -308,7 +307,7 @@ class Delivery:
     def _wait(self, receiver_id: str, newest: int, why: str) -> Result:
         """Gate closed: store the reason with the pending messages (once per reason and arrival)."""
         prior = self._noted.get(receiver_id)
-        if prior != (why, newest):
+        if prior is None or prior[0] != why or prior[1] < newest:
             try:
                 self.store.note_waiting(receiver_id, why)
                 self._noted[receiver_id] = (why, newest)
@@ -317,6 +316,17 @@ class Delivery:
             if prior is None or prior[0] != why:
                 self.events.publish("message.waiting", receiver_id=receiver_id, reason=str(why))
         return Result(Outcome.WAITING, reason=why)
+
+    def reason_for(self, receiver_id: str) -> str | None:
+        """Why this receiver's mail waits right now, as last seen (a new message is stored with it)."""
+        noted = self._noted.get(receiver_id)
+        return noted[0] if noted else None
+
+    def stored_with(self, receiver_id: str, reason: str, message_id: int) -> None:
+        """A message was committed already carrying ``reason``: no separate note needed for it."""
+        noted = self._noted.get(receiver_id)
+        if noted is not None and noted[0] == reason and noted[1] < message_id:
+            self._noted[receiver_id] = (reason, message_id)
 
     def _release(self, claim: Claim, receiver_id: str, error: str) -> Result:
         counts = self.store.retrying(

@@ -33,6 +33,7 @@ Event types (fields besides id/type/t):
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 import threading
 import time
@@ -69,7 +70,8 @@ class EventBus:
         self.clock = clock
         self.subscriber_limit = subscriber_limit
         self._seq = itertools.count(1)
-        self._ring: deque[Event] = deque(maxlen=capacity)
+        # (seq, the event as compact JSON): a full ring costs ~2 MB, not the ~10 MB of dicts
+        self._ring: deque[tuple[int, str]] = deque(maxlen=capacity)
         self._subs: list[Subscription] = []
         self._lock = threading.Lock()
 
@@ -83,8 +85,9 @@ class EventBus:
 
     def publish(self, type_: str, **fields: Any) -> Event:
         with self._lock:
-            event = {"id": f"{self.epoch}-{next(self._seq)}", "type": type_, "t": self.clock(), **fields}
-            self._ring.append(event)
+            seq = next(self._seq)
+            event = {"id": f"{self.epoch}-{seq}", "type": type_, "t": self.clock(), **fields}
+            self._ring.append((seq, json.dumps(event, separators=(",", ":"), default=str)))
             subs = list(self._subs)
             for sub in subs:
                 if sub.overflowed:
@@ -126,7 +129,11 @@ class EventBus:
     def since(self, last_event_id: str | None) -> list[Event] | None:
         """Buffered events after ``last_event_id`` (all when None); None if it is unknown here."""
         with self._lock:
-            return list(self._ring) if not last_event_id else self._after(last_event_id)
+            return (
+                [json.loads(text) for _, text in self._ring]
+                if not last_event_id
+                else self._after(last_event_id)
+            )
 
     def _after(self, last_event_id: str) -> list[Event] | None:
         epoch, _, seq = last_event_id.partition("-")
@@ -135,13 +142,9 @@ class EventBus:
         n = int(seq)
         if n > self._last_seq():
             return None  # an id from the future: not one this server gave out
-        if (
-            self._ring
-            and self._ring[0]["id"] != last_event_id
-            and int(self._ring[0]["id"].split("-")[1]) > n + 1
-        ):
+        if self._ring and self._ring[0][0] > n + 1:
             return None  # fell out of the ring
-        return [e for e in self._ring if int(e["id"].split("-")[1]) > n]
+        return [json.loads(text) for s, text in self._ring if s > n]
 
     def _reset(self, reason: str) -> Event:
         return {
@@ -152,4 +155,4 @@ class EventBus:
         }
 
     def _last_seq(self) -> int:
-        return int(self._ring[-1]["id"].split("-")[1]) if self._ring else 0
+        return self._ring[-1][0] if self._ring else 0

@@ -80,7 +80,7 @@ class Settings:
     retry_delay: float = 1.0  # a failed attempt is retried after this long (and by the sweep)
     # tmux / logs
     log_cap_bytes: int = 8 * 1024 * 1024
-    log_cap_interval: float = 1.0  # how often pane logs are checked against the cap
+    log_cap_interval: float = 2.0  # how often pane logs are checked against the cap
     pane_width: int = 200
     pane_height: int = 50
     history_limit: int = 50000
@@ -157,7 +157,7 @@ class Settings:
             mcp_ready_timeout=_number(env, "CAO_MCP_READY_TIMEOUT", 30.0),
             input_ready_timeout=_number(env, "CAO_INPUT_READY_TIMEOUT", 60.0),
             log_cap_bytes=int(_number(env, "CAO_LOG_CAP_BYTES", 8 * 1024 * 1024, minimum=4096)),
-            log_cap_interval=_number(env, "CAO_LOG_CAP_INTERVAL", 1.0, minimum=0.05),
+            log_cap_interval=_number(env, "CAO_LOG_CAP_INTERVAL", 2.0, minimum=0.05),
             retry_delay=_number(env, "CAO_DELIVERY_RETRY_DELAY", 1.0, minimum=0.0),
             busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
             fault_point=env.get("CAO_FAULT_POINT") or None,

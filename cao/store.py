@@ -547,6 +547,7 @@ class Store:
         body: str,
         idempotency_key: str | None = None,
         before_commit: Callable[[], None] | None = None,
+        waiting_reason: str | None = None,
     ) -> tuple[Message, bool]:
         """Commit one message. Returns ``(message, duplicate)``.
 
@@ -590,8 +591,8 @@ class Store:
                 )
             cur = conn.execute(
                 "INSERT INTO message (sender_id, receiver_id, body, body_sha256, idempotency_key, status, "
-                "created_at, attempts, nonce) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?)",
-                (sender_id, receiver_id, body, digest, idempotency_key, now, nonce),
+                "created_at, attempts, nonce, waiting_reason) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?)",
+                (sender_id, receiver_id, body, digest, idempotency_key, now, nonce, waiting_reason),
             )
             msg_id = cur.lastrowid
             if before_commit is not None:
@@ -606,6 +607,7 @@ class Store:
                 idempotency_key=idempotency_key,
                 created_at=now,
                 nonce=nonce,
+                waiting_reason=waiting_reason,
             ),
             False,
         )
@@ -760,20 +762,24 @@ class Store:
             )
             return int(cur.rowcount)
 
-    def delivery_view(self, receiver_id: str) -> tuple[Terminal, bool]:
+    def delivery_view(self, receiver_id: str) -> tuple[Terminal, bool, int | None]:
         """The receiver's row and whether some claim on it is outstanding, in one read: a deliverer
         that sees no claim outstanding and later wins the claim with fence + 1 knows nobody else
         pasted into that pane in between (its screen read is still current)."""
         with self._read() as conn:
             row = conn.execute(
                 "SELECT t.*, EXISTS(SELECT 1 FROM message m WHERE m.receiver_id = t.id "
-                "AND m.status = 'delivering') AS outstanding FROM terminal t WHERE t.id = ?",
+                "AND m.status = 'delivering') AS outstanding, (SELECT max(id) FROM message m "
+                "WHERE m.receiver_id = t.id AND m.status = 'pending') AS newest "
+                "FROM terminal t WHERE t.id = ?",
                 (receiver_id,),
             ).fetchone()
         if row is None:
             raise NotFound(f"terminal {receiver_id} not found; list terminals with `cao status`")
-        fields = {k: row[k] for k in row.keys() if k != "outstanding"}  # noqa: SIM118 (sqlite3.Row)
-        return _row(Terminal, fields), bool(row["outstanding"])
+        extra = ("outstanding", "newest")
+        fields = {k: row[k] for k in row.keys() if k not in extra}  # noqa: SIM118 (sqlite3.Row)
+        newest = None if row["newest"] is None else int(row["newest"])
+        return _row(Terminal, fields), bool(row["outstanding"]), newest
 
     def renew(self, token: str) -> bool:
         """Extend a claim's lease; False means the claim was lost (recovered by someone else)."""
