@@ -80,6 +80,11 @@ Marker language (markers go anywhere in the prompt)
 Tool markers run in the order they appear, one per model call: the first main request of a turn
 gets the first tool call, the request carrying one tool result gets the second, and so on; once
 every tool marker has been used the final text is sent. Marker arguments end at the first ``]]``.
+
+Every marker can also be written with angle brackets, ``<<delay:2.5>>``, ``<<reply:some text>>``
+(arguments then end at the first ``>>``); both forms mix in one prompt. Kimi CLI needs this form:
+it reads ``[word:word]`` in typed text as an attachment placeholder and sends ``[[delay:2.5]]`` as
+three text parts (``[``, ``[delay:2.5]``, ``]``), which arrive here joined by newlines.
 """
 
 from __future__ import annotations

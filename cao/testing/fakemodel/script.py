@@ -15,7 +15,9 @@ from typing import Any
 
 JSON = dict[str, Any]
 
-MARKER_RE = re.compile(r"\[\[(\w+)(?::(.*?))?\]\]", re.S)
+# ``[[name:arg]]``, or the same as ``<<name:arg>>`` for a CLI that rewrites the first form (Kimi CLI
+# reads ``[word:word]`` in typed text as an attachment placeholder and splits the message there).
+MARKER_RE = re.compile(r"\[\[(\w+)(?::(.*?))?\]\]|<<(\w+)(?::(.*?))?>>", re.S)
 DEFAULT_PERMISSION_COMMAND = "touch cao-permission-probe.txt"
 WAIT_FOR_MCP = "WaitForMcpServers"
 TOOL_MARKERS = ("shell", "mcp", "permission", "question")
@@ -55,7 +57,9 @@ class Script:
     def parse(cls, prompt: str) -> Script:
         script = cls(prompt=prompt)
         for match in MARKER_RE.finditer(prompt):
-            name, arg = match.group(1).lower(), match.group(2)
+            bracketed = match.group(1) is not None
+            name = (match.group(1) if bracketed else match.group(3)).lower()
+            arg = match.group(2) if bracketed else match.group(4)
             if name == "delay":
                 script.delay = _float(arg)
             elif name == "chunk_delay":
