@@ -52,6 +52,10 @@ CLI_PACKAGES = {
     "qwen": "@qwen-code/qwen-code",
     "copilot": "@github/copilot",
 }
+# Python CLIs, each pinned in its own virtualenv under <cache>/venvs/<package>:
+# command -> (PyPI package, release). kimi-cli 1.52.0 is a stub that downloads and runs its
+# vendor's installer script; 1.51.0 is the last release that is the CLI itself.
+VENV_CLIS = {"kimi": ("kimi-cli", "1.51.0")}
 WINDOW_SIZE = (200, 50)
 
 
@@ -152,6 +156,71 @@ def install_cli_version(command: str, version: str, cache: Path | None = None, t
         if proc.returncode != 0 or not binary.exists():
             tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
             raise BedUnavailable(f"npm install of {spec} failed (offline?): {tail}")
+    return binary
+
+
+def venv_bin(command: str, cache: Path | None = None) -> Path:
+    """Where a Python CLI of ``VENV_CLIS`` lives: ``<cache>/venvs/<package>/bin/<command>``."""
+    package, _ = VENV_CLIS[command]
+    return (cache or cache_dir()) / "venvs" / package / "bin" / command
+
+
+def _venv_release(binary: Path, package: str) -> str | None:
+    """The release of ``package`` installed in the virtualenv of ``binary`` (from its dist-info)."""
+    name = package.replace("-", "_")
+    for info in binary.parents[1].glob(f"lib/python*/site-packages/{name}-*.dist-info"):
+        return info.name.removesuffix(".dist-info").rpartition("-")[2]
+    return None
+
+
+def _python_for_venvs() -> str | None:
+    """A Python >= 3.12 to build the virtualenvs with (kimi-cli needs 3.12+)."""
+    for name in ("python3.13", "python3.12", "python3"):
+        found = shutil.which(name)
+        if found is None:
+            continue
+        proc = subprocess.run(
+            [found, "-c", "import sys; print(sys.version_info >= (3, 12))"], capture_output=True, text=True
+        )
+        if proc.stdout.strip() == "True":
+            return found
+    return None
+
+
+def install_venv_cli(command: str, cache: Path | None = None, timeout: float = 900) -> Path:
+    """Install the pinned release of ``command`` (``VENV_CLIS``) into its own virtualenv, once.
+
+    Only that exact release is ever installed (``pip install <package>==<release>``): a newer one may
+    be a different program. Raises BedUnavailable like install_clis.
+    """
+    cache = cache or cache_dir()
+    package, release = VENV_CLIS[command]
+    binary = venv_bin(command, cache)
+    if binary.exists() and _venv_release(binary, package) == release:
+        return binary
+    python = _python_for_venvs()
+    if python is None:
+        raise BedUnavailable(f"no Python 3.12+ found to install {package}=={release}")
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.exists() and _venv_release(binary, package) == release:
+            return binary
+        venv = binary.parents[1]
+        steps = [
+            [python, "-m", "venv", "--clear", str(venv)],
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{package}=={release}"],
+        ]
+        for cmd in steps:
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cache)
+            except subprocess.TimeoutExpired:
+                raise BedUnavailable(f"installing {package}=={release} timed out ({timeout:.0f}s)") from None
+            if proc.returncode != 0:
+                tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
+                raise BedUnavailable(f"installing {package}=={release} failed (offline?): {tail}")
+    if not binary.exists() or _venv_release(binary, package) != release:
+        raise BedUnavailable(f"{package}=={release} installed but {binary} is missing")
     return binary
 
 

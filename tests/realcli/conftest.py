@@ -46,7 +46,15 @@ import httpx
 import pytest
 
 from tests.conftest import wait_until
-from tests.realcli.bed import REPO_ROOT, Bed, cache_dir, installed_bins, why_bed_cannot_run
+from tests.realcli.bed import (
+    REPO_ROOT,
+    VENV_CLIS,
+    Bed,
+    cache_dir,
+    installed_bins,
+    venv_bin,
+    why_bed_cannot_run,
+)
 
 # Read at import, before tests/conftest.py's autouse fixture points HOME at a temp dir per test.
 CACHE = cache_dir()
@@ -59,6 +67,7 @@ COMMANDS = {  # knobs: CAO_CLAUDE_BIN …
     "opencode": "opencode",
     "qwen_code": "qwen",
     "copilot": "copilot",
+    "kimi_cli": "kimi",  # a Python CLI: its own virtualenv (bed.VENV_CLIS)
 }
 # Seconds to wait for another run's bed (the lock below) before skipping; a CI run can hold it for minutes.
 LOCK_WAIT = float(os.environ.get("CAO_REALCLI_LOCK_WAIT", "90"))
@@ -115,7 +124,7 @@ class CaoServer:
         self.work = run_dir / "work"
         self.uds = str(bed.root / f"cao-{secrets.token_hex(3)}.sock")
         self.port = next(PORTS)
-        bins = installed_bins(CACHE) or {}
+        bins = {**{c: venv_bin(c, CACHE) for c in VENV_CLIS}, **(installed_bins(CACHE) or {})}
         self.env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(run_dir),
