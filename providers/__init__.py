@@ -21,6 +21,7 @@ _REGISTRY: dict[str, str] = {
     "opencode": "providers.opencode:OpenCodeProvider",
     "qwen_code": "providers.qwen_code:QwenCodeProvider",
     "copilot": "providers.copilot:CopilotProvider",
+    "kimi_cli": "providers.kimi_cli:KimiCliProvider",
 }
 _CACHE: dict[str, Provider] = {}
 

@@ -51,8 +51,9 @@ def npm_version(binary: str, package: str) -> tuple[int, ...] | None:
     return None
 
 
-# What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini).
-RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume) \S")
+# What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini,
+# Kimi).
+RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r) \S")
 
 
 def exited(lines: list[str]) -> bool:

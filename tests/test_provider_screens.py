@@ -357,6 +357,23 @@ TRAPS = [
         TerminalStatus.PROCESSING,
         "",
     ),
+    Trap(
+        "kimi-answer-streaming-under-a-spinner",  # no moon once tokens arrive: "Composing" says busy
+        "kimi_cli",
+        "⠇ MCP Servers: 0/1 connected, 0 tools\n✨ Stream it <<chunk_delay:1>>\n\n"
+        "⠴ Composing... 1s · 7 tokens\n\n"
+        "── input ──────────────────────\n\n\n---\nyolo  agent (fake-model ○)  …/work  ctrl-x: toggle mode",
+        TerminalStatus.PROCESSING,
+        "",
+    ),
+    Trap(
+        "kimi-stale-mcp-spinner-is-not-busy",  # printed once at start, its spinner frame never moves
+        "kimi_cli",
+        "╰────────╯\n⠸ MCP Servers: 0/1 connected, 0 tools\n\n── input ──────────────────────\n\n\n---\n"
+        "yolo  agent (fake-model ○)  …/work  ctrl-x: toggle mode",
+        TerminalStatus.IDLE,
+        "",
+    ),
 ]
 
 
@@ -442,8 +459,9 @@ SUBMITS["gemini_cli"].append(
         True,
     )
 )
-# Older releases (tests/screens/<provider>/<version>/): the same judgements on their own screens.
-for folder in sorted({c.folder for c in SAVED if "/" in c.folder}):
+# Older releases (tests/screens/<provider>/<version>/) and Kimi CLI: the same judgements on their
+# own screens.
+for folder in sorted({c.folder for c in SAVED if "/" in c.folder or c.folder == "kimi_cli"}):
     states = {c.state for c in SAVED if c.folder == folder}
     SUBMITS[folder] = [
         Submit(name, before, after, verdict)

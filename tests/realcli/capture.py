@@ -42,10 +42,12 @@ import providers
 from providers.base import LaunchContext, LaunchSpec
 from tests.realcli.bed import (
     REPO_ROOT,
+    VENV_CLIS,
     Bed,
     cache_dir,
     install_cli_version,
     install_clis,
+    install_venv_cli,
     wait_until,
     why_bed_cannot_run,
 )
@@ -136,6 +138,7 @@ class Recipe:
     asks_questions: bool = True  # the CLI offers the fake model a question tool outside plan mode
     retry_shown: Pred | None = None  # what the CLI shows while it retries a failed request, if anything
     version: tuple[int, ...] = ()  # an older release being captured (--cli-version); () = the current one
+    box_rows: int = 12  # how far up from the bottom typed text shows (Kimi's box is a tall one)
 
     def older_than(self, *version: int) -> bool:
         return bool(self.version) and self.version < version
@@ -163,6 +166,10 @@ class Recipe:
 
     def seed_retries(self, launch: Launch) -> None:
         """Let the CLI retry a failed request (the default seed may turn retries off)."""
+
+    def prompt(self, text: str) -> str:
+        """``text`` as this CLI must get it for the fake model to read its markers."""
+        return text
 
 
 def claude_project() -> dict[str, Any]:
@@ -583,8 +590,44 @@ class Copilot(ProviderRecipe):
         return [Dialog("trust", lambda s: "Do you trust the files in this folder?" in s, untrusted)]
 
 
+# Kimi reads "[word:word]" in typed text as an attachment placeholder and splits the message there,
+# so one-word marker arguments go in the fake model's other syntax (cao/testing/fakemodel).
+ONE_WORD_MARKER_RE = re.compile(r"\[\[(\w+:[\w.\-]+)\]\]")
+
+
+# The live area over Kimi's box while a turn runs: a moon phase, or a braille spinner on a tool call.
+KIMI_BUSY_RE = re.compile(
+    r"^(?:[🌑🌒🌓🌔🌕🌖🌗🌘]|[⠀-⣿] (?:Composing|Using|Thinking|Connecting to MCP))", re.M
+)
+
+
+class KimiCli(ProviderRecipe):
+    knob = "KIMI"
+
+    def __init__(self) -> None:
+        super().__init__(
+            provider="kimi_cli",
+            bin_name="kimi",
+            busy=lambda s: KIMI_BUSY_RE.search(s) is not None,
+            idle=lambda s: "── input ─" in s and KIMI_BUSY_RE.search(s) is None,
+            permission=lambda s: "requesting approval" in s,
+            error=lambda s: "LLM provider error" in s,
+            asks_questions=False,  # the fake's chat API has no question tool: it'd be answer text
+            box_rows=40,
+        )
+
+    def ready(self, screen: Screen) -> bool:
+        return self.idle(screen) and "MCP Servers:" in screen  # printed once the servers are up
+
+    def finished(self, screen: Screen, reply: str) -> bool:
+        return self.idle(screen) and f"• {reply}" in screen
+
+    def prompt(self, text: str) -> str:
+        return ONE_WORD_MARKER_RE.sub(r"<<\1>>", text)
+
+
 RECIPES: dict[str, Recipe] = {
-    r.provider: r for r in (Claude(), Codex(), Gemini(), OpenCode(), QwenCode(), Copilot())
+    r.provider: r for r in (Claude(), Codex(), Gemini(), OpenCode(), QwenCode(), Copilot(), KimiCli())
 }
 
 # saved state -> status a provider must report for it
@@ -702,6 +745,7 @@ class Session:
         neither shows within 2 s and the text still sits in the input box (the bottom lines),
         Enter was swallowed (Gemini right after a paste or while finishing a turn): send it again.
         """
+        text = self.recipe.prompt(text)
         self.bed.paste(self.pane, text, enter_delay=self.recipe.enter_delay, enter=False)
         time.sleep(self.recipe.enter_delay)
         entered = time.monotonic()
@@ -930,7 +974,7 @@ def capture_typed(
         tail = TYPED.rsplit("\n", 1)[-1]
 
         def in_box(screen: Screen) -> bool:
-            return any(tail in line or "Pasted" in line for line in lines(screen)[-12:])
+            return any(tail in line or "Pasted" in line for line in lines(screen)[-recipe.box_rows :])
 
         session.wait("typed text in the box", in_box, 10)
         session.save("typed", session.settle(in_box, quiet=0.5))
@@ -1023,7 +1067,11 @@ def describe_launch(recipe: Recipe) -> dict[str, Any]:
         fake_url="http://127.0.0.1:<port>",
         mcp_command=["<python>", "<mcp server args>"],
         mcp_env={},
-        bin=Path(f"<cache>/node_modules/.bin/{recipe.bin_name}"),
+        bin=Path(
+            f"<cache>/venvs/{VENV_CLIS[recipe.bin_name][0]}/bin/{recipe.bin_name}"
+            if recipe.bin_name in VENV_CLIS
+            else f"<cache>/node_modules/.bin/{recipe.bin_name}"
+        ),
     )
     return {
         "cwd": "<work>",
@@ -1093,6 +1141,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run the real-CLI bed: {reason}", file=sys.stderr)
         return 1
     bins = install_clis()
+    for command in VENV_CLIS:
+        if any(RECIPES[p.strip()].bin_name == command for p in args.only.split(",") if p.strip() in RECIPES):
+            bins[command] = install_venv_cli(command)
     out = args.out.resolve()
     providers_wanted = [provider.strip() for provider in args.only.split(",")]
     if args.cli_version and len(providers_wanted) != 1:

@@ -1,9 +1,10 @@
-"""Launch specs of OpenCode, Qwen Code and Copilot CLI: pure checks (no bed, no CLI needed)."""
+"""Launch specs of OpenCode, Qwen Code, Copilot CLI and Kimi CLI: pure checks (no bed, no CLI needed)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,12 +23,14 @@ class Spec(NamedTuple):
     prefix: str  # CAO_<prefix>_BIN …
     config: str  # the config file (relative to the terminal's home) that holds the MCP servers
     servers_key: str  # where in it
+    prompt_file: bool = True  # the profile's prompt is a file of its own (else part of an agent file)
 
 
 SPECS = [
     Spec("opencode", "opencode", "OPENCODE", ".config/opencode/opencode.json", "mcp"),
     Spec("qwen_code", "qwen", "QWEN", ".qwen/settings.json", "mcpServers"),
     Spec("copilot", "copilot", "COPILOT", "mcp.json", "mcpServers"),
+    Spec("kimi_cli", "kimi", "KIMI", ".kimi/mcp.json", "mcpServers", prompt_file=False),
 ]
 
 
@@ -72,7 +75,10 @@ def test_mcp_server_speaks_for_this_terminal(spec: Spec, tmp_path: Path) -> None
 
 def test_profile_prompt_and_model(spec: Spec, tmp_path: Path) -> None:
     launched = launch(spec, tmp_path, profile=PROFILE)
-    assert [text for text in launched.files.values() if text == PROFILE.system_prompt]
+    prompt = PROFILE.system_prompt
+    assert [
+        text for text in launched.files.values() if (text == prompt if spec.prompt_file else prompt in text)
+    ]
     everything = json.dumps([launched.command, launched.env, *launched.files.values()])
     assert "profile-model" in everything
     knob = launch(spec, tmp_path, profile=PROFILE, **{f"CAO_{spec.prefix}_MODEL": "knob-model"})
@@ -97,3 +103,38 @@ def test_copilot_trusts_the_workdir_and_needs_no_sign_in_offline(tmp_path: Path)
     assert state["trustedFolders"] == [str(tmp_path / "work")]
     assert launched.env["COPILOT_PROVIDER_BASE_URL"] == "http://127.0.0.1:18081/v1"
     assert launched.env["COPILOT_OFFLINE"] == "true"
+
+
+def test_kimi_gets_a_whole_config_and_the_profile_prompt_beside_its_own(tmp_path: Path) -> None:
+    launched = launch(SPECS[3], tmp_path, profile=PROFILE)
+    home = context(tmp_path, {}).terminal_home
+    config = tomllib.loads(launched.files[home / ".kimi" / "config.toml"])
+    assert config["telemetry"] is False
+    assert config["models"][config["default_model"]]["model"] == "profile-model"
+    assert config["providers"]["cao"] == {
+        "type": "openai_legacy",
+        "base_url": "http://127.0.0.1:18081/v1",
+        "api_key": "cao-local-model-server-key",
+    }
+    assert launched.env["KIMI_CLI_NO_AUTO_UPDATE"] == "1"
+    # The prompt is added to Kimi's own system prompt (its tool rules stay), not put in its place.
+    agent_file = launched.command[launched.command.index("--agent-file") + 1]
+    agent = json.loads(launched.files[Path(agent_file)])["agent"]
+    assert agent == {"extend": "default", "system_prompt_args": {"ROLE_ADDITIONAL": PROFILE.system_prompt}}
+    assert "--agent-file" not in launch(SPECS[3], tmp_path).command
+
+
+def test_kimi_with_a_real_key_talks_to_moonshot_and_needs_a_model(tmp_path: Path) -> None:
+    cli = executable(tmp_path / "bin" / "kimi")
+    knobs = {"CAO_KIMI_BIN": str(cli), "CAO_KIMI_API_KEY": "sk-real"}
+    with pytest.raises(ProviderError, match="CAO_KIMI_MODEL"):
+        providers.get("kimi_cli").launch(context(tmp_path, knobs))
+    launched = providers.get("kimi_cli").launch(context(tmp_path, {**knobs, "CAO_KIMI_MODEL": "kimi-k2"}))
+    home = context(tmp_path, {}).terminal_home
+    config = tomllib.loads(launched.files[home / ".kimi" / "config.toml"])
+    assert config["providers"]["cao"] == {
+        "type": "kimi",
+        "base_url": "https://api.moonshot.ai/v1",
+        "api_key": "sk-real",
+    }
+    assert config["models"]["cao"]["model"] == "kimi-k2"

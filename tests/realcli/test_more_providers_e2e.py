@@ -1,9 +1,10 @@
-"""OpenCode, Qwen Code and Copilot CLI driven through cao-server, inside the loopback-only bed.
+"""OpenCode, Qwen Code, Copilot CLI and Kimi CLI driven through cao-server, inside the loopback-only bed.
 
 Lean on purpose (``make test`` has a time budget): one cao-server and one terminal per CLI, and in
 that one terminal a turn with its answer, an MCP ``send_message`` round trip to a scripted peer, and
 an inbox message delivered exactly once (counted at the fake model). The helpers are the ones of
-test_providers_e2e.py.
+test_providers_e2e.py. Kimi CLI gets the fake model's markers as ``<<…>>``: it reads ``[word:word]``
+in typed text as an attachment placeholder and splits the message there.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from collections.abc import Callable
 import pytest
 
 from cao.tmux import descendants
-from tests.realcli.bed import Bed
-from tests.realcli.conftest import CaoServer, wait_for
+from tests.realcli.bed import VENV_CLIS, Bed, BedUnavailable, install_venv_cli, venv_bin
+from tests.realcli.conftest import CACHE, COMMANDS, INSTALL, CaoServer, wait_for
 from tests.realcli.test_providers_e2e import (
     CLI,
     SENDER,
@@ -32,19 +33,44 @@ CLIS = [
     CLI("opencode", queues_while_busy=False, start_timeout=90),
     CLI("qwen_code", queues_while_busy=False, start_timeout=90),
     CLI("copilot", queues_while_busy=False, start_timeout=90),
+    CLI("kimi_cli", queues_while_busy=False, start_timeout=90),
 ]
+ANGLE_MARKERS = ("kimi_cli",)
+
+
+def marked(cli: CLI, text: str) -> str:
+    """``text`` with the fake model's markers in the syntax ``cli`` passes on unchanged."""
+    if cli.provider in ANGLE_MARKERS:
+        return text.replace("[[", "<<").replace("]]", ">>")
+    return text
+
+
+def ensure_installed(cli: CLI) -> None:
+    """A Python CLI (``bed.VENV_CLIS``) is installed on first use, or the test skips saying why."""
+    command = COMMANDS[cli.provider]
+    if command not in VENV_CLIS:
+        return
+    if not INSTALL and not venv_bin(command, CACHE).exists():
+        pytest.skip(f"{command} is not installed in {CACHE} and CAO_REALCLI_INSTALL is off")
+    try:
+        install_venv_cli(command, CACHE)
+    except BedUnavailable as exc:
+        pytest.skip(f"{command} cannot be installed: {exc}")
 
 
 @pytest.mark.parametrize("cli", CLIS, ids=[c.provider for c in CLIS])
 def test_turn_mcp_round_trip_and_inbox_once(
     cli: CLI, bed: Bed, make_server: Callable[..., CaoServer]
 ) -> None:
+    ensure_installed(cli)
     server = make_server(cli.provider)
     agent = launch(server, bed, cli)
     assert agent.last() == ""
 
     tok = token()
-    agent.type(f"Say hello slowly {tok} [[delay:3]][[reply:Hello from the model.\n\nSecond line.]]", tok)
+    agent.type(
+        marked(cli, f"Say hello slowly {tok} [[delay:3]][[reply:Hello from the model.\n\nSecond line.]]"), tok
+    )
     agent.wait("processing", timeout=10)
     # "completed" can show a frame before the answer is fully drawn: wait for the answer itself
     wait_for(
@@ -63,13 +89,13 @@ def test_turn_mcp_round_trip_and_inbox_once(
     )
     tok = token()
     call = json.dumps({"receiver_id": peer["id"], "message": f"hello from {tok}"})
-    agent.type(f"Tell the peer {tok} [[mcp:send_message {call}]][[reply:Peer told.]]", tok)
+    agent.type(marked(cli, f"Tell the peer {tok} [[mcp:send_message {call}]][[reply:Peer told.]]"), tok)
     wait_for(lambda: agent.last() == "Peer told." and agent.status() == "completed", 40, "the MCP turn")
     inbox = server.call("GET", f"/terminals/{peer['id']}/inbox/messages")
     assert [(m["sender_id"], m["message"]) for m in inbox] == [(agent.id, f"hello from {tok}")]
 
     tok = token()
-    message_id = agent.send(f"Please acknowledge {tok} [[reply:Acknowledged {tok}.]]")
+    message_id = agent.send(marked(cli, f"Please acknowledge {tok} [[reply:Acknowledged {tok}.]]"))
     wait_for(lambda: agent.message(message_id)["status"] == "delivered", 30, "the message delivered")
     wait_for(
         lambda: agent.last() == f"Acknowledged {tok}." and agent.status() == "completed",
