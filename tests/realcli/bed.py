@@ -173,17 +173,27 @@ def _venv_release(binary: Path, package: str) -> str | None:
     return None
 
 
-def _python_for_venvs() -> str | None:
-    """A Python >= 3.12 to build the virtualenvs with (kimi-cli needs 3.12+)."""
-    for name in ("python3.13", "python3.12", "python3"):
-        found = shutil.which(name)
-        if found is None:
+def _python_for_venvs(environ: Mapping[str, str] | None = None) -> str | None:
+    """A Python >= 3.12 to build the virtualenvs with (kimi-cli needs 3.12+): ``$CAO_REALCLI_PYTHON``,
+    this interpreter, one on PATH, or a pyenv-installed one (pyenv's shims fail for versions that
+    are installed but not selected)."""
+    env = os.environ if environ is None else environ
+    pyenv = Path(env.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    candidates = [env.get("CAO_REALCLI_PYTHON", ""), sys.executable]
+    candidates += [shutil.which(name) or "" for name in ("python3.13", "python3.12", "python3")]
+    candidates += [str(path) for path in sorted(pyenv.glob("3.1[2-9]*/bin/python3"), reverse=True)]
+    for candidate in filter(None, candidates):
+        try:
+            proc = subprocess.run(
+                [candidate, "-c", "import sys; print(sys.version_info >= (3, 12))"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired):
             continue
-        proc = subprocess.run(
-            [found, "-c", "import sys; print(sys.version_info >= (3, 12))"], capture_output=True, text=True
-        )
         if proc.stdout.strip() == "True":
-            return found
+            return candidate
     return None
 
 
