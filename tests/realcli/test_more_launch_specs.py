@@ -138,3 +138,14 @@ def test_kimi_with_a_real_key_talks_to_moonshot_and_needs_a_model(tmp_path: Path
         "api_key": "sk-real",
     }
     assert config["models"]["cao"]["model"] == "kimi-k2"
+
+
+def test_kimi_found_on_path_then_in_the_bed_venv(tmp_path: Path) -> None:
+    knobs = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081", "CAO_REALCLI_CACHE": str(tmp_path / "cache")}
+    with pytest.raises(ProviderError, match=r"kimi-cli==1\.51\.0"):  # never the installer stub
+        providers.get("kimi_cli").launch(context(tmp_path, knobs))
+    venv = executable(tmp_path / "cache" / "venvs" / "kimi-cli" / "bin" / "kimi")
+    assert providers.get("kimi_cli").launch(context(tmp_path, knobs)).command[0] == str(venv)
+    on_path = executable(tmp_path / "bin" / "kimi")
+    launched = providers.get("kimi_cli").launch(context(tmp_path, knobs, path=str(on_path.parent)))
+    assert launched.command[0] == str(on_path)
