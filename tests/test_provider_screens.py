@@ -473,6 +473,7 @@ for folder in sorted({c.folder for c in SAVED if "/" in c.folder or c.folder == 
         )
         if {before, after} <= states
     ]
+SUBMITS["kimi_cli"].append(Submit("queued-while-busy", "processing", "queued", True))
 SUBMIT_CASES = [(folder, case) for folder, cases in SUBMITS.items() for case in cases]
 
 

@@ -137,6 +137,7 @@ class Recipe:
     enter_delay: float = 0.2
     asks_questions: bool = True  # the CLI offers the fake model a question tool outside plan mode
     retry_shown: Pred | None = None  # what the CLI shows while it retries a failed request, if anything
+    queue_shown: Pred | None = None  # a message sent while busy shows as queued (captured when set)
     version: tuple[int, ...] = ()  # an older release being captured (--cli-version); () = the current one
     box_rows: int = 12  # how far up from the bottom typed text shows (Kimi's box is a tall one)
 
@@ -199,6 +200,8 @@ class Claude(Recipe):
             permission=lambda s: "Do you want to proceed?" in s or "Enter to select" in s,
             error=lambda s: "API Error" in s,
             retry_shown=lambda s: "Retrying in" in s,
+            # Not just "queued": the MCP tool's result line reads "message queued for abcd1234".
+            queue_shown=lambda s: "queued messages" in s,
         )
 
     def seed(self, launch: Launch, bypass: bool) -> None:
@@ -614,6 +617,7 @@ class KimiCli(ProviderRecipe):
             error=lambda s: "LLM provider error" in s,
             asks_questions=False,  # the fake's chat API has no question tool: it'd be answer text
             box_rows=40,
+            queue_shown=lambda s: " input · 1 queued " in s,
         )
 
     def ready(self, screen: Screen) -> bool:
@@ -895,15 +899,15 @@ def capture_turns(
 
         # 1.0.x runs a message queued mid-turn, but that turn and every later one fail locally
         # ("Invalid API key · Please run /login", no request made): its queue isn't captured.
-        if recipe.provider == "claude_code" and not recipe.older_than(2):
+        if recipe.queue_shown is not None and not (recipe.provider == "claude_code" and recipe.older_than(2)):
             session.send("First long task [[delay:8]][[reply:First task finished.]]")
             session.bed.paste(
                 session.pane,
-                "Second task, sent while busy [[reply:Second task finished.]]",
+                recipe.prompt("Second task, sent while busy [[reply:Second task finished.]]"),
                 enter_delay=recipe.enter_delay,
             )
-            # Not just "queued": the MCP tool's result line reads "message queued for abcd1234".
-            shown: Pred = lambda s: "queued messages" in s and recipe.busy(s)  # noqa: E731
+            queue_shown = recipe.queue_shown
+            shown: Pred = lambda s: queue_shown(s) and recipe.busy(s)  # noqa: E731
             queued = session.bed.wait_for(session.pane, shown, 5)
             if queued is not None:
                 session.save("queued", queued)
