@@ -86,6 +86,11 @@ def installed_bins(cache: Path | None = None) -> dict[str, Path] | None:
     return bins if all(p.exists() for p in bins.values()) else None
 
 
+def say(text: str) -> None:
+    """Shown on the terminal even while pytest captures output: a long install is worth seeing."""
+    print(f"[realcli] {text}", file=sys.__stderr__, flush=True)
+
+
 def install_clis(cache: Path | None = None, timeout: float = 900) -> dict[str, Path]:
     """Install the three CLIs with npm into ``cache`` unless already there; return their bin paths.
 
@@ -112,10 +117,16 @@ def install_clis(cache: Path | None = None, timeout: float = 900) -> dict[str, P
             "--loglevel=error",
             *CLI_PACKAGES.values(),
         ]
+        say(
+            f"installing the real agent CLIs once into {cache} (npm: {', '.join(CLI_PACKAGES.values())}; "
+            "about 1 GB, a few minutes; later runs reuse them)"
+        )
+        started = time.monotonic()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cache)
         except subprocess.TimeoutExpired:
             raise BedUnavailable(f"npm install of the agent CLIs timed out after {timeout:.0f}s") from None
+        say(f"agent CLIs installed in {time.monotonic() - started:.0f} s")
         if proc.returncode != 0:
             tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
             raise BedUnavailable(f"npm install of the agent CLIs failed (offline?): {tail}")
@@ -149,6 +160,7 @@ def install_cli_version(command: str, version: str, cache: Path | None = None, t
             return binary
         spec = f"{CLI_PACKAGES[command]}@{version}"
         cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error", spec]
+        say(f"installing {spec} once into {prefix} (an older release the tests also prove)")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=prefix)
         except subprocess.TimeoutExpired:
@@ -221,6 +233,7 @@ def install_venv_cli(command: str, cache: Path | None = None, timeout: float = 9
             [python, "-m", "venv", "--clear", str(venv)],
             [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{package}=={release}"],
         ]
+        say(f"installing {package}=={release} once into {venv}")
         for cmd in steps:
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cache)
