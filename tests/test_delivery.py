@@ -270,7 +270,9 @@ def test_10b_the_watchdog_alone_delivers_when_the_turn_ends(make_core: Callable[
     wait_until(lambda: _status_of(core, msg_id) == "delivered", timeout=15)
     assert core.engine.stats.get("delivered_by_watchdog") == 1
     assert received_bodies(settings.home, tid) == ["work 2", "token-s10b"]
-    # once nothing waits, the next sweep parks the watcher (no polling while all inboxes are empty)
+    # once nothing waits, the next sweep parks the watcher (no polling while all inboxes are empty);
+    # the receiver's runner first finishes its round (on a loaded machine that takes a moment)
+    wait_until(core.engine.idle, what="the receiver's runner finished")
     core.engine.sweep_step()
     assert not core.engine.watchdog_running
 
