@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from cao.testing.fakemodel.openai_responses import openai_error  # the same error shape
 from cao.testing.fakemodel.script import (
     DEFAULT_PERMISSION_COMMAND,
     JSON,
@@ -195,13 +196,6 @@ class ChatReply:
         yield b"data: [DONE]\n\n"
 
 
-def chat_error(status: int) -> JSON:
-    kind = {400: "invalid_request_error", 401: "invalid_api_key", 429: "rate_limit_exceeded"}.get(
-        status, "server_error"
-    )
-    return {"error": {"message": f"fake {kind} (HTTP {status})", "type": kind, "param": None, "code": kind}}
-
-
 def routes(log: RequestLog) -> list[Route]:
     """The routes of this API, logging to ``log``."""
 
@@ -224,7 +218,7 @@ def routes(log: RequestLog) -> list[Route]:
         log.add(entry)
         if action.kind == "error":
             await asyncio.sleep(delay)
-            return JSONResponse(chat_error(action.status), status_code=action.status)
+            return JSONResponse(openai_error(action.status), status_code=action.status)
         reply = ChatReply(body, action, delay, chunk_delay)
         if not stream:
             await asyncio.sleep(delay)
