@@ -59,9 +59,12 @@ WAITING_RE = re.compile(
     r"enter to (?:confirm|submit)\b.*esc to cancel",
     re.IGNORECASE,
 )
-# The last line of a start-up dialog (update available, trust this folder, sign in): "enter continue ·
-# esc skip", "enter continue · esc back", "Press enter to continue". Its options start "› 1." like the box.
-DIALOG_HINT_RE = re.compile(r"^\s*(?:press enter to continue|enter continue(?: · esc \w+)?)$", re.IGNORECASE)
+# The last line of a start-up dialog (update available, trust this folder, sign in, hooks need
+# review): "enter continue · esc skip", "enter continue · esc back", "enter confirm · esc skip",
+# "Press enter to continue". Its options start "› 1." like the box.
+DIALOG_HINT_RE = re.compile(
+    r"^\s*(?:press enter to continue|enter (?:continue|confirm)(?: · esc \w+)?)$", re.IGNORECASE
+)
 # "  Worked for 6s • 08:04" closes a turn (0.171); "─ Worked for 0s ───" (before 0.171) only
 # separates a turn's tool calls from its final answer.
 WORKED_RE = re.compile(r"^\s*(?:─+ )?Worked for \S")
