@@ -74,6 +74,31 @@ def _number(params: dict[str, Any], name: str, default: float) -> float:
         raise InvalidInput(f"{name} must be a number of seconds") from None
 
 
+HOOK_TEXT = ("source", "last_message", "notification_type", "message", "title", "reason")
+
+
+def _hook_report(raw: bytes) -> dict[str, Any]:
+    """A lifecycle hook report: ``{"event": name, "sent_at": seconds, "prompts": [text…], …}``."""
+    report = inputs.json_object(raw)
+    event = report.get("event")
+    if not isinstance(event, str) or not event.strip() or len(event) > 100:
+        raise InvalidInput("event must be the hook event's name (1-100 characters), e.g. Stop")
+    inputs.check_text("event", event)
+    sent_at = report.get("sent_at")
+    if sent_at is not None and (isinstance(sent_at, bool) or not isinstance(sent_at, (int, float))):
+        raise InvalidInput("sent_at must be a number (seconds since the epoch)")
+    prompts = report.get("prompts", [])
+    if not isinstance(prompts, list) or len(prompts) > 16 or not all(isinstance(p, str) for p in prompts):
+        raise InvalidInput("prompts must be a list of at most 16 strings")
+    for name in HOOK_TEXT:
+        if report.get(name) is not None and not isinstance(report[name], str):
+            raise InvalidInput(f"{name} must be a string")
+    for name, value in [*((n, report.get(n)) for n in HOOK_TEXT), *(("prompts", p) for p in prompts)]:
+        if isinstance(value, str) and "\x00" in value:
+            raise InvalidInput(f"{name} contains a NUL character; remove it")
+    return report
+
+
 def _maybe_bool(params: dict[str, Any], name: str) -> bool | None:
     """A flag that may be left out (``None``: the default decides, e.g. the profile's)."""
     return None if params.get(name) is None else _bool(params, name)
@@ -245,6 +270,13 @@ def create_app(core: Cao) -> FastAPI:
 
         await _off_loop(core.mcp_ready, terminal_id)
         return {"success": True}
+
+    @app.post("/terminals/{terminal_id}/hooks")
+    async def hook_event(terminal_id: str, request: Request) -> dict[str, Any]:
+        """Called by ``python -m cao.hook`` when the agent CLI runs a lifecycle hook (cao/hooks.py)."""
+        report = _hook_report(await request.body())
+        phase = await _off_loop(core.hook, terminal_id, report)
+        return {"success": True, "phase": phase}
 
     @app.post("/terminals/{terminal_id}/exit")
     async def exit_terminal(terminal_id: str) -> dict[str, Any]:

@@ -248,12 +248,13 @@ def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
     for col in ("session", "terminal", "profile", "provider", "status", "last active"):
         table.add_column(col)
     for t in terms:
+        why = f"\n[dim]{escape(t['status_reason'])}[/dim]" if t.get("status_reason") else ""
         table.add_row(
             t["session_name"],
             t["id"],
             t["agent_profile"],
             t["provider"],
-            _styled(t["status"]),
+            _styled(t["status"]) + why,
             t["last_active"] or "-",
         )
     console.print(table)

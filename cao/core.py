@@ -22,7 +22,7 @@ from cao.errors import CaoError, InvalidInput, NotFound, PaneGone, PayloadTooLar
 from cao.events import EventBus
 from cao.paste import is_blank
 from cao.settings import Settings
-from cao.states import ENDED, MessageStatus, TerminalState
+from cao.states import ENDED, HookPhase, MessageStatus, TerminalState
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
 from cao.terminals import GONE, Terminals, validate_terminal_id
 from cao.timefmt import iso
@@ -416,6 +416,18 @@ class Cao:
     def mcp_ready(self, terminal_id: str) -> None:
         self.terminals.note_mcp_ready(self.terminals.get(terminal_id))
         self.engine.kick(terminal_id, "mcp_ready")
+
+    def hook(self, terminal_id: str, report: dict[str, object]) -> str | None:
+        """One lifecycle event reported by the agent CLI's hook (cao/hooks.py). A turn's end (or
+        a question) wakes delivery to that agent at once and refreshes its status for listeners."""
+        terminal = self.terminals.get(terminal_id)
+        if terminal.state in ENDED:
+            return None  # a late event from a CLI that is gone: nothing to do
+        phase = self.terminals.note_hook(terminal, str(report["event"]), report)
+        if phase in (HookPhase.TURN_END, HookPhase.ASKING, HookPhase.SESSION_END):
+            self.engine.kick(terminal_id, "hook")
+        self.engine.refresh_status(terminal_id)
+        return phase.value if phase else None
 
     def session_view(self, name: str) -> dict[str, object]:
         """The session and its terminals, oldest first. ``session`` and each terminal's

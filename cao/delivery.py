@@ -141,7 +141,12 @@ class Delivery:
             return self._wait(receiver_id, newest, WaitReason.STARTING)
         provider = self.terminals.provider(terminal)
         eager = self.settings.eager_delivery and provider.accepts_input_while_processing
-        if trigger == "watchdog" and not eager and not self._tail_idle(receiver_id, provider):
+        if (
+            trigger == "watchdog"
+            and not eager
+            and not self._tail_idle(receiver_id, provider)
+            and not self.terminals.hooks.ready(receiver_id)  # the CLI said its turn ended: look
+        ):
             return Result(Outcome.WAITING, reason=WaitReason.BUSY)
         with self.terminals.lock(receiver_id):
             return self._deliver_locked(terminal, provider, newest, trigger)
@@ -153,7 +158,7 @@ class Delivery:
         input box that is empty — or holds only cao's own unsubmitted paste of the oldest pending
         message (checked again, strictly, once the batch is claimed)."""
         screen = self.terminals.screen(terminal)
-        status = provider.detect_status(screen).value
+        status = self.terminals.read(terminal, screen).status.value
         if terminal.ready_at is None:
             self.terminals.remember_status(terminal, status)  # first sight of ready
         self.terminals.note_status(terminal.id, status)
@@ -216,7 +221,7 @@ class Delivery:
             if claim.recheck:
                 # pasted before (crash, unconfirmed submit): look for each one's own header first
                 transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
-                seen = [m for m in todo if arrived(m, transcript)]
+                seen = [m for m in todo if arrived(m, transcript) or self.terminals.hooks.saw(rid, header(m))]
                 if seen:
                     done = self._ack(claim, seen, trigger, found=True)
                     todo = [m for m in todo if m not in seen]
@@ -228,6 +233,11 @@ class Delivery:
                     self.store.unclaim(claim.token)
                     return self._wait(rid, newest, WaitReason.BUSY)
             pasted = format_batch(todo)  # type: ignore[arg-type]
+            first = header(todo[0])
+
+            def proof() -> bool:  # the CLI's hook reported a prompt carrying this batch's own header
+                return self.terminals.hooks.saw(rid, first)
+
             if (box or "").strip():
                 if not (claim.recheck and is_ours(box or "", todo[0], pasted)):
                     self.store.unclaim(claim.token)  # not provably ours: a person's text, never submitted
@@ -235,7 +245,7 @@ class Delivery:
                 # cao's own earlier paste sits unsubmitted in the box: submit it, don't paste again
                 self.terminals.fence(terminal, claim.fence)
                 confirmed = self.terminals.submit(
-                    terminal, None, before=screen, fence=claim.fence, renew=lease.renew
+                    terminal, None, before=screen, fence=claim.fence, renew=lease.renew, evidence=proof
                 )
             else:
                 confirmed = self.terminals.submit(
@@ -245,6 +255,7 @@ class Delivery:
                     fence=claim.fence,
                     after_paste=lambda: self.faults.hit("after_paste"),
                     renew=lease.renew,
+                    evidence=proof,
                 )
         except FenceLost as exc:
             logger.warning(

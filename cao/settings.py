@@ -74,6 +74,8 @@ class Settings:
     lease_seconds: float = 60.0
     delivery_workers: int = 32
     mcp_ready_timeout: float = 30.0
+    hooks: bool = True  # wire the agent CLIs' lifecycle hooks to cao-server (cao/hooks.py)
+    hook_settle: float = 5.0  # seconds a hook may be ahead of the screen before they disagree
     input_ready_timeout: float = 60.0  # typed input waits this long for a starting agent
     recovery_settle: float = 0.5  # recovery waits this long after fencing a pane before it looks
     batch_max_messages: int = 20
@@ -155,6 +157,8 @@ class Settings:
             lease_seconds=_number(env, "CAO_DELIVERY_LEASE_SECONDS", 60.0, minimum=1),
             delivery_workers=int(_number(env, "CAO_DELIVERY_WORKERS", 32, minimum=1)),
             mcp_ready_timeout=_number(env, "CAO_MCP_READY_TIMEOUT", 30.0),
+            hooks=_flag(env, "CAO_HOOKS", True),
+            hook_settle=_number(env, "CAO_HOOK_SETTLE", 5.0),
             input_ready_timeout=_number(env, "CAO_INPUT_READY_TIMEOUT", 60.0),
             log_cap_bytes=int(_number(env, "CAO_LOG_CAP_BYTES", 8 * 1024 * 1024, minimum=4096)),
             log_cap_interval=_number(env, "CAO_LOG_CAP_INTERVAL", 2.0, minimum=0.05),

@@ -50,4 +50,14 @@ class WaitReason(StrEnum):
     RETRY = "retrying after a failed attempt"
 
 
+class HookPhase(StrEnum):
+    """What an agent CLI's lifecycle hook event says about its turn (see cao/hooks.py)."""
+
+    TURN_START = "turn_start"  # a prompt was submitted and a turn begins
+    TURN_END = "turn_end"  # the turn finished; the CLI waits for input
+    ASKING = "asking"  # the CLI waits for the user's answer (a permission prompt)
+    SESSION_START = "session_start"
+    SESSION_END = "session_end"
+
+
 RECEIVER_GONE = "receiver_gone"

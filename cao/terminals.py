@@ -41,16 +41,17 @@ from cao.errors import (
     TmuxServerDown,
 )
 from cao.events import EventBus
+from cao.hooks import Hooks, combine
 from cao.paste import is_blank, neutralise
 from cao.profiles import Profile
 from cao.settings import Settings
-from cao.states import ENDED, TerminalState
+from cao.states import ENDED, HookPhase, TerminalState
 from cao.store import Store, Terminal
 from cao.timefmt import iso
 from cao.tmux import PaneInfo, PaneRef, Tmux, session_name_for
 from cao.workspace import Workspaces
 from cao.worktrees import Git
-from providers.base import LaunchContext, Provider, TerminalStatus
+from providers.base import LaunchContext, Provider, Reading, TerminalStatus
 from providers.scripted import ScriptedProvider
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,8 @@ class TerminalView:
     terminal: Terminal
     status: str
     mcp_ready: bool | None = None  # None: this provider doesn't wait for cao's MCP server
-    status_reason: str | None = None  # why: an unknown screen, or why the terminal is gone
+    status_reason: str | None = None  # why: an unknown screen, hooks, or why the terminal is gone
+    hook: dict[str, object] | None = None  # the CLI's latest lifecycle hook event (cao/hooks.py)
 
     def as_dict(self) -> dict[str, object]:
         t = self.terminal
@@ -102,6 +104,7 @@ class TerminalView:
             "supervisor_id": t.supervisor_id,
             "mcp_ready": self.mcp_ready,
             "status_reason": self.status_reason,
+            "hook": self.hook,
             "created_at": iso(t.created_at),
             "last_active": iso(t.last_active),
         }
@@ -131,6 +134,7 @@ class Terminals:
         self.events = events or EventBus()
         self._seen_status: dict[str, str] = {}  # last status published per terminal
         self._reasons: dict[str, str] = {}  # why a terminal reads unknown (shown with its status)
+        self.hooks = Hooks(clock)  # what the CLIs' own lifecycle hooks reported (cao/hooks.py)
         self.home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
@@ -239,6 +243,7 @@ class Terminals:
             base_env=base_env,
             settings_env=settings_env,
             profile=loaded,
+            hooks=self.settings.hooks,
         )
         try:
             spec = prov.launch(ctx)
@@ -438,16 +443,49 @@ class Terminals:
             screen = self.screen(terminal)
         except (PaneGone, TmuxServerDown):
             return GONE
-        reading = self.provider(terminal).detect(screen)
+        reading = self.read(terminal, screen)
         status = reading.status.value
         if terminal.ready_at is None and status == TerminalStatus.PROCESSING:
             status = TerminalState.STARTING.value  # never ready yet: starting, not working
-        if status == TerminalStatus.UNKNOWN and terminal.status != status:
-            logger.warning("terminal status unknown: %s", reading.reason, extra={"terminal_id": terminal.id})
-        self._reasons[terminal.id] = reading.reason if status == TerminalStatus.UNKNOWN else ""
         self.remember_status(terminal, status)
         self.note_status(terminal.id, status)
         return status
+
+    def read(self, terminal: Terminal, screen: str) -> Reading:
+        """The status of ``screen`` as the provider reads it, combined with what the CLI's own
+        lifecycle hooks reported (cao/hooks.py); the reason is kept for the operator when the
+        status is unknown or the hooks decided or annotated it."""
+        prov = self.provider(terminal)
+        reading, by_hooks = combine(
+            prov.detect(screen),
+            self.hooks.state(terminal.id),
+            self.clock(),
+            settle=self.settings.hook_settle,
+        )
+        unknown = reading.status == TerminalStatus.UNKNOWN
+        if unknown and terminal.status != reading.status:
+            logger.warning("terminal status unknown: %s", reading.reason, extra={"terminal_id": terminal.id})
+        self._reasons[terminal.id] = reading.reason if unknown or by_hooks else ""
+        return reading
+
+    def note_hook(self, terminal: Terminal, event: str, report: Mapping[str, object]) -> HookPhase | None:
+        """Record one lifecycle event the CLI reported (``POST /terminals/{id}/hooks``)."""
+        phase = self.provider(terminal).hook_phase(event, report)
+        prompts = report.get("prompts")
+        sent_at = report.get("sent_at")
+        self.hooks.record(
+            terminal.id,
+            phase,
+            event,
+            sent_at=float(sent_at) if isinstance(sent_at, (int, float)) else self.clock(),
+            prompts=[p for p in prompts if isinstance(p, str)] if isinstance(prompts, list) else None,
+            detail=str(report.get("message") or ""),
+            last_message=str(report.get("last_message") or ""),
+        )
+        self.events.publish(
+            "terminal.hook", terminal_id=terminal.id, event=event, phase=phase.value if phase else None
+        )
+        return phase
 
     def note_status(self, terminal_id: str, status: str) -> None:
         """Publish a status change (the screen is the state; this is where it is read)."""
@@ -472,7 +510,14 @@ class Terminals:
         waits = self.provider(terminal).waits_for_mcp
         status = self.status(terminal)
         reason = terminal.gone_reason if status == GONE else self._reasons.get(terminal.id)
-        return TerminalView(terminal, status, self.mcp_ready(terminal) if waits else None, reason or None)
+        hook = self.hooks.state(terminal.id)
+        return TerminalView(
+            terminal,
+            status,
+            self.mcp_ready(terminal) if waits else None,
+            reason or None,
+            hook.as_dict(iso) if hook is not None and hook.phase is not None else None,
+        )
 
     def mcp_ready(self, terminal: Terminal) -> bool:
         """Has the agent's cao MCP server reported in (or have we waited long enough)?"""
@@ -491,7 +536,11 @@ class Terminals:
             raise InvalidInput(f"output mode {mode!r} is unknown; use full or last")
         if mode == "full":
             return self.screen(terminal, scrollback=True).rstrip("\n") + "\n"
-        return self.provider(terminal).extract_last_message(self.screen(terminal))
+        last = self.provider(terminal).extract_last_message(self.screen(terminal))
+        if not last.strip():  # a screen the provider can't read: the answer the CLI's hook reported
+            hook = self.hooks.state(terminal.id)
+            last = hook.last_message if hook is not None else ""
+        return last
 
     # -- typed input -------------------------------------------------------------------------------
     def send_input(self, terminal: Terminal, text: str, *, ready_timeout: float | None = None) -> bool:
@@ -551,6 +600,7 @@ class Terminals:
         after_paste: Callable[[], None] | None = None,
         fence: int | None = None,
         renew: Callable[[], None] | None = None,
+        evidence: Callable[[], bool] | None = None,
     ) -> bool:
         """Paste ``text``, press Enter, and confirm the agent took it (the one paste path; the
         caller holds :meth:`lock` and has neutralised ``text``).
@@ -560,8 +610,9 @@ class Terminals:
         through its ``submit_timeout``, Enter is pressed once more. ``fence``: the paste and that
         Enter happen only while the claim with this fence owns the pane (see cao/tmux.py).
         ``renew`` is called while waiting (a delivery renews its lease). ``text=None``: the text
-        is already in the box (cao's own, proven by its header): only press Enter. Returns whether
-        confirmed.
+        is already in the box (cao's own, proven by its header): only press Enter. ``evidence``:
+        a check that proves the submit without the screen (the CLI's hook reported a prompt with
+        the message's own header). Returns whether confirmed.
         """
         prov = self.provider(terminal)
         if before is None:
@@ -573,7 +624,7 @@ class Terminals:
         if after_paste is not None:
             after_paste()
         try:
-            return self._confirm(terminal, prov, before, fence, renew)
+            return self._confirm(terminal, prov, before, fence, renew, evidence)
         except (PaneGone, TmuxServerDown):
             # The agent took the input and its pane went away (an exit command, a crash) while we
             # looked: the input did reach it. (Its undelivered mail was failed by lose().)
@@ -586,15 +637,20 @@ class Terminals:
         before: str,
         fence: int | None,
         renew: Callable[[], None] | None,
+        evidence: Callable[[], bool] | None = None,
     ) -> bool:
         deadline = time.monotonic() + prov.submit_timeout
         retried = False
         delay = 0.005
+        # A screen the provider can't read (the hooks opened the gate) proves nothing either way:
+        # only the evidence (the CLI's hook reporting the message's own header) confirms then.
+        readable = prov.detect(before).status != TerminalStatus.UNKNOWN
         while True:
             self.sleep(delay)
             delay = min(delay * 2, 0.05)
-            verdict = prov.submit_confirmed(before, self.screen(terminal))
-            if verdict is True:
+            screen = self.screen(terminal)
+            verdict = prov.submit_confirmed(before, screen) if readable else None
+            if verdict is True or (evidence is not None and evidence()):
                 return True
             if renew is not None:
                 renew()

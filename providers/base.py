@@ -8,11 +8,14 @@ describes (:class:`LaunchSpec`).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
+
+from cao.states import HookPhase
 
 if TYPE_CHECKING:
     from cao.profiles import Profile
@@ -33,10 +36,13 @@ class TerminalStatus(StrEnum):
 
 
 class Reading(NamedTuple):
-    """A status and what on screen decided it (the reason is shown when the status is unknown)."""
+    """A status and what on screen decided it (the reason is shown when the status is unknown).
+
+    ``final``: the screen is certain and no other signal may change it (the CLI has exited)."""
 
     status: TerminalStatus
     reason: str = ""
+    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,23 @@ class LaunchContext:
     # The resolved agent profile (system prompt, model, allowed tools, extra MCP servers); None when
     # agent_profile names no profile (the scripted agent's rule-file names).
     profile: Profile | None = None
+    hooks: bool = True  # wire the CLI's lifecycle hooks to cao-server (CAO_HOOKS)
+
+    def hook_command(self, source: str) -> list[str]:
+        """The program a CLI runs on a lifecycle event: ``cao/hook.py``, which posts the event to
+        cao-server for this terminal. ``source`` names the CLI's payload format (see cao/hook.py)."""
+        return [
+            sys.executable,
+            "-m",
+            "cao.hook",
+            "--terminal",
+            self.terminal_id,
+            "--server",
+            self.server_url,
+            "--home",
+            str(self.cao_home),
+            source,
+        ]
 
 
 @dataclass(frozen=True)
@@ -98,6 +121,12 @@ class Provider:
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         raise NotImplementedError
+
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        """What the CLI's lifecycle hook ``event`` (with its ``payload``, see cao/hook.py) says
+        about its turn (cao/hooks.py); None: nothing (an event cao doesn't use, or a provider
+        whose launch wires no hooks). The launch wires them with ``ctx.hook_command(...)``."""
+        return None
 
     def detect_status(self, screen: str) -> TerminalStatus:
         raise NotImplementedError

@@ -7,12 +7,15 @@ while it is busy (it queues such input as its own turn, as Claude Code and Gemin
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from cao.states import HookPhase
+from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
 
@@ -23,6 +26,7 @@ PROMPT = "❯ "
 USER = "› "
 REPLY = "● "
 ERROR = "✗ "
+DRAWING = ("cao scripted agent · ", "starting…", "  ")  # banner, start-up delay, continuation lines
 
 
 def _lines(screen: str) -> list[str]:
@@ -58,27 +62,44 @@ class ScriptedProvider(Provider):
         for key in ("CAO_SCRIPTED_RULES", "CAO_SCRIPTED_RECORD"):
             if ctx.settings_env.get(key):
                 env[key] = ctx.settings_env[key]
+        if ctx.hooks:  # used only when its rules say "hooks": true (it speaks Claude Code's protocol)
+            env["CAO_SCRIPTED_HOOK"] = json.dumps(ctx.hook_command("claude"))
         command = [sys.executable, "-I", "-S", str(AGENT_PATH), "--terminal-id", ctx.terminal_id]
         return LaunchSpec(command=command, env=env)
 
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        return {
+            "UserPromptSubmit": HookPhase.TURN_START,
+            "Stop": HookPhase.TURN_END,
+            "Notification": HookPhase.ASKING,
+            "SessionStart": HookPhase.SESSION_START,
+        }.get(event)
+
     def detect_status(self, screen: str) -> TerminalStatus:
+        return self.detect(screen).status
+
+    def detect(self, screen: str) -> Reading:
         lines = _lines(screen)
         if not lines:
-            return TerminalStatus.PROCESSING
+            return Reading(TerminalStatus.PROCESSING, "starting: nothing drawn yet")
         last = lines[-1]
         if SPINNER_RE.match(last):
-            return TerminalStatus.PROCESSING
+            return Reading(TerminalStatus.PROCESSING, "the spinner")
         if QUESTION_RE.match(last):
-            return TerminalStatus.WAITING_USER_ANSWER
+            return Reading(TerminalStatus.WAITING_USER_ANSWER, "a (y/n) question")
         if not last.startswith("❯"):
-            return TerminalStatus.PROCESSING  # starting up, or drawing
+            if last.startswith(DRAWING) or last[:2] in (USER, REPLY, ERROR):
+                return Reading(TerminalStatus.PROCESSING, "starting up, or drawing a turn")
+            return Reading(
+                TerminalStatus.UNKNOWN, "the last line is no prompt (❯), spinner, question or turn line"
+            )
         turn = _last_turn(lines[:-1])
         if turn is None:
-            return TerminalStatus.IDLE
+            return Reading(TerminalStatus.IDLE, "the prompt, no turn on screen")
         marks = [line[:2] for line in turn if line[:2] in (REPLY, ERROR)]
         if marks and marks[-1] == ERROR:
-            return TerminalStatus.ERROR
-        return TerminalStatus.COMPLETED
+            return Reading(TerminalStatus.ERROR, "the last turn ends in an error")
+        return Reading(TerminalStatus.COMPLETED, "the prompt after a turn")
 
     def extract_last_message(self, screen: str) -> str:
         lines = _lines(screen)

@@ -32,16 +32,25 @@ Inbox messages arrive as ``[cao message #ID from SENDER] (ref NONCE)`` headers f
 body (and, for long bodies, an ``[end of cao message #ID] (ref NONCE)`` trailer); several in one
 paste are split and answered one by one. ``"swallow_enters": N`` makes the agent ignore the first N
 Enters after each paste (a TUI that drops an Enter while it paints), for delivery tests.
+
+``"hooks": true`` makes it run lifecycle hooks the way Claude Code does (the command in
+``$CAO_SCRIPTED_HOOK``, a JSON list, with a JSON object on stdin, waited for): ``UserPromptSubmit``
+with the ``prompt`` when a turn starts, ``Stop`` with ``last_assistant_message`` when it ends,
+``Notification`` (``permission_prompt``) when it asks, ``SessionStart`` once its prompt first
+shows. ``"prompt_mark": "» "`` draws the input
+prompt with another mark, as a new release might: a screen its provider has never seen.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import select
 import signal
+import subprocess
 import sys
 import termios
 import time
@@ -119,6 +128,7 @@ class Agent:
         self.spin = 0
         self.last_spin = 0.0
         self.running = True
+        self.last_reply = ""
 
     # -- configuration -------------------------------------------------------------------------
     def _load_rules(self, path_arg: str | None) -> dict[str, Any]:
@@ -156,7 +166,7 @@ class Agent:
         shown = lines[0][:150]
         if len(lines) > 1:
             shown += f" [+{len(lines) - 1} lines] …{lines[-1][-60:]}"  # the tail too: what was added last
-        self.write("\r\x1b[K❯ " + shown)
+        self.write("\r\x1b[K" + str(self.config.get("prompt_mark", "❯ ")) + shown)
 
     def spinner(self) -> None:
         secs = int(time.monotonic() - self.busy_started)
@@ -243,6 +253,16 @@ class Agent:
         elif self.waiting_answer is None:
             self.prompt()
 
+    # -- lifecycle hooks (rules: "hooks": true) ---------------------------------------------------
+    def hook(self, event: str, **fields: str) -> None:
+        command = os.environ.get("CAO_SCRIPTED_HOOK")
+        if not self.config.get("hooks") or not command:
+            return
+        payload = json.dumps({"hook_event_name": event, "session_id": self.tid, **fields}).encode()
+        with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+            quiet = subprocess.DEVNULL
+            subprocess.run(json.loads(command), input=payload, stdout=quiet, stderr=quiet, timeout=10)
+
     # -- turns ----------------------------------------------------------------------------------
     def submit(self) -> None:
         text, self.input = self.input, ""
@@ -283,6 +303,7 @@ class Agent:
             fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
     def start_turn(self, text: str) -> None:
+        self.hook("UserPromptSubmit", prompt=text)
         messages = split_messages(text)
         self.write("\r\x1b[K")
         self.block("›", text)
@@ -298,6 +319,7 @@ class Agent:
             self.waiting_answer = self.pending_turn
             self.pending_turn = None
             self.write(f"\r\x1b[K? {ask} (y/n)")
+            self.hook("Notification", notification_type="permission_prompt", message=str(ask))
             return
         if delay <= 0:
             self.finish_turn()
@@ -328,6 +350,7 @@ class Agent:
     def finish_turn(self) -> None:
         assert self.pending_turn is not None
         plans, self.pending_turn = self.pending_turn, None
+        replies: list[str] = []
         self.write("\r\x1b[K")
         for plan in plans:
             rule, groups, msg = plan.rule, plan.groups, plan.msg
@@ -353,11 +376,15 @@ class Agent:
             text = "\n".join([reply, *notes]) if reply else "\n".join(notes)
             if text:
                 self.block("●", text)
+                replies.append(text)
         self.write("\n")
+        self.last_reply = "\n".join(replies)
         self.end_turn()
 
     def end_turn(self) -> None:
         self.busy = False
+        self.hook("Stop", last_assistant_message=self.last_reply)
+        self.last_reply = ""
         self._append({"kind": "done", "t": time.time(), "terminal": self.tid})
         if self.queue:
             self.start_turn(self.queue.pop(0))
@@ -399,6 +426,7 @@ class Agent:
                 self.write("\r\x1b[K")
             self.write("\n")
             self.prompt()
+            self.hook("SessionStart", source="startup")
             while self.running:
                 timeout = None
                 if self.busy:

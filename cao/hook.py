@@ -1,0 +1,131 @@
+"""The program an agent CLI runs on a lifecycle event: report it to cao-server, quickly, and never
+get in the CLI's way.
+
+    python -m cao.hook --terminal ID --server URL --home CAO_HOME SOURCE [EVENT] [JSON]
+
+``SOURCE`` names the CLI (``claude``, ``codex``, ``gemini``, ``kimi``, ``qwen``). Hooks pass a
+JSON object on stdin (with ``hook_event_name``: Claude Code, Gemini CLI, Kimi CLI, Qwen Code,
+Codex 0.171's hooks.json); Codex's ``notify`` program gets one JSON argument instead (with ``type``, e.g.
+``agent-turn-complete``). ``EVENT`` overrides the event name. Only the fields cao uses are sent
+(event name, submitted prompts, the answer, a notification's text) to
+``POST /terminals/{ID}/hooks`` with the server's API token (``$CAO_HOME/api-token``).
+
+Standard library only (it runs on every turn). It prints nothing on stdout (Claude Code adds a
+``UserPromptSubmit`` hook's stdout to the prompt) and always exits 0 (exit code 2 would block the
+CLI's turn); a failure is one line on stderr. See docs/providers.md ("Lifecycle hooks").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+SOURCES = ("claude", "codex", "gemini", "kimi", "qwen")
+TIMEOUT = 3.0  # seconds for the whole request; the CLI waits for us
+TEXT_LIMIT = 65_536  # characters kept of one prompt or answer
+
+
+def _stdin_json() -> dict[str, Any]:
+    if sys.stdin is None or sys.stdin.isatty():
+        return {}
+    ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+    if not ready:
+        return {}
+    raw = sys.stdin.buffer.read(4 * 1024 * 1024)
+    try:
+        data = json.loads(raw.decode("utf-8", "replace") or "{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _text(value: object) -> str:
+    return value[:TEXT_LIMIT] if isinstance(value, str) else ""
+
+
+def report(source: str, event: str | None, payload: dict[str, Any]) -> dict[str, Any]:
+    """The body cao-server gets: the event's name and the few fields cao uses."""
+    name = event or payload.get("hook_event_name") or payload.get("type") or ""
+    prompts: list[str] = []
+    if prompt := _text(payload.get("prompt")):
+        prompts.append(prompt)
+    inputs = payload.get("input-messages") or payload.get("input_messages")
+    if isinstance(inputs, list):
+        prompts += [_text(item) for item in inputs if isinstance(item, str)]
+    last = (
+        payload.get("last_assistant_message")
+        or payload.get("last-assistant-message")
+        or payload.get("prompt_response")
+    )
+    body: dict[str, Any] = {"source": source, "event": str(name)[:100], "sent_at": time.time()}
+    if prompts:
+        body["prompts"] = prompts[-16:]
+    if text := _text(last):
+        body["last_message"] = text
+    for key in ("notification_type", "message", "title", "reason"):
+        if isinstance(payload.get(key), str):
+            body[key] = payload[key][:1000]
+    return body
+
+
+def post(server: str, terminal: str, home: str, body: dict[str, Any]) -> None:
+    headers = {"Content-Type": "application/json"}
+    token = os.environ.get("CAO_API_TOKEN", "").strip()
+    if not token and home:
+        try:
+            token = (Path(home) / "api-token").read_text().strip()
+        except OSError:
+            token = ""
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(
+        f"{server.rstrip('/')}/terminals/{terminal}/hooks",
+        data=json.dumps(body).encode(),
+        headers=headers,
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+        response.read()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cao.hook", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--terminal", required=True, help="the cao terminal id the CLI runs in")
+    parser.add_argument("--server", required=True, help="cao-server's URL")
+    parser.add_argument("--home", default="", help="cao-server's CAO_HOME (where its API token is)")
+    parser.add_argument("source", choices=SOURCES, help="the CLI that runs it")
+    parser.add_argument("rest", nargs="*", help="[EVENT] [JSON] (codex appends its JSON here)")
+    args = parser.parse_args(argv)
+    event: str | None = None
+    payload: dict[str, Any] = {}
+    for item in args.rest:
+        if item.lstrip().startswith("{"):
+            try:
+                parsed = json.loads(item)
+            except ValueError:
+                continue
+            payload = parsed if isinstance(parsed, dict) else {}
+        else:
+            event = item
+    if not payload:  # hooks pass it on stdin; Codex's notify appends it as the last argument
+        payload = _stdin_json()
+    try:
+        post(args.server, args.terminal, args.home, report(args.source, event, payload))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"cao hook: could not report to {args.server}: {exc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(SystemExit):  # argparse has said what was wrong; never fail the turn
+        main()
+    sys.exit(0)

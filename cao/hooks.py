@@ -1,0 +1,194 @@
+"""Lifecycle hooks: what the agent CLIs themselves report about their turns, next to the screen.
+
+Claude Code runs hook commands on ``UserPromptSubmit`` / ``Stop`` / ``Notification``, Codex runs
+its ``notify`` program when a turn completes, Gemini CLI runs ``BeforeAgent`` / ``AfterAgent``
+hooks. cao's launch points them at ``python -m cao.hook`` (``cao/hook.py``), which posts each
+event to ``POST /terminals/{id}/hooks``; the provider maps the CLI's event to a **phase**
+(:class:`Phase`) and :class:`Hooks` keeps the latest per terminal.
+
+The screen stays the judge of what only the screen shows (a permission menu, a start-up dialog,
+the text in the input box); a hook is used where the screen can't tell or a CLI release drew
+something its provider never saw (:func:`combine`):
+
+=================================  ==============================================================
+screen reads                       with the CLI's latest hook
+=================================  ==============================================================
+``waiting_user_answer``            kept (the menu is on screen)
+an exited CLI (``final``)          kept
+``unknown`` (nothing matched)      turn ended → ``completed``; turn started → ``processing``;
+                                   asking → ``waiting_user_answer``; session started → ``idle``;
+                                   none yet → ``unknown``
+``processing``                     kept, unless the CLI said its turn ended more than ``settle``
+                                   seconds ago and no turn began since (a CLI that has reported
+                                   a turn start reports them all; Codex's ``notify`` reports only
+                                   ends): the two disagree → ``unknown`` with both sides named
+idle / completed / error           a turn start less than ``settle`` seconds old → ``processing``
+                                   (the screen hasn't caught up yet); an older one is reported in
+                                   the reason only (an interrupted turn never reports its end)
+=================================  ==============================================================
+
+A hook's prompt text is also evidence a delivery can attribute: a ``UserPromptSubmit`` (or a
+Codex turn's ``input-messages``) that carries a message's own ``[cao message #N …] (ref NONCE)``
+header proves that message was submitted (:meth:`Hooks.saw`). Hook state lives in memory: after
+a cao-server restart the screen alone decides until the CLI reports again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cao.states import HookPhase as Phase
+from providers.base import Reading, TerminalStatus
+
+PROMPTS_KEPT = 32  # recent prompt texts per terminal, for submit evidence
+TEXT_LIMIT = 65_536  # characters of a prompt or answer kept from one event
+
+
+@dataclass
+class HookState:
+    """The latest turn-relevant event of one terminal, and recent prompts it reported."""
+
+    phase: Phase | None = None
+    event: str = ""  # the CLI's own name for it (Stop, agent-turn-complete, AfterAgent…)
+    at: float = 0.0  # when cao-server received it
+    sent_at: float = 0.0  # when the hook program sent it (orders events; late ones are dropped)
+    detail: str = ""  # e.g. a Notification's message
+    last_message: str = ""  # the answer the CLI reported with its turn end, if any
+    count: int = 0  # events received
+    starts: bool = False  # it has reported a turn start (so it reports every one: Claude, Gemini)
+    prompts: deque[str] = field(default_factory=lambda: deque(maxlen=PROMPTS_KEPT))
+
+    def as_dict(self, iso: Callable[[float], str | None]) -> dict[str, object]:
+        return {
+            "event": self.event,
+            "phase": self.phase.value if self.phase else None,
+            "at": iso(self.at),
+            "detail": self.detail or None,
+            "events": self.count,
+        }
+
+
+class Hooks:
+    """Per-terminal hook state (thread-safe; in memory)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._states: dict[str, HookState] = {}
+        self._lock = threading.Lock()
+
+    def record(
+        self,
+        terminal_id: str,
+        phase: Phase | None,
+        event: str,
+        *,
+        sent_at: float,
+        prompts: list[str] | None = None,
+        detail: str = "",
+        last_message: str = "",
+    ) -> bool:
+        """Note one event. Returns False when it was older than the latest one (out of order):
+        its prompts still count as evidence, its phase is ignored."""
+        with self._lock:
+            state = self._states.setdefault(terminal_id, HookState())
+            state.count += 1
+            for prompt in prompts or ():
+                state.prompts.append(prompt[:TEXT_LIMIT])
+            if phase is None:
+                return True
+            if sent_at < state.sent_at:
+                return False
+            state.phase, state.event, state.sent_at = phase, event, sent_at
+            state.at = self.clock()
+            state.detail = detail[:1000]
+            if phase == Phase.TURN_END and last_message:
+                state.last_message = last_message[:TEXT_LIMIT]
+            elif phase == Phase.TURN_START:
+                state.last_message = ""
+                state.starts = True
+            return True
+
+    def state(self, terminal_id: str) -> HookState | None:
+        with self._lock:
+            state = self._states.get(terminal_id)
+            if state is None:
+                return None
+            copy = HookState(**{**state.__dict__, "prompts": deque(state.prompts, maxlen=PROMPTS_KEPT)})
+            return copy
+
+    def ready(self, terminal_id: str) -> bool:
+        """Did the CLI's latest report say it waits for input (a turn ended, its session began)?
+        Such a report often comes before the screen settles, so the next screen change is worth
+        a full look even when the pane log's last line doesn't look idle."""
+        with self._lock:
+            state = self._states.get(terminal_id)
+            return state is not None and state.phase in (Phase.TURN_END, Phase.SESSION_START)
+
+    def saw(self, terminal_id: str, marker: str) -> bool:
+        """Did the CLI report a submitted prompt containing ``marker`` at the start of a line?"""
+        with self._lock:
+            state = self._states.get(terminal_id)
+            prompts = list(state.prompts) if state else []
+        return any(prompt.startswith(marker) or f"\n{marker}" in prompt for prompt in prompts)
+
+    def forget(self, terminal_id: str) -> None:
+        with self._lock:
+            self._states.pop(terminal_id, None)
+
+
+def combine(
+    reading: Reading,
+    state: HookState | None,
+    now: float,
+    *,
+    settle: float,
+) -> tuple[Reading, bool]:
+    """The status from the screen's ``reading`` and the CLI's latest hook ``state`` (see the table
+    in this module's docstring). Returns the reading and whether the hook changed or annotated it
+    (then its reason is shown to the operator)."""
+    if state is None or state.phase is None or reading.final:
+        return reading, False
+    status, phase = reading.status, state.phase
+    age = max(0.0, now - state.at)
+    said = f"the CLI's {state.event} hook {age:.0f} s ago"
+    if phase == Phase.SESSION_END:
+        return Reading(TerminalStatus.UNKNOWN, f"the CLI has exited ({said})", final=True), True
+    if status == TerminalStatus.WAITING_USER_ANSWER:
+        return reading, False
+    if status == TerminalStatus.UNKNOWN:
+        why = f"screen not recognised ({reading.reason}); going by {said}"
+        if phase == Phase.TURN_END:
+            return Reading(TerminalStatus.COMPLETED, why), True
+        if phase == Phase.TURN_START:
+            return Reading(TerminalStatus.PROCESSING, why), True
+        if phase == Phase.SESSION_START:
+            return Reading(TerminalStatus.IDLE, why), True
+        if phase == Phase.ASKING:
+            return Reading(TerminalStatus.WAITING_USER_ANSWER, f"{why}: {state.detail}".rstrip(": ")), True
+        return reading, False
+    if status == TerminalStatus.PROCESSING:
+        if phase == Phase.TURN_END and state.starts and age > settle:
+            return (
+                Reading(
+                    TerminalStatus.UNKNOWN,
+                    f"the screen reads processing ({reading.reason or 'busy'}) but {said} said the turn "
+                    "ended and no turn started since",
+                ),
+                True,
+            )
+        return reading, False
+    # idle, completed, error
+    if phase == Phase.TURN_START:
+        if age <= settle:
+            return (
+                Reading(TerminalStatus.PROCESSING, f"{said} started a turn; the screen has not caught up"),
+                True,
+            )
+        return (
+            Reading(status, f"{said} started a turn and none ended since; the screen reads {status.value}"),
+            True,
+        )
+    return reading, False
