@@ -29,10 +29,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
+from collections.abc import Mapping
 from typing import ClassVar
 
 from cao.errors import ProviderError
+from cao.states import HookPhase
 from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit, npm_version
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
@@ -59,6 +62,15 @@ PROJECT = {
     "hasCompletedProjectOnboarding": True,
 }
 HINT_IN_BOX_RE = re.compile(r'^Try "[^"]*"$')  # 1.0.x's example prompt in the empty box
+# Lifecycle hooks (in ~/.claude/settings.json; every release since 1.0.85 has these five).
+HOOK_PHASES = {
+    "SessionStart": HookPhase.SESSION_START,
+    "UserPromptSubmit": HookPhase.TURN_START,
+    "Stop": HookPhase.TURN_END,
+    "SessionEnd": HookPhase.SESSION_END,
+}
+HOOK_EVENTS = (*HOOK_PHASES, "Notification", "PermissionRequest")  # the last one since 2.0
+
 RESULT = "  ⎿"  # a tool's result; right under a user turn (before 2.1), the turn's API error
 
 
@@ -174,7 +186,16 @@ class ClaudeCodeProvider(Provider):
             "bypassPermissionsModeAccepted": True,  # before 2.1: the bypass warning's answer
             "projects": {str(ctx.working_directory): PROJECT},
         }
-        settings = {"skipDangerousModePermissionPrompt": True, "promptSuggestionEnabled": False}
+        binary = find_cli(ctx, "CAO_CLAUDE_BIN", "claude", "@anthropic-ai/claude-code")
+        version = npm_version(binary, "@anthropic-ai/claude-code")
+        settings: dict[str, object] = {
+            "skipDangerousModePermissionPrompt": True,
+            "promptSuggestionEnabled": False,
+        }
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
+            hook = {"type": "command", "command": shlex.join(ctx.hook_command("claude")), "timeout": 10}
+            events = HOOK_EVENTS if version is None or version >= (2, 0) else HOOK_EVENTS[:-1]
+            settings["hooks"] = {event: [{"hooks": [hook]}] for event in events}
         servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
         for spec in servers.values():
             if "url" in spec:
@@ -193,12 +214,10 @@ class ClaudeCodeProvider(Provider):
             home / ".claude" / "settings.json": json.dumps(settings, indent=2),
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
-        binary = find_cli(ctx, "CAO_CLAUDE_BIN", "claude", "@anthropic-ai/claude-code")
         command = [binary, "--mcp-config", str(home / "mcp.json")]
         if model := knobs.get("CAO_CLAUDE_MODEL") or (profile and profile.model):
             command += ["--model", model]
         if profile and profile.system_prompt:
-            version = npm_version(binary, "@anthropic-ai/claude-code")
             if version is not None and version < (2, 1):  # no --append-system-prompt-file yet
                 command += ["--append-system-prompt", profile.system_prompt]
             else:
@@ -210,13 +229,26 @@ class ClaudeCodeProvider(Provider):
             command.append("--dangerously-skip-permissions")
         return LaunchSpec(command=command, env=env, files=files)
 
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        if event == "Notification":  # permission_prompt (after ~6 s), idle_prompt (after 60 s idle)
+            kind = str(payload.get("notification_type") or "")
+            text = str(payload.get("message") or "").lower()
+            if kind in ("permission_prompt", "elicitation_dialog") or "permission" in text:
+                return HookPhase.ASKING
+            if kind == "idle_prompt" or "waiting for your input" in text:
+                return HookPhase.TURN_END
+            return None
+        if event == "PermissionRequest":  # 2.0 and later, as the permission prompt opens
+            return HookPhase.ASKING
+        return HOOK_PHASES.get(event)
+
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status
 
     def detect(self, screen: str) -> Reading:
         lines = _lines(screen)
         if quit_ := _quit(lines):
-            return Reading(TerminalStatus.UNKNOWN, quit_)
+            return Reading(TerminalStatus.UNKNOWN, quit_, final=True)
         box = _box(lines)
         if box is None:  # a permission prompt, a question or a dialog replaces the box
             if any(MENU_RE.match(line) or HINT_RE.match(line) for line in lines):

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
+from cao.states import HookPhase
 from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit, npm_version
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
@@ -69,6 +72,15 @@ DIALOG_HINT_RE = re.compile(
 # separates a turn's tool calls from its final answer.
 WORKED_RE = re.compile(r"^\s*(?:─+ )?Worked for \S")
 CLOSED_RE = re.compile(r"^\s*Worked for \S")
+# Lifecycle hooks: $CODEX_HOME/hooks.json (0.171), else `notify` (agent-turn-complete) only.
+HOOK_PHASES = {
+    "SessionStart": HookPhase.SESSION_START,
+    "UserPromptSubmit": HookPhase.TURN_START,
+    "Stop": HookPhase.TURN_END,
+    "PermissionRequest": HookPhase.ASKING,
+    "agent-turn-complete": HookPhase.TURN_END,  # notify
+}
+HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "Stop", "PermissionRequest")
 FAILED = "■ "
 INTERRUPTED = "■ Conversation interrupted"
 
@@ -192,8 +204,17 @@ class CodexProvider(Provider):
             },
         }
         mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in servers.items())
+        # Lifecycle hooks (cao/hooks.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
+        # (trusted with --dangerously-bypass-hook-trust: cao wrote them into the throwaway home);
+        # before that, the `notify` program on each turn's end is all there is.
+        binary = find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex")
+        version = npm_version(binary, "@openai/codex")
+        hooks_json = ctx.hooks and (version is None or version >= (0, 171))
+        notify = ""
+        if ctx.hooks and not hooks_json:
+            notify = f"notify = [{', '.join(_toml(part) for part in ctx.hook_command('codex'))}]\n"
         config = f"""\
-{model_line}model_provider = "cao"
+{notify}{model_line}model_provider = "cao"
 approval_policy = "{approval}"
 sandbox_mode = "{sandbox}"
 check_for_update_on_startup = false
@@ -231,17 +252,24 @@ show_tooltips = false
         env.setdefault("SHELL", "/bin/bash")
         env.update(HOME=str(ctx.terminal_home), CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
         # Inline mode keeps the transcript in tmux's scrollback (delivery recovery looks there).
-        binary = find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex")
         command = [binary]
         # Releases before the flag existed (0.77 here; 0.130 has it) draw inline anyway, and reject it.
-        if (version := npm_version(binary, "@openai/codex")) is None or version >= (0, 130):
+        if version is None or version >= (0, 130):
             command.append("--no-alt-screen")
         if bypass:
             command.append("--dangerously-bypass-approvals-and-sandbox")
         files = {codex_home / "config.toml": config}
+        if hooks_json:
+            hook = {"type": "command", "command": shlex.join(ctx.hook_command("codex")), "timeout": 10}
+            events = {event: [{"hooks": [hook]}] for event in HOOK_EVENTS}
+            files[codex_home / "hooks.json"] = json.dumps({"hooks": events}, indent=2)
+            command.append("--dangerously-bypass-hook-trust")
         if profile and profile.system_prompt:  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
             files[codex_home / "AGENTS.md"] = profile.system_prompt
         return LaunchSpec(command=command, env=env, files=files)
+
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        return HOOK_PHASES.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status
@@ -249,7 +277,9 @@ show_tooltips = false
     def detect(self, screen: str) -> Reading:
         lines = _lines(screen)
         if exited(lines):
-            return Reading(TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)")
+            return Reading(
+                TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)", final=True
+            )
         if _waiting(lines):
             return Reading(TerminalStatus.WAITING_USER_ANSWER, "an approval prompt or a start-up dialog")
         box = _box(lines)

@@ -28,15 +28,26 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
+from collections.abc import Mapping
 from itertools import takewhile
 from typing import ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit
+from cao.states import HookPhase
+from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit, npm_version
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
+# Lifecycle hooks (in ~/.gemini/settings.json; 0.24 and later). Notification: a tool permission.
+HOOK_PHASES = {
+    "SessionStart": HookPhase.SESSION_START,
+    "BeforeAgent": HookPhase.TURN_START,
+    "AfterAgent": HookPhase.TURN_END,
+    "Notification": HookPhase.ASKING,
+    "SessionEnd": HookPhase.SESSION_END,
+}
 TOP_RE = re.compile(r"^▄{10,}$")
 BOTTOM_RE = re.compile(r"^▀{10,}$")
 RULE_RE = re.compile(r"^─{10,}$")
@@ -191,7 +202,7 @@ class GeminiCliProvider(Provider):
                 "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
             },
         }
-        settings = {
+        settings: dict[str, object] = {
             "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
             "privacy": {"usageStatisticsEnabled": False},
             "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
@@ -200,7 +211,18 @@ class GeminiCliProvider(Provider):
             "ui": {"hideTips": True},
             "mcpServers": servers,
         }
-        command = [find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")]
+        binary = find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")
+        command = [binary]
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
+            command_line = shlex.join(ctx.hook_command("gemini"))
+            hook = {"name": "cao", "type": "command", "command": command_line, "timeout": 10_000}  # ms
+            hooks: dict[str, object] = {event: [{"matcher": "*", "hooks": [hook]}] for event in HOOK_PHASES}
+            version = npm_version(binary, "@google/gemini-cli")
+            if version is not None and version < (0, 45):  # 0.24: off unless hooks.enabled
+                hooks.update(enabled=True, notifications=False)
+            else:  # on by default since; the switches moved to hooksConfig
+                settings["hooksConfig"] = {"enabled": True, "notifications": False}
+            settings["hooks"] = hooks
         if model := knobs.get("CAO_GEMINI_MODEL") or (profile and profile.model):
             command += ["--model", model]
         if bypass:
@@ -210,13 +232,18 @@ class GeminiCliProvider(Provider):
             files[home / ".gemini" / "GEMINI.md"] = profile.system_prompt
         return LaunchSpec(command=command, env=env, files=files)
 
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        return HOOK_PHASES.get(event)
+
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status
 
     def detect(self, screen: str) -> Reading:
         lines = _lines(screen)
         if exited(lines):
-            return Reading(TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)")
+            return Reading(
+                TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)", final=True
+            )
         box = _box(lines)
         if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
             if any(MENU_RE.match(line) or DIALOG_HINT_RE.match(line) for line in lines):

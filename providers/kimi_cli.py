@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
+from cao.states import HookPhase
 from providers._cli import bullet_blocks, exited, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
@@ -68,6 +71,16 @@ ERROR_RE = re.compile(
     r"Request timed out:|The server returned an empty response\.|Unexpected error:|LLM not set)"
 )
 APPROVAL_RE = re.compile(r"^╭─ (?:approval|question)\b|^│ +(?:→ )?\[\d\] |↵ (?:confirm|submit)")
+
+
+# Lifecycle hooks ([[hooks]] in ~/.kimi/config.toml; Claude-style payloads on stdin). Kimi asks for
+# approvals on screen only (its Notification hook is for background tasks).
+HOOK_PHASES = {
+    "SessionStart": HookPhase.SESSION_START,
+    "UserPromptSubmit": HookPhase.TURN_START,
+    "Stop": HookPhase.TURN_END,
+    "SessionEnd": HookPhase.SESSION_END,
+}
 
 
 def _toml(value: object) -> str:
@@ -162,8 +175,15 @@ class KimiCliProvider(Provider):
             },
         }
         share = home / ".kimi"
+        config = _config(base_url, key, kind, model)
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py): [[hooks]] tables
+            command_line = _toml(shlex.join(ctx.hook_command("kimi")))
+            config += "".join(
+                f"\n[[hooks]]\nevent = {_toml(event)}\ncommand = {command_line}\ntimeout = 10\n"
+                for event in HOOK_PHASES
+            )
         files = {
-            share / "config.toml": _config(base_url, key, kind, model),
+            share / "config.toml": config,
             share / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
         command = [_find_kimi(ctx), "--mcp-config-file", str(share / "mcp.json")]
@@ -185,7 +205,9 @@ class KimiCliProvider(Provider):
         lines = _lines(screen)
         if exited(lines):
             return Reading(
-                TerminalStatus.UNKNOWN, "Kimi CLI has exited (its resume hint or a dead pane shows)"
+                TerminalStatus.UNKNOWN,
+                "Kimi CLI has exited (its resume hint or a dead pane shows)",
+                final=True,
             )
         box = _box(lines)
         if box is None:  # an approval or a question replaces the box; start-up shows spinners only
@@ -211,6 +233,9 @@ class KimiCliProvider(Provider):
             if line.startswith(BULLET):
                 break
         return Reading(TerminalStatus.COMPLETED)
+
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        return HOOK_PHASES.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status

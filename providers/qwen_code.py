@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
+from cao.states import HookPhase
 from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
@@ -85,6 +88,17 @@ def _marks(screen: str) -> tuple[str | None, int]:
 
 def _blocks(lines: list[str]) -> list[str]:
     return bullet_blocks([line[2:] for line in lines], tuple(mark[2:] for mark in MARKS))
+
+
+# Lifecycle hooks (``hooks`` in ~/.qwen/settings.json: Claude Code's events and payloads).
+HOOK_PHASES = {
+    "SessionStart": HookPhase.SESSION_START,
+    "UserPromptSubmit": HookPhase.TURN_START,
+    "Stop": HookPhase.TURN_END,
+    "PermissionRequest": HookPhase.ASKING,
+    "SessionEnd": HookPhase.SESSION_END,
+}
+HOOK_EVENTS = (*HOOK_PHASES, "Notification")
 
 
 class QwenCodeProvider(Provider):
@@ -144,6 +158,10 @@ class QwenCodeProvider(Provider):
         }
         if model:
             settings["model"] = {"name": model}
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); Claude Code's format
+            command_line = shlex.join(ctx.hook_command("qwen"))
+            hook = {"type": "command", "command": command_line, "timeout": 10_000}  # milliseconds
+            settings["hooks"] = {event: [{"matcher": "", "hooks": [hook]}] for event in HOOK_EVENTS}
         command = [find_cli(ctx, "CAO_QWEN_BIN", "qwen", "@qwen-code/qwen-code")]
         if bypass:
             command.append("--yolo")
@@ -151,6 +169,12 @@ class QwenCodeProvider(Provider):
         if profile and profile.system_prompt:  # the user-level context file, read at every start
             files[home / ".qwen" / "QWEN.md"] = profile.system_prompt
         return LaunchSpec(command=command, env=env, files=files)
+
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        if event == "Notification":
+            kind = payload.get("notification_type")
+            return {"permission_prompt": HookPhase.ASKING, "idle_prompt": HookPhase.TURN_END}.get(str(kind))
+        return HOOK_PHASES.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         lines = _lines(screen)

@@ -325,3 +325,84 @@ def test_an_unrelated_package_json_is_no_release(tmp_path: Path) -> None:
     cli = npm_install(tmp_path, "my-tools", "0.1.0", "codex")
     knobs = {"CAO_CODEX_BIN": str(cli), "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081"}
     assert "--no-alt-screen" in providers.get("codex").launch(context(tmp_path, knobs)).command
+
+
+# -- lifecycle hooks (cao/hooks.py; what each release runs: docs/providers.md) -----------------
+HOOK = "-m cao.hook --terminal 1a2b3c4d --server http://127.0.0.1:9889"
+CLAUDE_PKG = "@anthropic-ai/claude-code"
+TRUST_FLAG = "--dangerously-bypass-hook-trust"
+
+
+def hook_config(launched: LaunchSpec) -> dict[str, Any]:
+    """Where the provider put cao's hook: {event: command} from settings.json / hooks.json, or
+    Codex's notify program as {"notify": argv}."""
+    found: dict[str, Any] = {}
+    for path, content in launched.files.items():
+        data = tomllib.loads(content) if path.suffix == ".toml" else json.loads(content)
+        if "notify" in data:
+            found["notify"] = data["notify"]
+        for event, entries in (data.get("hooks") or {}).items():
+            if isinstance(entries, list):
+                found[event] = entries[0]["hooks"][0]["command"]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("provider", "package", "version", "events", "flag"),
+    [
+        (
+            "claude_code",
+            "@anthropic-ai/claude-code",
+            "2.1.197",
+            {"UserPromptSubmit", "Stop", "PermissionRequest"},
+            None,
+        ),
+        (
+            "claude_code",
+            "@anthropic-ai/claude-code",
+            "1.0.128",
+            {"UserPromptSubmit", "Stop", "Notification"},
+            None,
+        ),
+        (
+            "codex",
+            "@openai/codex",
+            "0.171.0",
+            {"UserPromptSubmit", "Stop"},
+            "--dangerously-bypass-hook-trust",
+        ),
+        ("codex", "@openai/codex", "0.130.0", {"notify"}, None),
+        ("codex", "@openai/codex", "0.77.0", {"notify"}, None),
+        ("gemini_cli", "@google/gemini-cli", "0.61.0", {"BeforeAgent", "AfterAgent", "Notification"}, None),
+        ("gemini_cli", "@google/gemini-cli", "0.24.5", {"BeforeAgent", "AfterAgent"}, None),
+    ],
+)
+def test_each_release_reports_its_turns_through_the_hooks_it_has(
+    provider: str, package: str, version: str, events: set[str], flag: str | None, tmp_path: Path
+) -> None:
+    spec = next(s for s in SPECS if s.provider == provider)
+    cli = npm_install(tmp_path, package, version, spec.command)
+    knobs = {f"CAO_{spec.prefix}_BIN": str(cli), "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081"}
+    launched = providers.get(provider).launch(context(tmp_path, knobs))
+    hooks = hook_config(launched)
+    assert events <= set(hooks), hooks
+    for event, command in hooks.items():
+        line = " ".join(command) if isinstance(command, list) else command
+        assert HOOK in line and line.startswith(sys.executable), (event, line)
+    if provider == "claude_code" and version.startswith("1."):
+        assert "PermissionRequest" not in hooks  # 1.0 has no such event
+    if provider == "codex":
+        assert ("notify" in hooks) != ("Stop" in hooks)  # one or the other: never both (duplicate ends)
+    assert (flag in launched.command) if flag else "--dangerously-bypass-hook-trust" not in launched.command
+    if provider == "gemini_cli":
+        settings = json.loads(next(c for p, c in launched.files.items() if p.name == "settings.json"))
+        switches = settings["hooks"] if version.startswith("0.24") else settings["hooksConfig"]
+        assert switches["enabled"] is True and switches["notifications"] is False
+
+
+def test_hooks_off_leaves_the_clis_config_alone(spec: Spec, tmp_path: Path) -> None:
+    cli = executable(tmp_path / "bin" / spec.command)
+    knobs = {f"CAO_{spec.prefix}_BIN": str(cli), "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081"}
+    launched = providers.get(spec.provider).launch(replace(context(tmp_path, knobs), hooks=False))
+    assert not any("cao.hook" in content for content in launched.files.values())
+    assert "--dangerously-bypass-hook-trust" not in launched.command

@@ -31,9 +31,10 @@ pytestmark = pytest.mark.realcli
 
 CLIS = [
     CLI("opencode", queues_while_busy=False, start_timeout=90),
-    CLI("qwen_code", queues_while_busy=False, start_timeout=90),
+    # Qwen follows its Stop with an idle_prompt Notification at once (Claude waits 60 s)
+    CLI("qwen_code", queues_while_busy=False, start_timeout=90, turn_end="Stop|Notification"),
     CLI("copilot", queues_while_busy=False, start_timeout=90),
-    CLI("kimi_cli", queues_while_busy=False, start_timeout=90),
+    CLI("kimi_cli", queues_while_busy=False, start_timeout=90, turn_end="Stop"),
 ]
 ANGLE_MARKERS = ("kimi_cli",)
 
@@ -78,6 +79,8 @@ def test_turn_mcp_round_trip_and_inbox_once(
         40,
         "the answer",
     )
+    if cli.turn_end:
+        agent.wait_hook(cli.turn_end, "turn_end")
 
     # The CLI's MCP server (python -m cao.mcp) speaks for the agent: the peer's inbox names it.
     peer = server.call(

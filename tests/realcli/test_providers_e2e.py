@@ -32,12 +32,15 @@ class CLI(NamedTuple):
     provider: str
     queues_while_busy: bool  # a message pasted mid-turn is queued and runs as its own turn
     start_timeout: float
+    turn_end: str = ""  # its lifecycle hook event for a finished turn (cao/hooks.py); "": none
+    asking: str = ""  # ... and for a permission prompt
 
 
 CLIS = [
-    CLI("claude_code", queues_while_busy=True, start_timeout=60),
-    CLI("codex", queues_while_busy=False, start_timeout=60),  # a mid-turn paste cancels the turn
-    CLI("gemini_cli", queues_while_busy=True, start_timeout=90),
+    CLI("claude_code", queues_while_busy=True, start_timeout=60, turn_end="Stop", asking="PermissionRequest"),
+    # a mid-turn paste cancels the turn
+    CLI("codex", queues_while_busy=False, start_timeout=60, turn_end="Stop", asking="PermissionRequest"),
+    CLI("gemini_cli", queues_while_busy=True, start_timeout=90, turn_end="AfterAgent", asking="Notification"),
 ]
 
 
@@ -100,6 +103,19 @@ class Agent(NamedTuple):
     def message(self, message_id: int) -> dict[str, Any]:
         return self.server.message(message_id)
 
+    def hook(self) -> dict[str, Any]:
+        """The CLI's latest lifecycle hook event as cao-server got it (cao/hooks.py), or {}."""
+        return dict(self.server.call("GET", f"/terminals/{self.id}")["hook"] or {})
+
+    def wait_hook(self, event: str, phase: str, timeout: float = 15) -> None:
+        """Until the latest hook event is ``event`` (or one of ``A|B``) with ``phase``."""
+
+        def seen() -> bool:
+            hook = self.hook()
+            return hook.get("event") in event.split("|") and hook.get("phase") == phase
+
+        wait_for(seen, timeout, f"the {event} hook ({phase}) reported to cao-server; latest: {self.hook()}")
+
 
 def launch(server: CaoServer, bed: Bed, cli: CLI) -> Agent:
     """A new terminal of ``cli`` through the API, once it shows its idle prompt."""
@@ -158,6 +174,8 @@ def test_launch_idle_then_a_turn_completes_with_its_answer(
     agent.wait("processing", timeout=10)
     agent.wait("completed", timeout=30)
     assert agent.last() == "Hello from the model.\n\nSecond line."
+    agent.wait_hook(cli.turn_end, "turn_end")  # the CLI reported the turn's end itself
+    assert agent.hook()["events"] >= 2  # its start too (and its session's)
 
 
 def test_api_error_shows_as_error(cli: CLI, bed: Bed, make_server: Callable[..., CaoServer]) -> None:
@@ -175,6 +193,7 @@ def test_permission_prompt_waits_for_the_user_and_holds_the_inbox(
     tok = token()
     agent.type(f"Make a probe file {tok} [[permission]][[reply:Probe made.]]", tok)
     agent.wait("waiting_user_answer", timeout=30)
+    agent.wait_hook(cli.asking, "asking")
 
     message_id = agent.send("Not while a prompt is open [[reply:Too early.]]")
     time.sleep(2)
@@ -302,6 +321,7 @@ def test_inbox_message_sent_while_busy(cli: CLI, bed: Bed, make_server: Callable
 # The oldest release of each CLI that the providers support (docs/providers.md), through the same
 # cao-server path: the provider's own launch with CAO_<CLI>_BIN pointing at the older release.
 OLDER = [("claude_code", "1.0.128"), ("codex", "0.77.0"), ("gemini_cli", "0.24.5")]
+OLDER_TURN_END = {"claude_code": "Stop", "codex": "agent-turn-complete", "gemini_cli": "AfterAgent"}
 
 
 def older_release(provider: str, version: str) -> str:
@@ -329,6 +349,7 @@ def test_older_release_answers_and_takes_an_inbox_message_once(
     agent.wait("processing", timeout=10)
     agent.wait("completed", timeout=30)
     assert agent.last() == f"Hello from {version}."
+    agent.wait_hook(OLDER_TURN_END[provider], "turn_end")  # its hooks (Codex 0.77: notify) report too
 
     tok = token()
     message_id = agent.send(f"Please acknowledge {tok} [[reply:Acknowledged {tok}.]]")
