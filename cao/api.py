@@ -78,15 +78,13 @@ HOOK_TEXT = ("source", "last_message", "notification_type", "message", "title", 
 
 
 def _hook_report(raw: bytes) -> dict[str, Any]:
-    """A lifecycle hook report: ``{"event": name, "sent_at": seconds, "prompts": [text…], …}``."""
+    """A lifecycle hook report: ``{"event": name, "prompts": [text…], "last_message": …, …}``
+    (other keys are ignored; events are ordered as cao-server receives them)."""
     report = inputs.json_object(raw)
     event = report.get("event")
     if not isinstance(event, str) or not event.strip() or len(event) > 100:
         raise InvalidInput("event must be the hook event's name (1-100 characters), e.g. Stop")
     inputs.check_text("event", event)
-    sent_at = report.get("sent_at")
-    if sent_at is not None and (isinstance(sent_at, bool) or not isinstance(sent_at, (int, float))):
-        raise InvalidInput("sent_at must be a number (seconds since the epoch)")
     prompts = report.get("prompts", [])
     if not isinstance(prompts, list) or len(prompts) > 16 or not all(isinstance(p, str) for p in prompts):
         raise InvalidInput("prompts must be a list of at most 16 strings")

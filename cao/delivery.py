@@ -169,7 +169,10 @@ class Delivery:
             ready=terminal.ready_at is not None,
             mcp_ready=self.terminals.mcp_ready(terminal),
         )
-        box = (provider.input_text(screen) or "").strip()
+        raw_box = provider.input_text(screen)
+        box = (raw_box or "").strip()
+        if why is None and raw_box is None and status != TerminalStatus.PROCESSING:
+            why = WaitReason.BOX_UNREADABLE  # a person's half-typed text would go with the paste
         if why is None and box:
             oldest = self.store.oldest_pending(terminal.id)
             if oldest is None or oldest.recheck is None or not box.startswith(header(oldest)):
@@ -220,7 +223,11 @@ class Delivery:
             box = provider.input_text(screen)
             if claim.recheck:
                 # pasted before (crash, unconfirmed submit): look for each one's own header first
-                transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
+                history = self.terminals.screen(terminal, scrollback=True, join=True)
+                # A screen the provider can't read may show the box (our unsubmitted paste) as
+                # history: there only the CLI's hook report of the prompt counts.
+                readable = provider.detect(screen).status != TerminalStatus.UNKNOWN
+                transcript = provider.transcript(history) if readable else ""
                 seen = [m for m in todo if arrived(m, transcript) or self.terminals.hooks.saw(rid, header(m))]
                 if seen:
                     done = self._ack(claim, seen, trigger, found=True)

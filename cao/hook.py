@@ -31,16 +31,32 @@ from typing import Any
 
 SOURCES = ("claude", "codex", "gemini", "kimi", "qwen")
 TIMEOUT = 3.0  # seconds for the whole request; the CLI waits for us
+STDIN_WAIT = 1.5  # seconds for the CLI's JSON on stdin
+STDIN_LIMIT = 4 * 1024 * 1024
 TEXT_LIMIT = 65_536  # characters kept of one prompt or answer
 
 
-def _stdin_json() -> dict[str, Any]:
+def _stdin_json(wait: float = STDIN_WAIT) -> dict[str, Any]:
+    """The JSON object the CLI writes on stdin: read until it parses or stdin closes, for at most
+    ``wait`` seconds (a CLI that never closes our stdin must not hold its own turn up)."""
     if sys.stdin is None or sys.stdin.isatty():
         return {}
-    ready, _, _ = select.select([sys.stdin], [], [], 1.0)
-    if not ready:
-        return {}
-    raw = sys.stdin.buffer.read(4 * 1024 * 1024)
+    fd = sys.stdin.fileno()
+    deadline = time.monotonic() + wait
+    raw = b""
+    while len(raw) < STDIN_LIMIT:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        raw += chunk
+        try:
+            data = json.loads(raw.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        return data if isinstance(data, dict) else {}
     try:
         data = json.loads(raw.decode("utf-8", "replace") or "{}")
     except ValueError:
@@ -66,7 +82,7 @@ def report(source: str, event: str | None, payload: dict[str, Any]) -> dict[str,
         or payload.get("last-assistant-message")
         or payload.get("prompt_response")
     )
-    body: dict[str, Any] = {"source": source, "event": str(name)[:100], "sent_at": time.time()}
+    body: dict[str, Any] = {"source": source, "event": str(name)[:100]}
     if prompts:
         body["prompts"] = prompts[-16:]
     if text := _text(last):

@@ -15,7 +15,9 @@ screen reads                       with the CLI's latest hook
 =================================  ==============================================================
 ``waiting_user_answer``            kept (the menu is on screen)
 an exited CLI (``final``)          kept
-``unknown`` (nothing matched)      turn ended → ``completed``; turn started → ``processing``;
+``unknown`` (nothing matched)      turn ended → ``completed`` (from a CLI that reports only turn
+                                   ends, e.g. Codex's ``notify``: only within ``settle`` seconds);
+                                   turn started → ``processing``;
                                    asking → ``waiting_user_answer``; session started → ``idle``;
                                    none yet → ``unknown``
 ``processing``                     kept, unless the CLI said its turn ended more than ``settle``
@@ -29,12 +31,13 @@ idle / completed / error           a turn start less than ``settle`` seconds old
 
 A hook's prompt text is also evidence a delivery can attribute: a ``UserPromptSubmit`` (or a
 Codex turn's ``input-messages``) that carries a message's own ``[cao message #N …] (ref NONCE)``
-header proves that message was submitted (:meth:`Hooks.saw`). Hook state lives in memory: after
-a cao-server restart the screen alone decides until the CLI reports again.
+header as a whole line proves that message was submitted (:meth:`Hooks.saw`); only those marker
+lines are kept, a bounded number per terminal, forgotten with the terminal.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -43,23 +46,26 @@ from dataclasses import dataclass, field
 from cao.states import HookPhase as Phase
 from providers.base import Reading, TerminalStatus
 
-PROMPTS_KEPT = 32  # recent prompt texts per terminal, for submit evidence
-TEXT_LIMIT = 65_536  # characters of a prompt or answer kept from one event
+MARKERS_KEPT = 1024  # message headers/trailers seen in reported prompts, per terminal
+TEXT_LIMIT = 65_536  # characters of an answer kept from one event
+# A whole line that is a cao header or trailer (cao/paste.py): the only part of a prompt kept.
+MARKER_RE = re.compile(
+    r"^(?:\[cao message #\d+ from [^\]\s]+\]|\[end of cao message #\d+\]) \(ref [0-9a-f]+\)$", re.M
+)
 
 
 @dataclass
 class HookState:
-    """The latest turn-relevant event of one terminal, and recent prompts it reported."""
+    """The latest turn-relevant event of one terminal, and the message markers its prompts held."""
 
     phase: Phase | None = None
     event: str = ""  # the CLI's own name for it (Stop, agent-turn-complete, AfterAgent…)
     at: float = 0.0  # when cao-server received it
-    sent_at: float = 0.0  # when the hook program sent it (orders events; late ones are dropped)
     detail: str = ""  # e.g. a Notification's message
     last_message: str = ""  # the answer the CLI reported with its turn end, if any
     count: int = 0  # events received
     starts: bool = False  # it has reported a turn start (so it reports every one: Claude, Gemini)
-    prompts: deque[str] = field(default_factory=lambda: deque(maxlen=PROMPTS_KEPT))
+    markers: deque[str] = field(default_factory=lambda: deque(maxlen=MARKERS_KEPT))
 
     def as_dict(self, iso: Callable[[float], str | None]) -> dict[str, object]:
         return {
@@ -85,23 +91,21 @@ class Hooks:
         phase: Phase | None,
         event: str,
         *,
-        sent_at: float,
         prompts: list[str] | None = None,
         detail: str = "",
         last_message: str = "",
-    ) -> bool:
-        """Note one event. Returns False when it was older than the latest one (out of order):
-        its prompts still count as evidence, its phase is ignored."""
+    ) -> None:
+        """Note one event, in the order cao-server receives them (the CLIs wait for each hook to
+        finish before their turn goes on, so that is the order they happened in). The message
+        markers in its prompts count as evidence whatever its phase."""
         with self._lock:
             state = self._states.setdefault(terminal_id, HookState())
             state.count += 1
             for prompt in prompts or ():
-                state.prompts.append(prompt[:TEXT_LIMIT])
+                state.markers.extend(m for m in MARKER_RE.findall(prompt) if m not in state.markers)
             if phase is None:
-                return True
-            if sent_at < state.sent_at:
-                return False
-            state.phase, state.event, state.sent_at = phase, event, sent_at
+                return
+            state.phase, state.event = phase, event
             state.at = self.clock()
             state.detail = detail[:1000]
             if phase == Phase.TURN_END and last_message:
@@ -109,15 +113,20 @@ class Hooks:
             elif phase == Phase.TURN_START:
                 state.last_message = ""
                 state.starts = True
-            return True
+
+    def restore(self, terminal_id: str, phase: Phase, event: str, at: float, starts: bool) -> None:
+        """The latest report as stored before a cao-server restart (no evidence: that is in the
+        panes' history, where delivery's recovery looks)."""
+        with self._lock:
+            if terminal_id not in self._states:
+                self._states[terminal_id] = HookState(phase=phase, event=event, at=at, starts=starts)
 
     def state(self, terminal_id: str) -> HookState | None:
         with self._lock:
             state = self._states.get(terminal_id)
             if state is None:
                 return None
-            copy = HookState(**{**state.__dict__, "prompts": deque(state.prompts, maxlen=PROMPTS_KEPT)})
-            return copy
+            return HookState(**{**state.__dict__, "markers": deque()})  # without the evidence (saw)
 
     def ready(self, terminal_id: str) -> bool:
         """Did the CLI's latest report say it waits for input (a turn ended, its session began)?
@@ -128,11 +137,11 @@ class Hooks:
             return state is not None and state.phase in (Phase.TURN_END, Phase.SESSION_START)
 
     def saw(self, terminal_id: str, marker: str) -> bool:
-        """Did the CLI report a submitted prompt containing ``marker`` at the start of a line?"""
+        """Did the CLI report a submitted prompt holding ``marker`` (a message's header or trailer,
+        with its nonce) as a whole line?"""
         with self._lock:
             state = self._states.get(terminal_id)
-            prompts = list(state.prompts) if state else []
-        return any(prompt.startswith(marker) or f"\n{marker}" in prompt for prompt in prompts)
+            return state is not None and marker in state.markers
 
     def forget(self, terminal_id: str) -> None:
         with self._lock:
@@ -161,7 +170,11 @@ def combine(
     if status == TerminalStatus.UNKNOWN:
         why = f"screen not recognised ({reading.reason}); going by {said}"
         if phase == Phase.TURN_END:
-            return Reading(TerminalStatus.COMPLETED, why), True
+            if state.starts or age <= settle:
+                return Reading(TerminalStatus.COMPLETED, why), True
+            # a CLI that reports only turn ends (Codex's notify) would not report a later turn,
+            # a question or a dialog either: an old turn end says nothing about now
+            return Reading(TerminalStatus.UNKNOWN, f"{why}, which is too old to go by"), True
         if phase == Phase.TURN_START:
             return Reading(TerminalStatus.PROCESSING, why), True
         if phase == Phase.SESSION_START:

@@ -44,6 +44,8 @@ class WaitReason(StrEnum):
     BUSY = "receiver busy"
     ANSWER = "receiver waiting for a user answer"
     BOX_TEXT = "input box holds text"
+    # ready by the CLI's hooks, but the box isn't where the provider looks: it can't be proven empty
+    BOX_UNREADABLE = "receiver's input box not found (its screen matches nothing its provider knows)"
     MCP = "receiver's MCP tools not connected yet"
     UNREADABLE = "receiver's screen could not be read"
     UNKNOWN = "receiver status unknown (its screen matches nothing its provider knows)"

@@ -43,7 +43,7 @@ from cao.errors import (
 )
 from cao.states import RECEIVER_GONE, MessageStatus, TerminalState
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -78,6 +78,11 @@ class Terminal(SQLModel):
     fence: int = 0  # schema 3
     gone_reason: str | None = None  # schema 3: why the terminal is gone
     initial_message_id: int | None = None  # schema 4: the task it was created with (an inbox message)
+    # schema 6: the CLI's latest lifecycle hook report (cao/hooks.py), so a restart keeps it
+    hook_phase: str | None = None
+    hook_event: str | None = None
+    hook_at: float | None = None
+    hook_starts: int = 0  # 1: the CLI has reported a turn start (it reports them all)
 
 
 class Message(SQLModel):
@@ -265,6 +270,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             created_at REAL NOT NULL,
             removed_at REAL
         )""",
+    ),
+    # 6: the CLI's latest lifecycle hook report survives a restart (cao/hooks.py)
+    6: (
+        "ALTER TABLE terminal ADD COLUMN hook_phase TEXT",
+        "ALTER TABLE terminal ADD COLUMN hook_event TEXT",
+        "ALTER TABLE terminal ADD COLUMN hook_at REAL",
+        "ALTER TABLE terminal ADD COLUMN hook_starts INTEGER NOT NULL DEFAULT 0",
     ),
 }
 

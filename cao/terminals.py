@@ -428,6 +428,7 @@ class Terminals:
         )
         self.events.publish("terminal.gone", terminal_id=terminal.id, reason=reason, failed_messages=failed)
         self.note_status(terminal.id, GONE)
+        self.hooks.forget(terminal.id)
 
     def mark_gone(self, terminal: Terminal) -> None:
         self.lose(terminal, "its pane is gone")
@@ -472,16 +473,23 @@ class Terminals:
         """Record one lifecycle event the CLI reported (``POST /terminals/{id}/hooks``)."""
         phase = self.provider(terminal).hook_phase(event, report)
         prompts = report.get("prompts")
-        sent_at = report.get("sent_at")
         self.hooks.record(
             terminal.id,
             phase,
             event,
-            sent_at=float(sent_at) if isinstance(sent_at, (int, float)) else self.clock(),
             prompts=[p for p in prompts if isinstance(p, str)] if isinstance(prompts, list) else None,
             detail=str(report.get("message") or ""),
             last_message=str(report.get("last_message") or ""),
         )
+        if phase is not None:  # kept with the row: an idle CLI may not report again after a restart
+            state = self.hooks.state(terminal.id)
+            self.store.update_terminal(
+                terminal.id,
+                hook_phase=phase.value,
+                hook_event=event,
+                hook_at=state.at if state else self.clock(),
+                hook_starts=int(bool(state and state.starts)),
+            )
         self.events.publish(
             "terminal.hook", terminal_id=terminal.id, event=event, phase=phase.value if phase else None
         )
@@ -684,6 +692,7 @@ class Terminals:
         logger.info("terminal deleted", extra={"terminal_id": terminal.id, "failed_messages": failed})
         self.events.publish("terminal.deleted", terminal_id=terminal.id, failed_messages=failed)
         self._seen_status.pop(terminal.id, None)
+        self.hooks.forget(terminal.id)
         return failed
 
     def _kill_and_finish(self, terminal: Terminal) -> None:
@@ -761,6 +770,9 @@ class Terminals:
                     same = False
             if same:
                 result["adopted"].append(t.id)
+                if t.hook_phase in set(HookPhase) and t.hook_at is not None:
+                    phase, event = HookPhase(t.hook_phase), t.hook_event or ""
+                    self.hooks.restore(t.id, phase, event, t.hook_at, bool(t.hook_starts))
             else:
                 why = "its pane is dead" if found is not None and found.dead else "its pane is gone"
                 self.lose(t, f"{why} (found at server start)")

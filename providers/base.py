@@ -62,9 +62,10 @@ class LaunchContext:
     profile: Profile | None = None
     hooks: bool = True  # wire the CLI's lifecycle hooks to cao-server (CAO_HOOKS)
 
-    def hook_command(self, source: str) -> list[str]:
+    def hook_command(self, source: str, event: str | None = None) -> list[str]:
         """The program a CLI runs on a lifecycle event: ``cao/hook.py``, which posts the event to
-        cao-server for this terminal. ``source`` names the CLI's payload format (see cao/hook.py)."""
+        cao-server for this terminal. ``source`` names the CLI; ``event``, when given, names the
+        event even if the CLI's payload doesn't arrive (see cao/hook.py)."""
         return [
             sys.executable,
             "-m",
@@ -76,6 +77,7 @@ class LaunchContext:
             "--home",
             str(self.cao_home),
             source,
+            *([event] if event else []),
         ]
 
 

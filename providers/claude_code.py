@@ -192,10 +192,16 @@ class ClaudeCodeProvider(Provider):
             "skipDangerousModePermissionPrompt": True,
             "promptSuggestionEnabled": False,
         }
+
+        def hook(event: str) -> str:
+            return shlex.join(ctx.hook_command("claude", event))
+
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
-            hook = {"type": "command", "command": shlex.join(ctx.hook_command("claude")), "timeout": 10}
             events = HOOK_EVENTS if version is None or version >= (2, 0) else HOOK_EVENTS[:-1]
-            settings["hooks"] = {event: [{"hooks": [hook]}] for event in events}
+            settings["hooks"] = {
+                event: [{"hooks": [{"type": "command", "command": hook(event), "timeout": 10}]}]
+                for event in events
+            }
         servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
         for spec in servers.values():
             if "url" in spec:

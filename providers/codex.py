@@ -260,8 +260,14 @@ show_tooltips = false
             command.append("--dangerously-bypass-approvals-and-sandbox")
         files = {codex_home / "config.toml": config}
         if hooks_json:
-            hook = {"type": "command", "command": shlex.join(ctx.hook_command("codex")), "timeout": 10}
-            events = {event: [{"hooks": [hook]}] for event in HOOK_EVENTS}
+
+            def hook(event: str) -> str:
+                return shlex.join(ctx.hook_command("codex", event))
+
+            events = {
+                event: [{"hooks": [{"type": "command", "command": hook(event), "timeout": 10}]}]
+                for event in HOOK_EVENTS
+            }
             files[codex_home / "hooks.json"] = json.dumps({"hooks": events}, indent=2)
             command.append("--dangerously-bypass-hook-trust")
         if profile and profile.system_prompt:  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance

@@ -214,9 +214,12 @@ class GeminiCliProvider(Provider):
         binary = find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")
         command = [binary]
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
-            command_line = shlex.join(ctx.hook_command("gemini"))
-            hook = {"name": "cao", "type": "command", "command": command_line, "timeout": 10_000}  # ms
-            hooks: dict[str, object] = {event: [{"matcher": "*", "hooks": [hook]}] for event in HOOK_PHASES}
+
+            def hook(event: str) -> dict[str, object]:  # the timeout is in milliseconds
+                line = shlex.join(ctx.hook_command("gemini", event))
+                return {"name": "cao", "type": "command", "command": line, "timeout": 10_000}
+
+            hooks: dict[str, object] = {e: [{"matcher": "*", "hooks": [hook(e)]}] for e in HOOK_PHASES}
             version = npm_version(binary, "@google/gemini-cli")
             if version is not None and version < (0, 45):  # 0.24: off unless hooks.enabled
                 hooks.update(enabled=True, notifications=False)

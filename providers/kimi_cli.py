@@ -177,9 +177,9 @@ class KimiCliProvider(Provider):
         share = home / ".kimi"
         config = _config(base_url, key, kind, model)
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py): [[hooks]] tables
-            command_line = _toml(shlex.join(ctx.hook_command("kimi")))
             config += "".join(
-                f"\n[[hooks]]\nevent = {_toml(event)}\ncommand = {command_line}\ntimeout = 10\n"
+                f"\n[[hooks]]\nevent = {_toml(event)}\n"
+                f"command = {_toml(shlex.join(ctx.hook_command('kimi', event)))}\ntimeout = 10\n"
                 for event in HOOK_PHASES
             )
         files = {

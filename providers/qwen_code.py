@@ -159,9 +159,15 @@ class QwenCodeProvider(Provider):
         if model:
             settings["model"] = {"name": model}
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); Claude Code's format
-            command_line = shlex.join(ctx.hook_command("qwen"))
-            hook = {"type": "command", "command": command_line, "timeout": 10_000}  # milliseconds
-            settings["hooks"] = {event: [{"matcher": "", "hooks": [hook]}] for event in HOOK_EVENTS}
+
+            def hook(event: str) -> dict[str, object]:  # the timeout is in milliseconds
+                return {
+                    "type": "command",
+                    "command": shlex.join(ctx.hook_command("qwen", event)),
+                    "timeout": 10_000,
+                }
+
+            settings["hooks"] = {event: [{"matcher": "", "hooks": [hook(event)]}] for event in HOOK_EVENTS}
         command = [find_cli(ctx, "CAO_QWEN_BIN", "qwen", "@qwen-code/qwen-code")]
         if bypass:
             command.append("--yolo")

@@ -37,8 +37,8 @@ Enters after each paste (a TUI that drops an Enter while it paints), for deliver
 ``$CAO_SCRIPTED_HOOK``, a JSON list, with a JSON object on stdin, waited for): ``UserPromptSubmit``
 with the ``prompt`` when a turn starts, ``Stop`` with ``last_assistant_message`` when it ends,
 ``Notification`` (``permission_prompt``) when it asks, ``SessionStart`` once its prompt first
-shows. ``"prompt_mark": "» "`` draws the input
-prompt with another mark, as a new release might: a screen its provider has never seen.
+shows. ``"prompt_mark": "» "`` draws the input prompt with another mark and ``"busy_text":
+"◐ working"`` another busy line, as a new release might: screens its provider has never seen.
 """
 
 from __future__ import annotations
@@ -172,6 +172,9 @@ class Agent:
         secs = int(time.monotonic() - self.busy_started)
         queued = f" · {len(self.queue)} queued" if self.queue else ""
         frame = SPINNER[self.spin % len(SPINNER)]
+        if busy := self.config.get("busy_text"):  # another busy line, as a new release might draw
+            self.write(f"\r\x1b[K{busy} {frame} {secs}s{queued}")
+            return
         self.write(f"\r\x1b[K{frame} thinking… ({secs}s{queued} · esc to interrupt)")
 
     def block(self, mark: str, text: str) -> None:

@@ -26,7 +26,7 @@ S = TerminalStatus
 
 # -- combining the screen and the hooks (the table in cao/hooks.py) ----------------------------
 def _state(phase: HookPhase, age: float, starts: bool = True, now: float = 1000.0) -> HookState:
-    return HookState(phase=phase, event="Stop", at=now - age, sent_at=now - age, starts=starts)
+    return HookState(phase=phase, event="Stop", at=now - age, starts=starts)
 
 
 @pytest.mark.parametrize(
@@ -34,6 +34,8 @@ def _state(phase: HookPhase, age: float, starts: bool = True, now: float = 1000.
     [
         # a screen nothing matched: the hook decides
         (S.UNKNOWN, HookPhase.TURN_END, 60, True, S.COMPLETED),
+        (S.UNKNOWN, HookPhase.TURN_END, 1, False, S.COMPLETED),  # notify only: a fresh turn end
+        (S.UNKNOWN, HookPhase.TURN_END, 60, False, S.UNKNOWN),  # ... but not an old one
         (S.UNKNOWN, HookPhase.TURN_START, 60, True, S.PROCESSING),
         (S.UNKNOWN, HookPhase.ASKING, 1, True, S.WAITING_USER_ANSWER),
         (S.UNKNOWN, HookPhase.SESSION_START, 1, True, S.IDLE),
@@ -74,12 +76,10 @@ def test_an_exited_cli_stays_exited_whatever_its_hooks_said():
     assert reading == exited and not by_hooks
 
 
-def test_a_late_event_does_not_undo_a_newer_one_but_its_prompt_still_counts():
+def test_evidence_is_a_messages_own_marker_from_any_event_of_that_terminal():
     hooks = Hooks(clock=lambda: 50.0)
-    assert hooks.record("t1", HookPhase.TURN_START, "UserPromptSubmit", sent_at=20.0, prompts=["second"])
-    assert not hooks.record(
-        "t1", HookPhase.TURN_END, "Stop", sent_at=10.0, prompts=["[cao message #1 from a] (ref 9)"]
-    )
+    hooks.record("t1", HookPhase.TURN_START, "UserPromptSubmit", prompts=["second"])
+    hooks.record("t1", None, "agent-turn-complete", prompts=["[cao message #1 from a] (ref 9)"])
     state = hooks.state("t1")
     assert state is not None and state.phase == HookPhase.TURN_START and state.count == 2
     assert hooks.saw("t1", "[cao message #1 from a] (ref 9)")
@@ -93,7 +93,6 @@ def test_a_header_quoted_mid_line_is_no_evidence():
         "t1",
         HookPhase.TURN_START,
         "UserPromptSubmit",
-        sent_at=1.0,
         prompts=["see [cao message #4 from a] (ref 77)"],
     )
     assert not hooks.saw("t1", "[cao message #4 from a] (ref 77)")
@@ -187,13 +186,13 @@ def _term(http: httpx.Client, tid: str) -> dict[str, Any]:
     return dict(http.get(f"/terminals/{tid}").json())
 
 
-def test_an_agent_whose_screen_cao_cannot_read_is_driven_by_its_hooks(
+def test_a_screen_cao_cannot_read_gets_its_status_from_the_hooks_but_no_paste(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ):
     """A CLI release that redrew its prompt (``» `` instead of ``❯ ``): without hooks the status is
-    unknown with the reason, and mail waits; with hooks cao goes by the CLI's own reports, delivers
-    each message exactly once (the submit proven by the prompt hook carrying the message's own
-    header, since the screen proves nothing) and shows where the status came from."""
+    unknown with the reason; with hooks it is the CLI's own (idle at its SessionStart, completed at
+    its Stop). Mail still waits, saying why: the box can't be found, so a person's half-typed text
+    in it could not be told apart and would be submitted with the message."""
     home = tmp_path / "cao"
     reply = {"reply": "ok: {first_line}", "delay": 0.3}
     write_rules(home, "hooked", {"hooks": True, "prompt_mark": "» ", "record": True, "default": reply})
@@ -204,45 +203,85 @@ def test_an_agent_whose_screen_cao_cannot_read_is_driven_by_its_hooks(
 
     wait_until(lambda: _term(http, blind)["status"] == "unknown", timeout=15, what="blind reads unknown")
     assert "no prompt" in _term(http, blind)["status_reason"]
-    wait_until(
-        lambda: _term(http, hooked)["status"] == "idle", timeout=15, what="hooked idle by SessionStart"
-    )
+    wait_until(lambda: _term(http, hooked)["status"] == "idle", timeout=15, what="idle by SessionStart")
     view = _term(http, hooked)
     assert view["hook"]["event"] == "SessionStart" and "screen not recognised" in view["status_reason"]
 
-    ids = []
-    for i in range(3):
-        r = http.post(
-            f"/terminals/{hooked}/inbox/messages", json={"sender_id": blind, "message": f"task {i}"}
+    tmux = ["tmux", "-L", _srv.socket_name]
+    subprocess.run([*tmux, "send-keys", "-t", view["pane_id"], "-l", "rm -rf build"], check=True)
+    sent = http.post(f"/terminals/{hooked}/inbox/messages", json={"sender_id": blind, "message": "task"})
+    stuck = http.post(f"/terminals/{blind}/inbox/messages", json={"sender_id": hooked, "message": "too"})
+    for r, words in ((sent, "input box not found"), (stuck, "status unknown")):
+        mid = r.json()["message_id"]
+        wait_until(
+            lambda mid=mid, words=words: (
+                words in (http.get(f"/messages/{mid}").json()["waiting_reason"] or "")
+            ),
+            timeout=10,
+            what=f"message {mid} waiting: {words}",
         )
-        assert r.status_code == 201, r.text
-        ids.append(r.json()["message_id"])
-    stuck = http.post(
-        f"/terminals/{blind}/inbox/messages", json={"sender_id": hooked, "message": "never pasted"}
-    )
-    stuck_id = stuck.json()["message_id"]
+    time.sleep(1.0)  # the triggers have run (immediate, watchdog): still nothing pasted
+    assert http.get(f"/messages/{sent.json()['message_id']}").json()["status"] == "pending"
+    assert read_records(home, hooked) == [] and read_records(home, blind) == []
 
-    def delivered() -> bool:
-        return all(http.get(f"/messages/{i}").json()["status"] == "delivered" for i in ids)
-
-    try:
-        wait_until(delivered, timeout=30, what="all three delivered")
-    except AssertionError:
-        print("VIEW", _term(http, hooked), http.get("/info").json())
-        raise
-    for i in ids:
-        msg = http.get(f"/messages/{i}").json()
-        assert msg["attempts"] == 1 and msg["last_error"] is None, msg  # confirmed first time: by the hook
-    bodies = [m["body"] for rec in read_records(home, hooked) for m in rec["messages"]]
-    assert sorted(bodies) == ["task 0", "task 1", "task 2"]  # each exactly once
-    wait_until(
-        lambda: _term(http, hooked)["hook"]["event"] == "Stop", timeout=15, what="the last turn's Stop"
-    )
+    # the operator types (Enter submits the person's text too: that is the operator's call)
+    assert http.post(f"/terminals/{hooked}/input", json={"message": " now"}).status_code == 200
+    wait_until(lambda: _term(http, hooked)["hook"]["event"] == "Stop", timeout=15, what="the turn's Stop")
     wait_until(lambda: _term(http, hooked)["status"] == "completed", timeout=15, what="completed by Stop")
+    assert [r["text"] for r in read_records(home, hooked)] == ["rm -rf build now"]
 
-    msg = http.get(f"/messages/{stuck_id}").json()
-    assert msg["status"] == "pending" and "unknown" in (msg["waiting_reason"] or ""), msg
-    assert read_records(home, blind) == []
+
+def test_a_busy_line_cao_cannot_read_is_busy_by_the_hooks_and_mail_waits_for_the_turn(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+):
+    """A release with a new busy line: mid-turn the screen matches nothing. With hooks the turn's
+    start says busy (the reason names the hook), the message waits and is delivered exactly once
+    after the turn; without hooks the same screen reads unknown."""
+    home = tmp_path / "cao"
+    slow = {"reply": "ok: {first_line}", "delay": 3}
+    write_rules(home, "hooked", {"hooks": True, "busy_text": "◐ working", "record": True, "default": slow})
+    write_rules(home, "blind", {"busy_text": "◐ working", "default": slow})
+    _srv, http = _server(make_server)
+    hooked = _launch(http, "hooked", "hooked", tmp_path)
+    blind = _launch(http, "blind", "blind", tmp_path)
+    for tid in (hooked, blind):
+        wait_until(lambda tid=tid: _term(http, tid)["status"] == "idle", timeout=15, what="idle")
+        assert http.post(f"/terminals/{tid}/input", json={"message": "long task"}).status_code == 200
+
+    wait_until(lambda: _term(http, blind)["status"] == "unknown", timeout=10, what="blind mid-turn: unknown")
+    busy = _term(http, hooked)
+    assert busy["status"] == "processing" and "UserPromptSubmit" in busy["status_reason"], busy
+    r = http.post(f"/terminals/{hooked}/inbox/messages", json={"sender_id": blind, "message": "after it"})
+    mid = r.json()["message_id"]
+    assert http.get(f"/messages/{mid}").json()["status"] == "pending"
+    wait_until(
+        lambda: http.get(f"/messages/{mid}").json()["status"] == "delivered", timeout=20, what="delivered"
+    )
+    assert [m["body"] for rec in read_records(home, hooked) for m in rec["messages"]] == [
+        "long task",
+        "after it",
+    ]
+    assert not any(rec["arrived_busy"] for rec in read_records(home, hooked))  # never pasted mid-turn
+
+
+def test_the_clis_latest_report_survives_a_server_restart(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+):
+    """An idle CLI reports nothing more: after a restart cao must still know its turn ended."""
+    home = tmp_path / "cao"
+    write_rules(home, "hooked", {"hooks": True})
+    srv, http = _server(make_server)
+    tid = _launch(http, "keep", "hooked", tmp_path)
+    assert http.post(f"/terminals/{tid}/input", json={"message": "one turn"}).status_code == 200
+    wait_until(lambda: (_term(http, tid)["hook"] or {}).get("event") == "Stop", timeout=15, what="Stop")
+    before = _term(http, tid)["hook"]
+    srv.stop()
+    _srv2, http2 = _server(make_server)
+    after = _term(http2, tid)
+    assert after["state"] == "live"
+    assert {k: after["hook"][k] for k in ("event", "phase", "at")} == {
+        k: before[k] for k in ("event", "phase", "at")
+    }
 
 
 def test_a_screen_that_stays_busy_after_the_cli_said_done_reads_unknown_with_both_sides(
@@ -257,7 +296,7 @@ def test_a_screen_that_stays_busy_after_the_cli_said_done_reads_unknown_with_bot
     wait_until(lambda: _term(http, tid)["status"] == "idle", timeout=15, what="idle")
     assert http.post(f"/terminals/{tid}/input", json={"message": "think for a minute"}).status_code == 200
     wait_until(lambda: _term(http, tid)["status"] == "processing", timeout=10, what="busy")
-    stop = {"event": "Stop", "sent_at": time.time()}
+    stop = {"event": "Stop"}
     assert http.post(f"/terminals/{tid}/hooks", json=stop).json() == {"success": True, "phase": "turn_end"}
     wait_until(lambda: _term(http, tid)["status"] == "unknown", timeout=10, what="disagreement")
     reason = _term(http, tid)["status_reason"]
@@ -274,7 +313,6 @@ def test_the_hooks_route_checks_what_it_is_given(make_server: Callable[..., Serv
     for body, words in [
         ({}, "event"),
         ({"event": ""}, "event"),
-        ({"event": "Stop", "sent_at": "yesterday"}, "sent_at"),
         ({"event": "Stop", "prompts": "not a list"}, "prompts"),
         ({"event": "Stop", "prompts": ["x"] * 17}, "prompts"),
         ({"event": "Stop", "last_message": 7}, "last_message"),
@@ -284,7 +322,7 @@ def test_the_hooks_route_checks_what_it_is_given(make_server: Callable[..., Serv
         assert r.status_code == 422 and words in r.json()["detail"], (body, r.text)
     assert http.post("/terminals/0badf00d/hooks", json={"event": "Stop"}).status_code == 404
     assert _term(http, tid)["hook"] is None  # nothing half-recorded
-    ok = http.post(url, json={"event": "Unheard-of", "sent_at": time.time()})
+    ok = http.post(url, json={"event": "Unheard-of", "sent_at": 10**400, "extra": [1]})
     assert ok.json() == {"success": True, "phase": None}  # an event cao doesn't use: accepted, ignored
 
 
@@ -306,3 +344,53 @@ def test_the_hook_program_reports_through_the_token_file(
     hook = _term(http, tid)["hook"]
     assert hook["event"] == "Notification" and hook["phase"] == "asking"
     assert hook["detail"] == "Claude needs your permission to use Bash"
+
+
+def test_only_the_message_markers_of_a_prompt_are_kept_and_forgotten_with_the_terminal():
+    """Evidence is the header/trailer lines, nothing else of what the agent was told; bounded."""
+    hooks = Hooks(clock=lambda: 1.0)
+    big = "x" * 1_000_000 + "\n[cao message #3 from a] (ref 0f)\nbody\n[end of cao message #3] (ref 0f)"
+    for n in range(2000):
+        hooks.record(
+            "t1",
+            HookPhase.TURN_START,
+            "UserPromptSubmit",
+            prompts=[f"[cao message #{n} from a] (ref 1)"],
+        )
+    hooks.record("t1", HookPhase.TURN_START, "UserPromptSubmit", prompts=[big])
+    assert hooks.saw("t1", "[cao message #3 from a] (ref 0f)")
+    assert hooks.saw("t1", "[end of cao message #3] (ref 0f)")
+    assert not hooks.saw("t1", "[cao message #0 from a] (ref 1)")  # the oldest fell out
+    assert hooks.saw("t1", "[cao message #1999 from a] (ref 1)")
+    assert len(hooks._states["t1"].markers) <= 1024
+    hooks.forget("t1")
+    assert hooks.state("t1") is None and not hooks.saw("t1", "[cao message #1999 from a] (ref 1)")
+
+
+def test_a_cli_that_never_closes_the_hooks_stdin_is_not_held_up(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+):
+    """The event's name comes with the command line, so it is reported even without the payload."""
+    srv, http = _server(make_server)
+    tid = _launch(http, "open", "developer", tmp_path)
+    where = ["--terminal", tid, "--server", srv.url, "--home", str(srv.home)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cao.hook", *where, "claude", "Stop"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        proc.wait(timeout=15)  # its stdin stays open all along
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the hook program waited for a stdin that never closed") from None
+    finally:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            assert pipe is not None
+        out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            pipe.close()  # type: ignore[union-attr]
+    assert proc.returncode == 0 and out == b"", err
+    assert _term(http, tid)["hook"]["event"] == "Stop"
