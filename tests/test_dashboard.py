@@ -82,6 +82,7 @@ def test_fleet_shows_the_team_and_a_status_change_appears_live(browser, team, tm
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(srv.url + "/")
     page.wait_for_selector(f"[data-testid=status-{boss}]")
+    page.wait_for_selector("#live.on")  # the table comes from a fetch, before the stream opens
     assert page.locator("#live").inner_text() == "live"
     assert page.locator(f"tr.worker[data-terminal='{worker}']").count() == 1  # supervisor → worker tree
     c.post(f"/terminals/{boss}/input", json={"message": "work for a while"})
