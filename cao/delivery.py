@@ -171,8 +171,17 @@ class Delivery:
         )
         raw_box = provider.input_text(screen)
         box = (raw_box or "").strip()
-        if why is None and raw_box is None and status != TerminalStatus.PROCESSING:
-            why = WaitReason.BOX_UNREADABLE  # a person's half-typed text would go with the paste
+        if (
+            why is None
+            and raw_box is None
+            and (
+                status != TerminalStatus.PROCESSING
+                or provider.detect(screen).status == TerminalStatus.UNKNOWN
+            )
+        ):
+            # ready (or eager-busy) by the CLI's hooks only, on a screen the provider can't read:
+            # a person's half-typed text, or an unknown menu, would take the paste and its Enter
+            why = WaitReason.BOX_UNREADABLE
         if why is None and box:
             oldest = self.store.oldest_pending(terminal.id)
             if oldest is None or oldest.recheck is None or not box.startswith(header(oldest)):
@@ -223,12 +232,7 @@ class Delivery:
             box = provider.input_text(screen)
             if claim.recheck:
                 # pasted before (crash, unconfirmed submit): look for each one's own header first
-                history = self.terminals.screen(terminal, scrollback=True, join=True)
-                # A screen the provider can't read may show the box (our unsubmitted paste) as
-                # history: there only the CLI's hook report of the prompt counts.
-                readable = provider.detect(screen).status != TerminalStatus.UNKNOWN
-                transcript = provider.transcript(history) if readable else ""
-                seen = [m for m in todo if arrived(m, transcript) or self.terminals.hooks.saw(rid, header(m))]
+                seen = self._seen(terminal, provider, todo, screen)
                 if seen:
                     done = self._ack(claim, seen, trigger, found=True)
                     todo = [m for m in todo if m not in seen]
@@ -287,6 +291,21 @@ class Delivery:
         if n < len(todo):
             return Result(Outcome.LOST_RACE, done + n, "claim lost before the acknowledgement")
         return Result(Outcome.DELIVERED, done + n)
+
+    def _seen(
+        self, terminal: Terminal, provider: Provider, messages: list[Message], screen: str | None = None
+    ) -> list[Message]:
+        """The messages whose own marker (header or trailer, with its nonce) shows: in the pane's
+        history above the input box, or in a prompt the CLI's hook reported. The history counts
+        only on a screen the provider can read: on any other, the box (maybe holding cao's own
+        unsubmitted paste) can't be told from the history."""
+        screen = self.terminals.screen(terminal) if screen is None else screen
+        transcript = ""
+        if provider.detect(screen).status != TerminalStatus.UNKNOWN:
+            transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
+        return [
+            m for m in messages if arrived(m, transcript) or self.terminals.hooks.saw(terminal.id, header(m))
+        ]
 
     def _ack(self, claim: Claim, messages: list[Message], trigger: str, *, found: bool = False) -> int:
         """Mark delivered, conditional on the claim, retrying while the database is busy."""
@@ -424,8 +443,7 @@ class Delivery:
         try:
             self.terminals.fence(terminal, fence)
             self.sleep(self.settings.recovery_settle)
-            transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
-            seen = [m for m in batch if arrived(m, transcript)]
+            seen = self._seen(terminal, provider, batch)
             if seen:
                 out["delivered"] += self._ack(claim, seen, "recovery", found=True)
             rest = [m for m in batch if m not in seen]

@@ -23,8 +23,8 @@ import json
 import os
 import select
 import sys
+import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -134,14 +134,34 @@ def main(argv: list[str] | None = None) -> int:
             event = item
     if not payload:  # hooks pass it on stdin; Codex's notify appends it as the last argument
         payload = _stdin_json()
-    try:
-        post(args.server, args.terminal, args.home, report(args.source, event, payload))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"cao hook: could not report to {args.server}: {exc}", file=sys.stderr)
+    body = report(args.source, event, payload)
+    failed: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            post(args.server, args.terminal, args.home, body)
+        except Exception as exc:  # any failure (refused, reset, garbage, a 4xx/5xx): say so, never raise
+            failed.append(exc)
+
+    # The whole request within TIMEOUT, however the server answers (a daemon thread: a server
+    # that trickles bytes is left behind when this process exits).
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(TIMEOUT)
+    if sender.is_alive():
+        print(f"cao hook: {args.server} did not answer within {TIMEOUT:g} s", file=sys.stderr)
+    elif failed:
+        print(f"cao hook: could not report to {args.server}: {failed[0]}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(SystemExit):  # argparse has said what was wrong; never fail the turn
+    try:
         main()
-    sys.exit(0)
+    except SystemExit:
+        pass  # argparse has said what was wrong
+    except BaseException as exc:  # never fail the CLI's turn (exit 2 would even block it)
+        with contextlib.suppress(Exception):
+            print(f"cao hook: {exc!r}", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(0)  # don't wait for a sender thread still stuck on a slow server

@@ -50,7 +50,9 @@ MARKERS_KEPT = 1024  # message headers/trailers seen in reported prompts, per te
 TEXT_LIMIT = 65_536  # characters of an answer kept from one event
 # A whole line that is a cao header or trailer (cao/paste.py): the only part of a prompt kept.
 MARKER_RE = re.compile(
-    r"^(?:\[cao message #\d+ from [^\]\s]+\]|\[end of cao message #\d+\]) \(ref [0-9a-f]+\)$", re.M
+    r"^(?:\[cao message #\d{1,19} from [^\]\s]{1,64}\]|\[end of cao message #\d{1,19}\])"
+    r" \(ref [0-9a-f]{1,32}\)$",
+    re.M,
 )
 
 

@@ -135,6 +135,7 @@ class Terminals:
         self._seen_status: dict[str, str] = {}  # last status published per terminal
         self._reasons: dict[str, str] = {}  # why a terminal reads unknown (shown with its status)
         self.hooks = Hooks(clock)  # what the CLIs' own lifecycle hooks reported (cao/hooks.py)
+        self._hooks_lock = threading.Lock()  # one hook report (memory + row) at a time
         self.home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
@@ -428,7 +429,8 @@ class Terminals:
         )
         self.events.publish("terminal.gone", terminal_id=terminal.id, reason=reason, failed_messages=failed)
         self.note_status(terminal.id, GONE)
-        self.hooks.forget(terminal.id)
+        with self._hooks_lock:
+            self.hooks.forget(terminal.id)
 
     def mark_gone(self, terminal: Terminal) -> None:
         self.lose(terminal, "its pane is gone")
@@ -470,26 +472,32 @@ class Terminals:
         return reading
 
     def note_hook(self, terminal: Terminal, event: str, report: Mapping[str, object]) -> HookPhase | None:
-        """Record one lifecycle event the CLI reported (``POST /terminals/{id}/hooks``)."""
+        """Record one lifecycle event the CLI reported (``POST /terminals/{id}/hooks``).
+
+        One report at a time (``_hooks_lock``: the row and memory never disagree on the latest
+        phase), and none for a terminal that ended meanwhile (its state was forgotten for good)."""
         phase = self.provider(terminal).hook_phase(event, report)
         prompts = report.get("prompts")
-        self.hooks.record(
-            terminal.id,
-            phase,
-            event,
-            prompts=[p for p in prompts if isinstance(p, str)] if isinstance(prompts, list) else None,
-            detail=str(report.get("message") or ""),
-            last_message=str(report.get("last_message") or ""),
-        )
-        if phase is not None:  # kept with the row: an idle CLI may not report again after a restart
-            state = self.hooks.state(terminal.id)
-            self.store.update_terminal(
+        with self._hooks_lock:
+            if self.store.get_terminal(terminal.id, include_deleted=True).state in ENDED:
+                return None
+            self.hooks.record(
                 terminal.id,
-                hook_phase=phase.value,
-                hook_event=event,
-                hook_at=state.at if state else self.clock(),
-                hook_starts=int(bool(state and state.starts)),
+                phase,
+                event,
+                prompts=[p for p in prompts if isinstance(p, str)] if isinstance(prompts, list) else None,
+                detail=str(report.get("message") or ""),
+                last_message=str(report.get("last_message") or ""),
             )
+            state = self.hooks.state(terminal.id)
+            if phase is not None and state is not None:  # kept with the row: an idle CLI may not
+                self.store.update_terminal(  # report again after a restart
+                    terminal.id,
+                    hook_phase=phase.value,
+                    hook_event=event,
+                    hook_at=state.at,
+                    hook_starts=int(state.starts),
+                )
         self.events.publish(
             "terminal.hook", terminal_id=terminal.id, event=event, phase=phase.value if phase else None
         )
@@ -692,7 +700,8 @@ class Terminals:
         logger.info("terminal deleted", extra={"terminal_id": terminal.id, "failed_messages": failed})
         self.events.publish("terminal.deleted", terminal_id=terminal.id, failed_messages=failed)
         self._seen_status.pop(terminal.id, None)
-        self.hooks.forget(terminal.id)
+        with self._hooks_lock:
+            self.hooks.forget(terminal.id)
         return failed
 
     def _kill_and_finish(self, terminal: Terminal) -> None:

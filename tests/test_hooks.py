@@ -3,6 +3,7 @@ screen. Real cao-server, real tmux, the scripted agent running the real hook pro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 from cao.hook import report
 from cao.hooks import Hooks, HookState, combine
+from cao.paste import header
 from cao.states import HookPhase
 from providers.base import Reading, TerminalStatus
 from tests.conftest import REPO, ServerProcess, free_port, read_records, wait_until, write_rules
@@ -394,3 +396,96 @@ def test_a_cli_that_never_closes_the_hooks_stdin_is_not_held_up(
             pipe.close()  # type: ignore[union-attr]
     assert proc.returncode == 0 and out == b"", err
     assert _term(http, tid)["hook"]["event"] == "Stop"
+
+
+def test_eager_delivery_never_pastes_into_a_screen_it_cannot_read_on_a_turn_start(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+):
+    """An agent that queues mid-turn input, eager delivery on, a question drawn in a form its
+    provider doesn't know, and the CLI's turn-start report: 'processing' by the hook must not open
+    the eager gate: Enter would answer the question."""
+    home = tmp_path / "cao"
+    ask = {"match": "deploy", "ask": "Allow deploy?\r\nEnter to confirm"}  # the last line: no "(y/n)"
+    write_rules(home, "asker", {"record": True, "rules": [ask]})
+    _srv, http = _server(make_server, CAO_EAGER_INBOX_DELIVERY="true")
+    r = http.post(
+        "/sessions", json={"provider": "scripted_eager", "session_name": "ask", "agent_profile": "asker"}
+    )
+    tid = r.json()["id"]
+    wait_until(lambda: _term(http, tid)["status"] == "idle", timeout=15, what="idle")
+    assert http.post(f"/terminals/{tid}/input", json={"message": "deploy now"}).status_code == 200
+    wait_until(lambda: _term(http, tid)["status"] == "unknown", timeout=10, what="an unknown question")
+    report = http.post(
+        f"/terminals/{tid}/hooks", json={"event": "UserPromptSubmit", "prompts": ["deploy now"]}
+    )
+    assert report.json()["phase"] == "turn_start" and _term(http, tid)["status"] == "processing"
+    mid = http.post(
+        f"/terminals/{tid}/inbox/messages", json={"sender_id": "boss", "message": "hello"}
+    ).json()["message_id"]
+    wait_until(
+        lambda: "input box not found" in (http.get(f"/messages/{mid}").json()["waiting_reason"] or ""),
+        timeout=10,
+        what="the message waiting for a box it can see",
+    )
+    time.sleep(1.0)  # the triggers have had their turn
+    assert http.get(f"/messages/{mid}").json()["status"] == "pending"
+    assert [rec["text"] for rec in read_records(home, tid)] == ["deploy now"]  # nothing typed since
+
+
+def test_an_unsubmitted_paste_in_a_box_cao_cannot_read_is_no_evidence(core, settings, tmp_path: Path):
+    """Recovery and re-checks look for a message's own header in the pane's history. On a screen
+    its provider can't read, the box can't be told from the history: cao's own paste still sitting
+    in it must not count as arrived; the CLI's hook report of the submitted prompt does."""
+    write_rules(settings.home, "blind", {"prompt_mark": "» "})
+    term = core.create_terminal(agent_profile="blind", working_directory=str(tmp_path))
+    tid = str(term["id"])
+    message = core.send_message(tid, "hello", sender_id="boss").message
+    pane = core.terminals.get(tid)
+    wait_until(lambda: "»" in core.terminals.screen(pane), what="the redrawn prompt")
+    subprocess.run(
+        ["tmux", "-L", settings.tmux_socket, "send-keys", "-t", str(pane.pane_id), "-l", header(message)],
+        check=True,
+    )
+    wait_until(lambda: header(message) in core.terminals.screen(pane), what="the header in the box")
+    provider = core.terminals.provider(pane)
+    assert core.delivery._seen(pane, provider, [message]) == []
+    core.terminals.hooks.record(
+        tid, HookPhase.TURN_START, "UserPromptSubmit", prompts=[header(message) + "\nhello"]
+    )
+    assert core.delivery._seen(pane, provider, [message]) == [message]
+
+
+@pytest.mark.parametrize("answer", ["garbage", "trickle"])
+def test_the_hook_program_survives_a_server_that_answers_badly(answer: str, tmp_path: Path):
+    """Something else on the port (garbage instead of HTTP), or a server that trickles bytes: the
+    hook still exits 0, prints nothing on stdout, and gives up within its time limit."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            if answer == "garbage":
+                conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+            while not stop.wait(0.5):  # a byte now and then: no single read ever times out
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"x")
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        done = _hook(url, "abcd1234", tmp_path, "claude", "Stop", stdin="{}")
+    finally:
+        stop.set()
+        listener.close()
+    assert done.returncode == 0 and done.stdout == "", done
+    assert "cao hook:" in done.stderr
