@@ -103,6 +103,25 @@ BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
         "idempotency_key": _name,
     },
 }
+# Routes that read only a JSON object body (no query form): the schema of that body.
+_hook_text = {"type": "string", "maxLength": 65536}
+JSON_BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("post", "/terminals/{terminal_id}/hooks"): {
+        "type": "object",
+        "required": ["event"],
+        "properties": {
+            "event": {"type": "string", "minLength": 1, "maxLength": 100},
+            "prompts": {"type": "array", "maxItems": 16, "items": _hook_text},
+            "last_message": _hook_text,
+            "message": _hook_text,
+            "notification_type": _hook_text,
+            "title": _hook_text,
+            "reason": _hook_text,
+            "source": _hook_text,
+        },
+        "additionalProperties": True,
+    },
+}
 # routes that answer more than the common errors
 EXTRA_ERRORS = {
     ("post", "/terminals/run-step"): {
@@ -163,6 +182,11 @@ def _complete_operation(method: str, path: str, op: dict[str, Any], *, token: bo
             for name, spec in fields.items()
             if name not in declared
         )
+    if (method, path) in JSON_BODIES:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": JSON_BODIES[method, path]}},
+        }
     if (method, path) in EXTRA_SUCCESS:
         created = next(code for code in ("201", "200") if code in responses)
         responses[EXTRA_SUCCESS[method, path]] = {
