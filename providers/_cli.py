@@ -4,14 +4,40 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from cao.errors import ProviderError
 from providers.base import LaunchContext, Provider, TerminalStatus
 
 BUSY = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
+
+
+def command_hooks(
+    ctx: LaunchContext,
+    source: str,
+    events: Iterable[str],
+    *,
+    timeout: int,
+    matcher: str | None = None,
+    name: str | None = None,
+) -> dict[str, object]:
+    """Claude Code's ``hooks`` shape (also Codex's hooks.json, Qwen Code's and Gemini CLI's
+    settings): for each event one command hook running cao's hook program for this terminal
+    (cao/hook.py). ``timeout`` is in the CLI's unit; ``matcher``/``name`` where the CLI has them."""
+    hooks: dict[str, object] = {}
+    for event in events:
+        hook: dict[str, object] = {"type": "command", "command": shlex.join(ctx.hook_command(source, event))}
+        if name is not None:
+            hook = {"name": name, **hook}
+        hook["timeout"] = timeout
+        entry: dict[str, object] = (
+            {"hooks": [hook]} if matcher is None else {"matcher": matcher, "hooks": [hook]}
+        )
+        hooks[event] = [entry]
+    return hooks
 
 
 def flag(ctx: LaunchContext, name: str, default: bool) -> bool:

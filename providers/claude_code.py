@@ -29,14 +29,22 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import sys
 from collections.abc import Mapping
 from typing import ClassVar
 
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit, npm_version
+from providers._cli import (
+    bullet_blocks,
+    command_hooks,
+    exited,
+    find_cli,
+    flag,
+    head,
+    judge_submit,
+    npm_version,
+)
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "sk-ant-api03-cao-local-model-server-key-0123456789abcdef"
@@ -192,16 +200,9 @@ class ClaudeCodeProvider(Provider):
             "skipDangerousModePermissionPrompt": True,
             "promptSuggestionEnabled": False,
         }
-
-        def hook(event: str) -> str:
-            return shlex.join(ctx.hook_command("claude", event))
-
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
             events = HOOK_EVENTS if version is None or version >= (2, 0) else HOOK_EVENTS[:-1]
-            settings["hooks"] = {
-                event: [{"hooks": [{"type": "command", "command": hook(event), "timeout": 10}]}]
-                for event in events
-            }
+            settings["hooks"] = command_hooks(ctx, "claude", events, timeout=10)
         servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
         for spec in servers.values():
             if "url" in spec:

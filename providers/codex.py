@@ -26,14 +26,22 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit, npm_version
+from providers._cli import (
+    bullet_blocks,
+    command_hooks,
+    exited,
+    find_cli,
+    flag,
+    head,
+    judge_submit,
+    npm_version,
+)
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -260,14 +268,7 @@ show_tooltips = false
             command.append("--dangerously-bypass-approvals-and-sandbox")
         files = {codex_home / "config.toml": config}
         if hooks_json:
-
-            def hook(event: str) -> str:
-                return shlex.join(ctx.hook_command("codex", event))
-
-            events = {
-                event: [{"hooks": [{"type": "command", "command": hook(event), "timeout": 10}]}]
-                for event in HOOK_EVENTS
-            }
+            events = command_hooks(ctx, "codex", HOOK_EVENTS, timeout=10)
             files[codex_home / "hooks.json"] = json.dumps({"hooks": events}, indent=2)
             command.append("--dangerously-bypass-hook-trust")
         if profile and profile.system_prompt:  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import sys
 from collections.abc import Mapping
 from itertools import takewhile
@@ -36,7 +35,16 @@ from typing import ClassVar
 
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import bullet_blocks, exited, find_cli, flag, head, judge_submit, npm_version
+from providers._cli import (
+    bullet_blocks,
+    command_hooks,
+    exited,
+    find_cli,
+    flag,
+    head,
+    judge_submit,
+    npm_version,
+)
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -214,12 +222,7 @@ class GeminiCliProvider(Provider):
         binary = find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")
         command = [binary]
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
-
-            def hook(event: str) -> dict[str, object]:  # the timeout is in milliseconds
-                line = shlex.join(ctx.hook_command("gemini", event))
-                return {"name": "cao", "type": "command", "command": line, "timeout": 10_000}
-
-            hooks: dict[str, object] = {e: [{"matcher": "*", "hooks": [hook(e)]}] for e in HOOK_PHASES}
+            hooks = command_hooks(ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao")  # ms
             version = npm_version(binary, "@google/gemini-cli")
             if version is not None and version < (0, 45):  # 0.24: off unless hooks.enabled
                 hooks.update(enabled=True, notifications=False)

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
+from providers._cli import bullet_blocks, command_hooks, find_cli, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -159,15 +158,7 @@ class QwenCodeProvider(Provider):
         if model:
             settings["model"] = {"name": model}
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); Claude Code's format
-
-            def hook(event: str) -> dict[str, object]:  # the timeout is in milliseconds
-                return {
-                    "type": "command",
-                    "command": shlex.join(ctx.hook_command("qwen", event)),
-                    "timeout": 10_000,
-                }
-
-            settings["hooks"] = {event: [{"matcher": "", "hooks": [hook(event)]}] for event in HOOK_EVENTS}
+            settings["hooks"] = command_hooks(ctx, "qwen", HOOK_EVENTS, timeout=10_000, matcher="")  # ms
         command = [find_cli(ctx, "CAO_QWEN_BIN", "qwen", "@qwen-code/qwen-code")]
         if bypass:
             command.append("--yolo")
