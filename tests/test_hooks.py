@@ -7,7 +7,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -184,6 +183,16 @@ def _launch(http: httpx.Client, name: str, profile: str, cwd: Path) -> str:
     return str(r.json()["id"])
 
 
+SWEEPING = {"CAO_INBOX_RECONCILE_INTERVAL": "0.2", "CAO_INBOX_RECONCILE_GRACE_SECONDS": "0"}
+
+
+def _after_two_sweeps(http: httpx.Client) -> None:
+    """Every trigger has had its turn: the immediate attempt, the watchdog, and two sweeps since
+    now (servers started with ``SWEEPING``), each of which kicks every receiver with mail waiting."""
+    start = http.get("/info").json()["engine"]["sweeps"]
+    wait_until(lambda: http.get("/info").json()["engine"]["sweeps"] >= start + 2, timeout=10, what="2 sweeps")
+
+
 def _term(http: httpx.Client, tid: str) -> dict[str, Any]:
     return dict(http.get(f"/terminals/{tid}").json())
 
@@ -199,7 +208,7 @@ def test_a_screen_cao_cannot_read_gets_its_status_from_the_hooks_but_no_paste(
     reply = {"reply": "ok: {first_line}", "delay": 0.3}
     write_rules(home, "hooked", {"hooks": True, "prompt_mark": "» ", "record": True, "default": reply})
     write_rules(home, "blind", {"prompt_mark": "» ", "record": True})
-    _srv, http = _server(make_server)
+    _srv, http = _server(make_server, **SWEEPING)
     hooked = _launch(http, "hooked", "hooked", tmp_path)
     blind = _launch(http, "blind", "blind", tmp_path)
 
@@ -222,7 +231,7 @@ def test_a_screen_cao_cannot_read_gets_its_status_from_the_hooks_but_no_paste(
             timeout=10,
             what=f"message {mid} waiting: {words}",
         )
-    time.sleep(1.0)  # the triggers have run (immediate, watchdog): still nothing pasted
+    _after_two_sweeps(http)  # still nothing pasted
     assert http.get(f"/messages/{sent.json()['message_id']}").json()["status"] == "pending"
     assert read_records(home, hooked) == [] and read_records(home, blind) == []
 
@@ -407,7 +416,7 @@ def test_eager_delivery_never_pastes_into_a_screen_it_cannot_read_on_a_turn_star
     home = tmp_path / "cao"
     ask = {"match": "deploy", "ask": "Allow deploy?\r\nEnter to confirm"}  # the last line: no "(y/n)"
     write_rules(home, "asker", {"record": True, "rules": [ask]})
-    _srv, http = _server(make_server, CAO_EAGER_INBOX_DELIVERY="true")
+    _srv, http = _server(make_server, CAO_EAGER_INBOX_DELIVERY="true", **SWEEPING)
     r = http.post(
         "/sessions", json={"provider": "scripted_eager", "session_name": "ask", "agent_profile": "asker"}
     )
@@ -427,7 +436,7 @@ def test_eager_delivery_never_pastes_into_a_screen_it_cannot_read_on_a_turn_star
         timeout=10,
         what="the message waiting for a box it can see",
     )
-    time.sleep(1.0)  # the triggers have had their turn
+    _after_two_sweeps(http)
     assert http.get(f"/messages/{mid}").json()["status"] == "pending"
     assert [rec["text"] for rec in read_records(home, tid)] == ["deploy now"]  # nothing typed since
 
