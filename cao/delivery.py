@@ -174,10 +174,7 @@ class Delivery:
         if (
             why is None
             and raw_box is None
-            and (
-                status != TerminalStatus.PROCESSING
-                or provider.detect(screen).status == TerminalStatus.UNKNOWN
-            )
+            and (status != TerminalStatus.PROCESSING or not provider.can_read(screen))
         ):
             # ready (or eager-busy) by the CLI's hooks only, on a screen the provider can't read:
             # a person's half-typed text, or an unknown menu, would take the paste and its Enter
@@ -301,7 +298,7 @@ class Delivery:
         unsubmitted paste) can't be told from the history."""
         screen = self.terminals.screen(terminal) if screen is None else screen
         transcript = ""
-        if provider.detect(screen).status != TerminalStatus.UNKNOWN:
+        if provider.can_read(screen):
             transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
         return [
             m for m in messages if arrived(m, transcript) or self.terminals.hooks.saw(terminal.id, header(m))

@@ -660,7 +660,7 @@ class Terminals:
         delay = 0.005
         # A screen the provider can't read (the hooks opened the gate) proves nothing either way:
         # only the evidence (the CLI's hook reporting the message's own header) confirms then.
-        readable = prov.detect(before).status != TerminalStatus.UNKNOWN
+        readable = prov.can_read(before)
         while True:
             self.sleep(delay)
             delay = min(delay * 2, 0.05)

@@ -138,6 +138,12 @@ class Provider:
         operator). Providers that can tell override this and derive ``detect_status`` from it."""
         return Reading(self.detect_status(screen))
 
+    def can_read(self, screen: str) -> bool:
+        """Does this screen match anything the provider knows? On one it can't read, the input box
+        can't be found or told from the history, whatever the CLI's hooks say (cao/hooks.py):
+        no paste goes there, and neither "the box emptied" nor a header on it proves anything."""
+        return self.detect(screen).status != TerminalStatus.UNKNOWN
+
     def extract_last_message(self, screen: str) -> str:
         raise NotImplementedError
 
