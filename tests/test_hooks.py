@@ -498,3 +498,17 @@ def test_the_hook_program_survives_a_server_that_answers_badly(answer: str, tmp_
         listener.close()
     assert done.returncode == 0 and done.stdout == "", done
     assert "cao hook:" in done.stderr
+
+
+def test_the_last_answer_comes_from_the_hook_when_the_screen_shows_none(core, tmp_path: Path):
+    """docs/providers.md: ``output?mode=last`` falls back to the answer the CLI's turn-end report
+    carried when the screen gives none; a turn start clears it (it belonged to the turn before)."""
+    term = core.create_terminal(working_directory=str(tmp_path))
+    tid = str(term["id"])
+    pane = core.terminals.get(tid)
+    wait_until(lambda: core.terminals.status(pane) == "idle", what="idle, no answer on screen")
+    assert core.terminals.output(pane, "last") == ""
+    core.terminals.hooks.record(tid, HookPhase.TURN_END, "Stop", last_message="the answer, as reported")
+    assert core.terminals.output(pane, "last") == "the answer, as reported"
+    core.terminals.hooks.record(tid, HookPhase.TURN_START, "UserPromptSubmit")
+    assert core.terminals.output(pane, "last") == ""
