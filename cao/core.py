@@ -282,6 +282,8 @@ class Cao:
         terminal = self.terminals.create(
             provider=self.resolve_provider(provider), supervisor_id=supervisor, **kwargs
         )
+        if self.store.has_pending(terminal.id):  # sent to while starting: that run only saw STARTING
+            self.engine.kick(terminal.id, "created")
         if initial_message is not None:
             try:
                 receipt = self.send_message(

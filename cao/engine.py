@@ -140,10 +140,16 @@ class DeliveryEngine:
             except Exception:
                 logger.exception("delivery run crashed", extra={"terminal_id": receiver_id})
             waiting = self._still_pending(receiver_id)
+            self.delivery.faults.hit("before_watch")
             with self._lock:
                 if waiting:
+                    armed_now = receiver_id not in self.watched
                     self.watched.add(receiver_id)
                     self._ensure_watchdog()
+                    if armed_now and retry_after is None:
+                        # The watch only sees changes after its first look at this log: a receiver
+                        # that turned ready between our screen read and now would never wake it.
+                        self._again.setdefault(receiver_id, "watch_armed")
                 else:
                     self.watched.discard(receiver_id)
                 nxt = self._again.pop(receiver_id, None)

@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from cao.core import Cao
 from cao.settings import Settings
-from tests.conftest import wait_until
+from tests.conftest import read_records, wait_until, write_rules
+from tests.test_delivery import SLOW, _idle, _new_terminal, _status_of
 
 
 def test_a_flooding_pane_log_is_capped_as_it_grows_not_once_a_sweep(
@@ -39,3 +40,56 @@ def test_a_flooding_pane_log_is_capped_as_it_grows_not_once_a_sweep(
     per_interval = growth * (s.log_cap_interval / 0.01)
     assert max(sizes) <= cap + per_interval + 64 * 1024, (max(sizes), per_interval)
     assert max(sizes) < 50 * cap  # without the ticker it grows without bound until a sweep
+
+
+def test_a_receiver_that_turns_ready_while_its_watch_is_being_armed_gets_its_mail_at_once(
+    make_core: Callable[..., Cao], settings: Settings
+):
+    """The lost wake-up that once cost the demo a whole sweep: the first attempt reads a busy screen,
+    the agent finishes its turn before the log watch is armed, and nothing changes afterwards. The
+    watch's first snapshot already holds the finished screen, so no log event ever comes; the runner
+    must look once more after arming instead of leaving the message to the sweep (600 s here)."""
+    write_rules(settings.home, "worker", SLOW)
+    core = make_core(settings.with_(sweep_interval=600.0, sweep_grace=600.0))
+    tid = _new_terminal(core, "worker")
+    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+
+    def turn_ends_first() -> None:  # between the busy read and the arming of the watch
+        core.faults.hooks.pop("before_watch", None)
+        wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
+        time.sleep(0.3)  # and the screen stays as it is: no log change to come after the arming
+
+    core.faults.hooks["before_watch"] = turn_ends_first
+    mid = core.send_message(tid, "token-after-the-turn", sender_id="s").message.id or 0
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10, what="delivery without the sweep")
+    assert core.engine.stats["sweeps"] == 0
+    assert [r["text"] for r in read_records(settings.home, tid)][-1].endswith("token-after-the-turn")
+
+
+def test_mail_sent_to_a_terminal_still_being_created_is_delivered_once_it_is_live(
+    make_core: Callable[..., Cao], settings: Settings
+):
+    """A message for a terminal whose row is still `starting` waits; the agent draws its prompt
+    before the create finishes, so its log has nothing more to say. Finishing the create wakes
+    the runner, not the sweep (600 s here)."""
+    write_rules(settings.home, "worker", SLOW)
+    core = make_core(settings.with_(sweep_interval=600.0, sweep_grace=600.0))
+    sent: list[int] = []
+
+    def send_while_starting() -> None:
+        core.faults.hooks.clear()
+        starting = [t for t in core.store.list_terminals() if t.state == "starting"]
+        assert len(starting) == 1
+        tid = starting[0].id
+        sent.append(core.send_message(tid, "token-sent-early", sender_id="s").message.id or 0)
+        log = core.terminals.log_path(tid)
+        wait_until(lambda: log.exists() and "❯" in log.read_text(errors="replace"), what="prompt drawn")
+        wait_until(lambda: core.engine.idle(), what="the send's run is over")
+        time.sleep(0.3)  # the watch has seen the finished screen; nothing changes after this
+
+    core.faults.hooks["after_pane_created"] = send_while_starting
+    term = core.create_terminal(provider="scripted", agent_profile="worker")
+    wait_until(lambda: _status_of(core, sent[0]) == "delivered", timeout=10, what="delivered, no sweep")
+    assert core.engine.stats["sweeps"] == 0
+    assert [r["text"] for r in read_records(settings.home, str(term["id"]))][-1].endswith("token-sent-early")
