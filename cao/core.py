@@ -420,13 +420,14 @@ class Cao:
         self.engine.kick(terminal_id, "mcp_ready")
 
     def hook(self, terminal_id: str, report: dict[str, object]) -> str | None:
-        """One lifecycle event reported by the agent CLI's hook (cao/hooks.py). A turn's end (or
-        a question) wakes delivery to that agent at once and refreshes its status for listeners."""
+        """One lifecycle event reported by the agent CLI's hook (cao/hooks.py). A turn's end, its
+        session's start (or a question, or its exit) wakes delivery to that agent at once and
+        refreshes its status for listeners."""
         terminal = self.terminals.get(terminal_id)
         if terminal.state in ENDED:
             return None  # a late event from a CLI that is gone: nothing to do
         phase = self.terminals.note_hook(terminal, str(report["event"]), report)
-        if phase in (HookPhase.TURN_END, HookPhase.ASKING, HookPhase.SESSION_END):
+        if phase in (HookPhase.TURN_END, HookPhase.SESSION_START, HookPhase.ASKING, HookPhase.SESSION_END):
             self.engine.kick(terminal_id, "hook")
         self.engine.refresh_status(terminal_id)
         return phase.value if phase else None

@@ -28,7 +28,7 @@ from cao.errors import CaoError, FenceLost, PaneGone, StoreBusy, TmuxError, Tmux
 from cao.events import EventBus
 from cao.paste import arrived, format_batch, header, is_ours
 from cao.settings import Settings
-from cao.states import ENDED, RECEIVER_GONE, TerminalState, WaitReason
+from cao.states import ENDED, RECEIVER_GONE, HookPhase, TerminalState, WaitReason
 from cao.store import Claim, Message, Store, Terminal
 from cao.terminals import Terminals
 from providers.base import Provider, TerminalStatus
@@ -77,6 +77,9 @@ class Result:
     outcome: Outcome
     count: int = 0
     reason: str | None = None
+    # waiting for something that passes with time alone (no screen or log change will say so):
+    # the engine looks again after this many seconds
+    look_again_in: float | None = None
 
 
 class Faults:
@@ -127,6 +130,8 @@ class Delivery:
     def deliver(self, receiver_id: str, *, trigger: str = "manual") -> Result:
         try:  # one read: the row, any outstanding claim, the newest pending message
             terminal, outstanding, newest = self.store.delivery_view(receiver_id)
+        except StoreBusy:
+            raise  # not "nothing pending": the engine retries it
         except CaoError:
             return Result(Outcome.NOTHING)
         if newest is None:
@@ -192,10 +197,14 @@ class Delivery:
             screen, status, why = self._look(terminal, provider)
         except (PaneGone, TmuxServerDown):
             return Result(Outcome.FAILED, reason=RECEIVER_GONE)  # lose() failed its mail
-        except TmuxError as exc:
-            return self._wait(rid, newest, f"{WaitReason.UNREADABLE} ({exc.message})")
+        except TmuxError as exc:  # a hiccup: an idle pane writes nothing more to wake us
+            waiting = self._wait(rid, newest, f"{WaitReason.UNREADABLE} ({exc.message})")
+            waiting.look_again_in = self.settings.retry_delay
+            return waiting
         if why is not None:
-            return self._wait(rid, newest, why)
+            waiting = self._wait(rid, newest, why)
+            waiting.look_again_in = self._opens_in(terminal, why)
+            return waiting
         # 2. claim
         self.faults.hit("before_claim")
         claim = self.store.claim(rid, limit=self.settings.batch_max_messages)
@@ -338,6 +347,20 @@ class Delivery:
                 )
         return n
 
+    def _opens_in(self, terminal: Terminal, why: str) -> float | None:
+        """Seconds until a closed gate opens by the clock alone, or None: the MCP wait's timeout;
+        a fresh turn-start report that alone reads "busy" on a ready screen (cao/hooks.py)."""
+        now = self.clock()
+        if why == WaitReason.MCP:
+            return max(0.0, terminal.created_at + self.settings.mcp_ready_timeout - now) + 0.05
+        if why == WaitReason.BUSY:
+            hook = self.terminals.hooks.state(terminal.id)
+            if hook is not None and hook.phase == HookPhase.TURN_START:
+                left = hook.at + self.settings.hook_settle - now
+                if left > 0:
+                    return left + 0.05
+        return None
+
     def _wait(self, receiver_id: str, newest: int, why: str) -> Result:
         """Gate closed: store the reason with the pending messages (once per reason and arrival)."""
         prior = self._noted.get(receiver_id)
@@ -395,6 +418,8 @@ class Delivery:
                 tail = fh.read().decode("utf-8", "replace")
         except OSError:
             return True  # no log: let the screen decide
+        if not tail.strip():
+            return True  # truncated at the cap after its last frame: let the screen decide
         return provider.tail_looks_idle(tail)
 
     # -- recovery ------------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class DeliveryEngine:
         self._running: dict[str, str] = {}  # receiver -> trigger of the current run
         self._again: dict[str, str] = {}
         self._recover: set[str] = set()  # receivers with a stale claim to resolve in their runner
+        self._retry_due: dict[str, float] = {}  # receiver -> when its retry timer fires (monotonic)
         self._stop = threading.Event()
         self._observer: PollingObserverVFS | None = None
         self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
@@ -134,6 +135,8 @@ class DeliveryEngine:
                     continue  # more may be pending; the gate decides
                 if result.outcome == Outcome.RETRY:
                     retry_after = self.settings.retry_delay
+                elif result.look_again_in is not None:
+                    retry_after = result.look_again_in
             except StoreBusy:
                 logger.warning("database busy; delivery will retry", extra={"terminal_id": receiver_id})
                 retry_after = self.settings.retry_delay
@@ -152,15 +155,30 @@ class DeliveryEngine:
                         self._again.setdefault(receiver_id, "watch_armed")
                 else:
                     self.watched.discard(receiver_id)
+                if retry_after is not None:  # even if a re-run follows: it may wait on the clock too
+                    self._retry_later(receiver_id, retry_after)
                 nxt = self._again.pop(receiver_id, None)
                 if nxt is None:
                     self._running.pop(receiver_id, None)
-                    if retry_after is not None and not self._stop.is_set():
-                        timer = threading.Timer(retry_after, self.kick, (receiver_id, "retry"))
-                        timer.daemon = True
-                        timer.start()
                     return
                 trigger = nxt
+
+    def _retry_later(self, receiver_id: str, delay: float) -> None:
+        """One timer per receiver (call with ``_lock`` held): an earlier one already set stands."""
+        due = time.monotonic() + delay
+        if self._stop.is_set() or self._retry_due.get(receiver_id, float("inf")) <= due:
+            return
+        self._retry_due[receiver_id] = due
+        timer = threading.Timer(delay, self._retry_now, (receiver_id, due))
+        timer.daemon = True
+        timer.start()
+
+    def _retry_now(self, receiver_id: str, due: float) -> None:
+        with self._lock:
+            if self._retry_due.get(receiver_id) != due:
+                return  # an earlier timer replaced this one and has run
+            del self._retry_due[receiver_id]
+        self.kick(receiver_id, "retry")
 
     def _still_pending(self, receiver_id: str) -> bool:
         try:

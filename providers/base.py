@@ -118,8 +118,10 @@ class Provider:
     waits_for_mcp: ClassVar[bool] = False
     # Typed (then Enter) to leave the CLI politely.
     exit_command: ClassVar[str] = "/exit"
-    # Cheap check on the last line of the raw pane log: could the agent be idle now?
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"$^")
+    # Cheap check on the last line of the raw pane log: could the agent be idle now? (It only
+    # saves screen captures; the default lets every change through to a full look, since a
+    # pattern that never matches would leave a busy agent's mail to the sweep once it is done.)
+    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"")
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         raise NotImplementedError

@@ -54,7 +54,7 @@ class ScriptedProvider(Provider):
     paste_enter_delay: ClassVar[float] = 0.0
     submit_timeout: ClassVar[float] = 2.0
     exit_command: ClassVar[str] = "/exit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^❯ ")
+    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^❯")
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         env = dict(ctx.base_env)

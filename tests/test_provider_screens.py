@@ -178,6 +178,9 @@ def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) 
     assert reading.status == case.status
     if case.status == TerminalStatus.UNKNOWN:
         assert reading.reason  # shown to the operator: never an unexplained unknown
+    if case.status in (TerminalStatus.IDLE, TerminalStatus.COMPLETED, TerminalStatus.ERROR):
+        # the watchdog's cheap pre-check must let a ready screen through to the full look
+        assert provider.tail_looks_idle(screen[-2048:])
     if case.state == "exited":  # also without tmux's "Pane is dead" line (remain-on-exit off)
         alive = "\n".join(line for line in screen.split("\n") if not line.startswith("Pane is dead ("))
         assert provider.detect(alive).status == TerminalStatus.UNKNOWN
