@@ -1,6 +1,7 @@
-"""OpenAI Chat Completions (OpenCode, Qwen Code, Kimi CLI and other OpenAI-compatible clients):
-``POST /v1/chat/completions`` (also without ``/v1``), SSE ``data:`` chunks ending ``data: [DONE]``,
-or one JSON ``chat.completion`` with ``"stream": false``; ``GET /v1/models`` lists one model.
+"""OpenAI Chat Completions (OpenCode, Qwen Code, Kimi CLI, Hermes and other OpenAI-compatible
+clients): ``POST /v1/chat/completions`` (also without ``/v1``), SSE ``data:`` chunks ending
+``data: [DONE]``, or one JSON ``chat.completion`` with ``"stream": false``; ``GET /v1/models`` lists
+one model and ``GET /v1/models/<id>`` describes any.
 
 Tool naming differs by client, so it is taken from the request's tool list: an MCP tool is the one
 named ``<tool>`` or ending ``_<tool>``/``-<tool>`` (OpenCode ``cao_send_message``, Qwen
@@ -41,7 +42,15 @@ from cao.testing.fakemodel.script import (
 )
 from cao.testing.fakemodel.wire import SSE_HEADERS, RequestLog, chunks, log_entry, next_id, read_json
 
-SHELL_TOOLS = ("bash", "shell", "run_shell_command", "shell_command", "exec_command", "run_in_terminal")
+SHELL_TOOLS = (
+    "bash",
+    "shell",
+    "run_shell_command",
+    "shell_command",
+    "exec_command",
+    "run_in_terminal",
+    "terminal",  # Hermes
+)
 COMMAND_KEYS = ("command", "cmd")
 TOOL_SEARCH = "tool_search"  # Qwen Code: reveals deferred (MCP) tools
 
@@ -227,12 +236,20 @@ def routes(log: RequestLog) -> list[Route]:
 
     async def models(request: Request) -> Response:
         log.add({**log_entry(request, "openai_chat", None), "kind": "probe"})
-        model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "cao"}
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse({"object": "list", "data": [_model("fake-model")]})
+
+    async def model(request: Request) -> Response:  # Hermes asks for its model's entry at start
+        log.add({**log_entry(request, "openai_chat", None), "kind": "probe"})
+        return JSONResponse(_model(request.path_params["model"]))
 
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
     ]
+
+
+def _model(name: str) -> JSON:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "cao"}
