@@ -54,8 +54,9 @@ CLI_PACKAGES = {
 }
 # Python CLIs, each pinned in its own virtualenv under <cache>/venvs/<package>:
 # command -> (PyPI package, release). kimi-cli 1.52.0 is a stub that downloads and runs its
-# vendor's installer script; 1.51.0 is the last release that is the CLI itself.
-VENV_CLIS = {"kimi": ("kimi-cli", "1.51.0")}
+# vendor's installer script; 1.51.0 is the last release that is the CLI itself. hermes-agent
+# 0.19.0 is the last release on PyPI (its vendor installs from git since).
+VENV_CLIS = {"kimi": ("kimi-cli", "1.51.0"), "hermes": ("hermes-agent", "0.19.0")}
 WINDOW_SIZE = (200, 50)
 
 
