@@ -22,6 +22,7 @@ _REGISTRY: dict[str, str] = {
     "qwen_code": "providers.qwen_code:QwenCodeProvider",
     "copilot": "providers.copilot:CopilotProvider",
     "kimi_cli": "providers.kimi_cli:KimiCliProvider",
+    "hermes": "providers.hermes:HermesProvider",
 }
 _CACHE: dict[str, Provider] = {}
 

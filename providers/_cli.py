@@ -1,4 +1,4 @@
-"""Helpers shared by the real agent CLI providers (Claude Code, Codex, Gemini CLI)."""
+"""Helpers shared by the real agent CLI providers (Claude Code, Codex, Gemini CLI, ...)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,22 @@ def find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
     )
 
 
+def find_venv_cli(ctx: LaunchContext, knob: str, command: str, package: str, release: str) -> str:
+    """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache's
+    virtualenv for a Python CLI (``<cache>/venvs/<package>/bin``, tests/realcli/bed.py)."""
+    home = Path(ctx.base_env.get("HOME") or "~").expanduser()
+    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
+    wanted = ctx.settings_env.get(knob) or command
+    venv = cache.expanduser() / "venvs" / package / "bin"
+    for path in (ctx.base_env.get("PATH", ""), str(venv)):
+        if found := shutil.which(wanted, path=path):
+            return found
+    raise ProviderError(
+        f"{wanted} not found (on PATH or in {venv}); install it with `pip install {package}=={release}` "
+        f"or set {knob}=/path/to/{command} for cao-server"
+    )
+
+
 def npm_version(binary: str, package: str) -> tuple[int, ...] | None:
     """The release of ``package`` when ``binary`` is its npm-installed command (read from the
     ``package.json`` above the resolved script), so a launch can leave out a flag an older release
@@ -78,8 +94,8 @@ def npm_version(binary: str, package: str) -> tuple[int, ...] | None:
 
 
 # What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini,
-# Kimi).
-RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r) \S")
+# Kimi, Hermes).
+RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r|hermes --resume) \S")
 
 
 def exited(lines: list[str]) -> bool:

@@ -1,0 +1,283 @@
+"""Provider for Hermes (``hermes``, Nous Research's PyPI ``hermes-agent``; tested with 0.19.0).
+
+Launch: a throwaway config home per terminal (``HERMES_HOME=<terminal home>/.hermes``, never the
+user's ``~/.hermes``) holding a whole ``config.yaml``: the model endpoint (provider ``custom``, so
+the first-run "isn't configured yet" question never shows), cao's MCP server and the profile's
+under ``mcp_servers``, the profile's prompt as ``agent.system_prompt`` (Hermes adds it to its own),
+and the things that would reach the internet or get in the way off (model catalog, curator, the
+tirith scanner, long pastes folded into a placeholder). Knobs (read from the server's ``CAO_*``
+environment): ``CAO_HERMES_BIN``, ``CAO_HERMES_MODEL``, ``CAO_HERMES_BYPASS`` (default true,
+``--yolo``), ``CAO_MODEL_BASE_URL`` (a local OpenAI-compatible server), ``CAO_HERMES_API_KEY`` with
+``CAO_HERMES_BASE_URL`` (OpenRouter by default). See docs/providers.md.
+
+Hermes reaches for openrouter.ai, nousresearch.com and GitHub at start whatever the config says;
+cao's tests run it only in the loopback-only bed. PyPI's 0.19.0 is the last release there.
+
+Screen (``capture-pane -p``; the transcript scrolls above a prompt_toolkit box)::
+
+    ────────────────────────────────────────   (a 40-column frame around each echoed user turn)
+    ● echoed user turn
+    ────────────────────────────────────────
+      ┊ 💻 $ echo hi  0.0s                      (a tool call)
+    ╭─ ⚕ Hermes ──────────────────────────╮    (the answer, indented in a box)
+        answer text
+    ╰─────────────────────────────────────╯
+      (¬_¬) synthesizing...                     (busy: a kaomoji spinner over the status line)
+     ⚕ fake-model │ 10/256K │ [░░░] 0% │ 37s │ ⏲ 0s
+    ─────────────────────────────────────────── (full width)
+    ❯ text being typed                         ("⚕ ❯ msg=interrupt · …" while a turn runs)
+    ───────────────────────────────────────────
+
+Traps: the box stays on screen while busy (its prompt symbol says which state: ``⚕ ❯`` a turn runs,
+``⚠ ❯`` an approval, ``? ❯``/``✎ ❯`` a clarifying question, ``🔐``/``🔑`` a password); Enter while a
+turn runs interrupts it (``display.busy_input_mode: interrupt``), so cao never delivers then.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import textwrap
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from cao.errors import ProviderError
+from providers._cli import exited, find_venv_cli, flag, head, judge_submit
+from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+
+FAKE_KEY = "cao-local-model-server-key"
+OPENROUTER_URL = "https://openrouter.ai/api/v1"
+PASTE_FOLD_NEVER = 100_000_000
+
+RULE_RE = re.compile(r"^─{3,}$")
+# The input line: an optional state icon, then the prompt symbol.
+PROMPT_RE = re.compile(r"^(?:(\S+) )?❯(?: |$)")
+RUNNING = "⚕"  # a turn runs
+ASKING = ("⚠", "?", "✎", "🔐", "🔑")  # approval, clarifying question, password, secret
+PLACEHOLDER = "msg=interrupt · "  # in the empty box while a turn runs
+ECHO = "● "
+# The answer: a box while it streams in ("╭─ ⚕ Hermes ─…╮" … "╰─…─╯"), or a panel of two rules
+# when it is printed whole (" ─  ⚕ Hermes  ─…" … " ─…─"; a failed turn's message comes that way).
+ANSWER_RE = re.compile(r"^(?:╭─ | ─  )⚕ Hermes ")
+ANSWER_END_RE = re.compile(r"^(?:╰─+╯| ─+)$")
+# The live line over the status bar while a turn runs: a kaomoji face and a verb ("(¬_¬) synthesizing...",
+# "(°ロ°) analyzing...").
+SPINNER_RE = re.compile(r"^ {2}\S.* [a-z]+\.\.\.$")
+# A failed turn: "❌ Non-retryable error (HTTP 400): …" (a retried one shows "⚠️  API call failed
+# (attempt 1/3)" and goes on, busy).
+ERROR_RE = re.compile(r"^❌ ")
+RESUME_RE = re.compile(r"^ {2}hermes --resume \S")
+
+
+def _config(base_url: str, key: str, model: str, servers: dict[str, Any], prompt: str, bypass: bool) -> str:
+    config: dict[str, Any] = {
+        "model": {"provider": "custom", "base_url": base_url, "default": model, "api_key": key},
+        "mcp_servers": servers,
+        "mcp_discovery_timeout": 15,  # cao's server starts in ~1 s: let the first turn see its tools
+        "agent": {"system_prompt": prompt},
+        "approvals": {"mode": "off" if bypass else "manual"},
+        "model_catalog": {"enabled": False},
+        "curator": {"enabled": False},
+        "security": {"tirith_enabled": False},
+        # A long paste would show as a placeholder in the box and the echo: keep the text itself.
+        "paste_collapse_threshold": PASTE_FOLD_NEVER,
+        "paste_collapse_threshold_fallback": PASTE_FOLD_NEVER,
+        "paste_collapse_char_threshold": PASTE_FOLD_NEVER,
+    }
+    return json.dumps(config, indent=2) + "\n"  # YAML reads JSON
+
+
+class HermesProvider(Provider):
+    name: ClassVar[str] = "hermes"
+    description: ClassVar[str] = "Hermes (Nous Research), `hermes`"
+    accepts_input_while_processing: ClassVar[bool] = False
+    waits_for_mcp: ClassVar[bool] = True
+    paste_enter_delay: ClassVar[float] = 0.2
+    submit_timeout: ClassVar[float] = 4.0
+    exit_command: ClassVar[str] = "/exit"
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
+        bypass = flag(ctx, "CAO_HERMES_BYPASS", True)
+        share = home / ".hermes"
+        env = dict(ctx.base_env)
+        env.setdefault("SHELL", "/bin/bash")
+        env.update(HOME=str(home), HERMES_HOME=str(share))
+        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
+        model = knobs.get("CAO_HERMES_MODEL") or (profile and profile.model) or ""
+        if knobs.get("CAO_HERMES_API_KEY"):  # OpenRouter (or any OpenAI-compatible API)
+            base_url, key = knobs.get("CAO_HERMES_BASE_URL") or OPENROUTER_URL, knobs["CAO_HERMES_API_KEY"]
+            if not model:
+                raise ProviderError(
+                    "hermes needs a model for CAO_HERMES_API_KEY: set CAO_HERMES_MODEL or the agent "
+                    "profile's model, for cao-server"
+                )
+        elif local:
+            base_url, key, model = f"{local}/v1", FAKE_KEY, model or "fake-model"
+        else:
+            raise ProviderError(
+                "hermes has no credentials: set CAO_HERMES_API_KEY (with CAO_HERMES_MODEL, and "
+                "CAO_HERMES_BASE_URL for an endpoint other than OpenRouter), or CAO_MODEL_BASE_URL for "
+                "a local model server, for cao-server"
+            )
+        servers: dict[str, Any] = {
+            name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()
+        }
+        servers["cao"] = {
+            "command": sys.executable,
+            "args": ["-m", "cao.mcp"],
+            "env": {
+                "CAO_TERMINAL_ID": ctx.terminal_id,
+                "CAO_SERVER_URL": ctx.server_url,
+                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
+            },
+        }
+        prompt = profile.system_prompt if profile and profile.system_prompt else ""
+        files = {share / "config.yaml": _config(base_url, key, model, servers, prompt, bypass)}
+        binary = find_venv_cli(ctx, "CAO_HERMES_BIN", "hermes", "hermes-agent", "0.19.0")
+        command = [binary, *(["--yolo"] if bypass else [])]
+        return LaunchSpec(command=command, env=env, files=files)
+
+    def detect(self, screen: str) -> Reading:
+        lines = _lines(screen)
+        if _exited(lines):
+            return Reading(
+                TerminalStatus.UNKNOWN,
+                "Hermes has exited (its resume hint or a dead pane shows)",
+                final=True,
+            )
+        box = _box(lines)
+        if box is None:
+            if not lines or not any(RULE_RE.match(line) for line in lines):
+                return Reading(TerminalStatus.PROCESSING)  # starting up: the banner, no box yet
+            return Reading(
+                TerminalStatus.UNKNOWN,
+                "no input box (a '❯' line between two '────' rules) on screen: a screen of a Hermes "
+                "release this provider does not know",
+            )
+        icon = _icon(lines[box[0]])
+        if icon in ASKING:
+            return Reading(TerminalStatus.WAITING_USER_ANSWER)
+        if icon == RUNNING or any(SPINNER_RE.match(line) for line in _live(lines, box[0])):
+            return Reading(TerminalStatus.PROCESSING)
+        if icon is not None:
+            return Reading(
+                TerminalStatus.UNKNOWN, f"the input line shows {icon!r} before its '❯', a state not known"
+            )
+        turn = _turn(lines[: box[0] - 1])
+        if turn is None:
+            return Reading(TerminalStatus.IDLE)
+        for line in reversed(turn):  # an error after the last streamed answer
+            if line.startswith("╭─ ⚕ Hermes "):
+                break
+            if ERROR_RE.match(line):
+                return Reading(TerminalStatus.ERROR)
+        return Reading(TerminalStatus.COMPLETED)
+
+    def detect_status(self, screen: str) -> TerminalStatus:
+        return self.detect(screen).status
+
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> None:
+        return None  # screen only: see docs/providers.md
+
+    def extract_last_message(self, screen: str) -> str:
+        lines = _lines(screen)
+        box = _box(lines)
+        turn = _turn(lines[: box[0] - 1] if box else lines)
+        if turn is None:
+            return ""
+        answers: list[list[str]] = []
+        inside = False
+        for line in turn:
+            if ANSWER_RE.match(line):
+                answers.append([])
+                inside = True
+            elif inside and ANSWER_END_RE.match(line):
+                inside = False
+            elif inside:
+                answers[-1].append(line)
+        if answers:
+            return textwrap.dedent("\n".join(answers[-1])).strip()
+        errors = [line for line in turn if ERROR_RE.match(line)]
+        return errors[-1] if errors else ""
+
+    def transcript(self, screen: str) -> str:
+        box = _box(_lines(screen))
+        return screen if box is None or self.input_text(screen) is None else head(screen, box[0] - 1)
+
+    def submit_confirmed(self, before: str, after: str) -> bool | None:
+        return judge_submit(self, before, after, _marks)
+
+    def input_text(self, screen: str) -> str | None:
+        lines = _lines(screen)
+        box = _box(lines)
+        if box is None or _exited(lines):
+            return None
+        first, end = box
+        icon = _icon(lines[first])
+        if icon not in (None, RUNNING):  # a menu or question has the keys: no typing there
+            return None
+        rows = [PROMPT_RE.sub("", lines[first], count=1), *lines[first + 1 : end]]
+        if icon == RUNNING and rows[0].startswith(PLACEHOLDER):  # drawn while a turn runs
+            return ""
+        return "\n".join(row.rstrip() for row in rows).strip()
+
+
+def _lines(screen: str) -> list[str]:
+    lines = [line.rstrip() for line in screen.split("\n")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def _exited(lines: list[str]) -> bool:
+    """A dead pane, or Hermes's parting "Resume this session with: hermes --resume <id>" with its
+    session summary (Session:, Title:, Duration:, Messages:) under it and no box after it."""
+    if exited(lines):
+        return True
+    hints = [i for i, line in enumerate(lines) if RESUME_RE.match(line)]
+    return bool(hints) and not any(RULE_RE.match(line) for line in lines[hints[-1] :])
+
+
+def _icon(line: str) -> str | None:
+    found = PROMPT_RE.match(line)
+    return found.group(1) if found else None
+
+
+def _box(lines: list[str]) -> tuple[int, int] | None:
+    """``(first, end)`` of the input box: from the last prompt line right under a rule to the rule
+    under it (or the bottom)."""
+    for i in range(len(lines) - 1, 0, -1):
+        if PROMPT_RE.match(lines[i]) and RULE_RE.match(lines[i - 1]):
+            end = next((j for j in range(i + 1, len(lines)) if RULE_RE.match(lines[j])), len(lines))
+            return i, end
+    return None
+
+
+def _live(lines: list[str], first: int) -> list[str]:
+    """The few rows over the box's top rule: the spinner and the status bar."""
+    return lines[max(0, first - 6) : first - 1]
+
+
+def _turn(transcript: list[str]) -> list[str] | None:
+    """Rows after the last echoed user turn (and its closing frame); None if none shows."""
+    for i in range(len(transcript) - 1, -1, -1):
+        if transcript[i].startswith(ECHO) and i > 0 and RULE_RE.match(transcript[i - 1]):
+            j = i + 1
+            while j < len(transcript) and not RULE_RE.match(transcript[j]):
+                j += 1
+            return transcript[j + 1 :]
+    return None
+
+
+def _marks(screen: str) -> tuple[str | None, int]:
+    lines = _lines(screen)
+    box = _box(lines)
+    transcript = lines[: box[0] - 1] if box else lines
+    echoes = [
+        line
+        for i, line in enumerate(transcript)
+        if line.startswith(ECHO) and RULE_RE.match(transcript[i - 1])
+    ]
+    return (echoes[-1] if echoes else None), 0
