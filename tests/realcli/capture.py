@@ -630,8 +630,36 @@ class KimiCli(ProviderRecipe):
         return ONE_WORD_MARKER_RE.sub(r"<<\1>>", text)
 
 
+# Hermes's input line while a turn runs: "⚕ ❯ msg=interrupt · /queue · …".
+HERMES_BUSY_RE = re.compile(r"^⚕ ❯", re.M)
+
+
+class Hermes(ProviderRecipe):
+    knob = "HERMES"
+
+    def __init__(self) -> None:
+        super().__init__(
+            provider="hermes",
+            bin_name="hermes",
+            busy=lambda s: HERMES_BUSY_RE.search(s) is not None,
+            idle=lambda s: re.search(r"^─{20,}\n❯", s, re.M) is not None,
+            permission=lambda s: re.search(r"^⚠ ❯", s, re.M) is not None,
+            error=lambda s: "API call failed" in s or "HTTP 400" in s or "Error code: 400" in s,
+            asks_questions=False,  # the fake's chat API has no question tool: it'd be answer text
+            retry_shown=lambda s: "API call failed (attempt" in s,
+        )
+
+    def finished(self, screen: Screen, reply: str) -> bool:
+        return self.idle(screen) and reply in re.split(r"⚕ Hermes", screen)[-1]
+
+    def prompt(self, text: str) -> str:
+        # Hermes asks only for commands it deems dangerous (a recursive delete, chmod 777, ...).
+        return text.replace("[[permission]]", "[[permission:chmod 777 cao-permission-probe.txt]]")
+
+
 RECIPES: dict[str, Recipe] = {
-    r.provider: r for r in (Claude(), Codex(), Gemini(), OpenCode(), QwenCode(), Copilot(), KimiCli())
+    r.provider: r
+    for r in (Claude(), Codex(), Gemini(), OpenCode(), QwenCode(), Copilot(), KimiCli(), Hermes())
 }
 
 # saved state -> status a provider must report for it
@@ -1093,7 +1121,12 @@ def cli_version(bed: Bed, recipe: Recipe, bin_path: Path, run_dir: Path) -> str:
     env = {"HOME": str(home), "PATH": f"{node_dir}:/usr/bin:/bin", "CODEX_HOME": str(home / ".codex")}
     (home / ".codex").mkdir(exist_ok=True)
     proc = bed.run_in_ns([str(bin_path), "--version"], env, timeout=60)
-    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-200:]
+    if not proc.stdout.strip():
+        return proc.stderr.strip()[-200:]
+    found = proc.stdout.strip().splitlines()
+    # the CLI's own line (Hermes prints its libraries' versions and its install directory too)
+    named = [line for line in found if recipe.bin_name in line.lower() and re.search(r"\d+\.\d+\.\d+", line)]
+    return (named or found)[-1]
 
 
 def write_meta(
