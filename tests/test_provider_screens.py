@@ -248,6 +248,7 @@ class Trap(NamedTuple):
 CLAUDE_FOOTER = "---\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents"
 CODEX_FOOTER = "\n  fake-model default · /work\n  ← for agents · ? for shortcuts  ⚠ 1 warning · f2 to view"
 GEMINI_FOOTER = "▀▀▀\n workspace (/directory)  sandbox  /model\n /work  no sandbox  Auto"
+HERMES_FOOTER = " ⚕ fake-model │ 10/256K │ [░░░░░░░░░░] 0% │ 20s │ ⏲ 0s │ ✓ 0s │ ⚠ YOLO\n---\n❯\n---"
 LONG_ECHO_TAIL = (
     "  line 38 of a long inbox message\n  line 39 of a long inbox message\n  [[reply:Long done.]]\n"
 )
@@ -377,6 +378,41 @@ TRAPS = [
         TerminalStatus.IDLE,
         "",
     ),
+    Trap(
+        "hermes-answer-printed-whole",  # not streamed: a panel of two rules instead of the box
+        "hermes",
+        "\n"
+        + "─" * 40
+        + "\n● hello there\n"
+        + "─" * 40
+        + "\n ─  ⚕ Hermes  "
+        + "─" * 40
+        + "\n\n     Hi back.\n\n "
+        + "─" * 40
+        + "\n"
+        + HERMES_FOOTER,
+        TerminalStatus.COMPLETED,
+        "",
+        "Hi back.",
+    ),
+    Trap(
+        "hermes-text-typed-while-busy",  # Enter would interrupt the turn: cao never delivers now
+        "hermes",
+        "\n" + "─" * 40 + "\n● First long task\n" + "─" * 40 + "\n  (¬_¬) synthesizing...\n\n"
+        " ⚕ fake-model │ 10/256K │ [░░░░░░░░░░] 0% │ 37s │ ⏱ 1s\n---\n⚕ ❯ hello there\n---",
+        TerminalStatus.PROCESSING,
+        "hello there",
+    ),
+    Trap(
+        "hermes-menu-rows-are-no-input-box",  # "│ ❯ 1. Allow once" inside the approval panel
+        "hermes",
+        "\n" + "─" * 40 + "\n● hello there\n" + "─" * 40 + "\n╭" + "─" * 40 + "╮\n"
+        "│ ⚠️  Dangerous Command   │\n│ ❯ 1. Allow once         │\n│   4. Deny               │\n"
+        "╰" + "─" * 40 + "╯\n  ↑/↓ to select, Enter to confirm  (44s)\n"
+        " ⚕ fake-model │ 10/256K │ [░░░░░░░░░░] 0% │ 27s │ ⏱ 15s\n---\n⚠ ❯\n---",
+        TerminalStatus.WAITING_USER_ANSWER,
+        None,
+    ),
 ]
 
 
@@ -462,9 +498,9 @@ SUBMITS["gemini_cli"].append(
         True,
     )
 )
-# Older releases (tests/screens/<provider>/<version>/) and Kimi CLI: the same judgements on their
-# own screens.
-for folder in sorted({c.folder for c in SAVED if "/" in c.folder or c.folder == "kimi_cli"}):
+# Older releases (tests/screens/<provider>/<version>/), Kimi CLI and Hermes: the same judgements on
+# their own screens.
+for folder in sorted({c.folder for c in SAVED if "/" in c.folder or c.folder in ("kimi_cli", "hermes")}):
     states = {c.state for c in SAVED if c.folder == folder}
     SUBMITS[folder] = [
         Submit(name, before, after, verdict)

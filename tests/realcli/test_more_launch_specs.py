@@ -1,4 +1,5 @@
-"""Launch specs of OpenCode, Qwen Code, Copilot CLI and Kimi CLI: pure checks (no bed, no CLI needed)."""
+"""Launch specs of OpenCode, Qwen Code, Copilot CLI, Kimi CLI and Hermes: pure checks (no bed, no CLI
+needed)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ SPECS = [
     Spec("qwen_code", "qwen", "QWEN", ".qwen/settings.json", "mcpServers"),
     Spec("copilot", "copilot", "COPILOT", "mcp.json", "mcpServers"),
     Spec("kimi_cli", "kimi", "KIMI", ".kimi/mcp.json", "mcpServers", prompt_file=False),
+    Spec("hermes", "hermes", "HERMES", ".hermes/config.yaml", "mcp_servers", prompt_file=False),
 ]
 
 
@@ -148,4 +150,56 @@ def test_kimi_found_on_path_then_in_the_bed_venv(tmp_path: Path) -> None:
     assert providers.get("kimi_cli").launch(context(tmp_path, knobs)).command[0] == str(venv)
     on_path = executable(tmp_path / "bin" / "kimi")
     launched = providers.get("kimi_cli").launch(context(tmp_path, knobs, path=str(on_path.parent)))
+    assert launched.command[0] == str(on_path)
+
+
+def hermes_config(tmp_path: Path, launched: LaunchSpec) -> dict[str, Any]:
+    home = context(tmp_path, {}).terminal_home
+    result: dict[str, Any] = json.loads(launched.files[home / ".hermes" / "config.yaml"])  # YAML reads JSON
+    return result
+
+
+def test_hermes_config_home_is_the_terminals_and_the_prompt_is_added_to_its_own(tmp_path: Path) -> None:
+    launched = launch(SPECS[4], tmp_path, profile=PROFILE)
+    home = context(tmp_path, {}).terminal_home
+    assert launched.env["HERMES_HOME"] == str(home / ".hermes")  # never the user's ~/.hermes
+    config = hermes_config(tmp_path, launched)
+    # provider "custom" with a model: the first-run "isn't configured yet" question never shows
+    assert config["model"] == {
+        "provider": "custom",
+        "base_url": "http://127.0.0.1:18081/v1",
+        "default": "profile-model",
+        "api_key": "cao-local-model-server-key",
+    }
+    assert config["agent"]["system_prompt"] == PROFILE.system_prompt  # Hermes's own prompt stays
+    assert config["model_catalog"]["enabled"] is False
+    assert config["approvals"]["mode"] == "off" and "--yolo" in launched.command
+    asking = launch(SPECS[4], tmp_path, CAO_HERMES_BYPASS="false")
+    assert hermes_config(tmp_path, asking)["approvals"]["mode"] == "manual"
+    assert "--yolo" not in asking.command
+    assert hermes_config(tmp_path, launch(SPECS[4], tmp_path))["agent"]["system_prompt"] == ""
+
+
+def test_hermes_with_a_real_key_talks_to_openrouter_and_needs_a_model(tmp_path: Path) -> None:
+    cli = executable(tmp_path / "bin" / "hermes")
+    knobs = {"CAO_HERMES_BIN": str(cli), "CAO_HERMES_API_KEY": "sk-or-real"}
+    with pytest.raises(ProviderError, match="CAO_HERMES_MODEL"):
+        providers.get("hermes").launch(context(tmp_path, knobs))
+    launched = providers.get("hermes").launch(context(tmp_path, {**knobs, "CAO_HERMES_MODEL": "m/x"}))
+    assert hermes_config(tmp_path, launched)["model"] == {
+        "provider": "custom",
+        "base_url": "https://openrouter.ai/api/v1",
+        "default": "m/x",
+        "api_key": "sk-or-real",
+    }
+
+
+def test_hermes_found_on_path_then_in_the_bed_venv(tmp_path: Path) -> None:
+    knobs = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081", "CAO_REALCLI_CACHE": str(tmp_path / "cache")}
+    with pytest.raises(ProviderError, match=r"hermes-agent==0\.19\.0"):
+        providers.get("hermes").launch(context(tmp_path, knobs))
+    venv = executable(tmp_path / "cache" / "venvs" / "hermes-agent" / "bin" / "hermes")
+    assert providers.get("hermes").launch(context(tmp_path, knobs)).command[0] == str(venv)
+    on_path = executable(tmp_path / "bin" / "hermes")
+    launched = providers.get("hermes").launch(context(tmp_path, knobs, path=str(on_path.parent)))
     assert launched.command[0] == str(on_path)
