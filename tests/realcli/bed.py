@@ -57,6 +57,9 @@ CLI_PACKAGES = {
 # vendor's installer script; 1.51.0 is the last release that is the CLI itself. hermes-agent
 # 0.19.0 is the last release on PyPI (its vendor installs from git since).
 VENV_CLIS = {"kimi": ("kimi-cli", "1.51.0"), "hermes": ("hermes-agent", "0.19.0")}
+# command -> (the package's extra, a distribution only it brings): Hermes runs MCP servers only with
+# its "mcp" extra (without it, it lists them as configured and never starts them).
+VENV_EXTRAS = {"hermes": ("mcp", "mcp")}
 WINDOW_SIZE = (200, 50)
 
 
@@ -211,7 +214,8 @@ def _python_for_venvs(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def install_venv_cli(command: str, cache: Path | None = None, timeout: float = 900) -> Path:
-    """Install the pinned release of ``command`` (``VENV_CLIS``) into its own virtualenv, once.
+    """Install the pinned release of ``command`` (``VENV_CLIS``, with its ``VENV_EXTRAS``) into its
+    own virtualenv, once.
 
     Only that exact release is ever installed (``pip install <package>==<release>``): a newer one may
     be a different program. Raises BedUnavailable like install_clis.
@@ -219,7 +223,17 @@ def install_venv_cli(command: str, cache: Path | None = None, timeout: float = 9
     cache = cache or cache_dir()
     package, release = VENV_CLIS[command]
     binary = venv_bin(command, cache)
-    if binary.exists() and _venv_release(binary, package) == release:
+    extra, brought = VENV_EXTRAS.get(command, ("", ""))
+    spec = f"{package}[{extra}]=={release}" if extra else f"{package}=={release}"
+
+    def ready() -> bool:
+        return (
+            binary.exists()
+            and _venv_release(binary, package) == release
+            and (not brought or _venv_release(binary, brought) is not None)
+        )
+
+    if ready():
         return binary
     python = _python_for_venvs()
     if python is None:
@@ -227,24 +241,24 @@ def install_venv_cli(command: str, cache: Path | None = None, timeout: float = 9
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if binary.exists() and _venv_release(binary, package) == release:
+        if ready():
             return binary
         venv = binary.parents[1]
         steps = [
             [python, "-m", "venv", "--clear", str(venv)],
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{package}=={release}"],
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", spec],
         ]
-        say(f"installing {package}=={release} once into {venv}")
+        say(f"installing {spec} once into {venv}")
         for cmd in steps:
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cache)
             except subprocess.TimeoutExpired:
-                raise BedUnavailable(f"installing {package}=={release} timed out ({timeout:.0f}s)") from None
+                raise BedUnavailable(f"installing {spec} timed out ({timeout:.0f}s)") from None
             if proc.returncode != 0:
                 tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
-                raise BedUnavailable(f"installing {package}=={release} failed (offline?): {tail}")
-    if not binary.exists() or _venv_release(binary, package) != release:
-        raise BedUnavailable(f"{package}=={release} installed but {binary} is missing")
+                raise BedUnavailable(f"installing {spec} failed (offline?): {tail}")
+    if not ready():
+        raise BedUnavailable(f"{spec} installed but {binary} (or what it needs) is missing")
     return binary
 
 
