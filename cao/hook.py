@@ -3,12 +3,13 @@ get in the CLI's way.
 
     python -m cao.hook --terminal ID --server URL --home CAO_HOME SOURCE [EVENT] [JSON]
 
-``SOURCE`` names the CLI (``claude``, ``codex``, ``gemini``, ``kimi``, ``qwen``). Hooks pass a
-JSON object on stdin (with ``hook_event_name``: Claude Code, Gemini CLI, Kimi CLI, Qwen Code,
-Codex 0.171's hooks.json); Codex's ``notify`` program gets one JSON argument instead (with ``type``, e.g.
-``agent-turn-complete``). ``EVENT`` overrides the event name. Only the fields cao uses are sent
-(event name, submitted prompts, the answer, a notification's text) to
-``POST /terminals/{ID}/hooks`` with the server's API token (``$CAO_HOME/api-token``).
+``SOURCE`` names the CLI (``claude``, ``codex``, ``gemini``, ``kimi``, ``qwen``, ``hermes``). Hooks
+pass a JSON object on stdin (with ``hook_event_name``: Claude Code, Gemini CLI, Kimi CLI, Qwen Code,
+Codex 0.171's hooks.json, Hermes, which puts the event's own fields under ``extra``); Codex's
+``notify`` program gets one JSON argument instead (with ``type``, e.g. ``agent-turn-complete``).
+``EVENT`` overrides the event name. Only the fields cao uses are sent (event name, submitted
+prompts, the answer, a notification's text) to ``POST /terminals/{ID}/hooks`` with the server's
+API token (``$CAO_HOME/api-token``).
 
 Standard library only (it runs on every turn). It prints nothing on stdout (Claude Code adds a
 ``UserPromptSubmit`` hook's stdout to the prompt) and always exits 0 (exit code 2 would block the
@@ -29,7 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-SOURCES = ("claude", "codex", "gemini", "kimi", "qwen")
+SOURCES = ("claude", "codex", "gemini", "kimi", "qwen", "hermes")
 TIMEOUT = 3.0  # seconds for the whole request; the CLI waits for us
 STDIN_WAIT = 1.5  # seconds for the CLI's JSON on stdin
 STDIN_LIMIT = 4 * 1024 * 1024
@@ -71,8 +72,10 @@ def _text(value: object) -> str:
 def report(source: str, event: str | None, payload: dict[str, Any]) -> dict[str, Any]:
     """The body cao-server gets: the event's name and the few fields cao uses."""
     name = event or payload.get("hook_event_name") or payload.get("type") or ""
+    found = payload.get("extra")
+    extra: dict[str, Any] = found if isinstance(found, dict) else {}  # Hermes
     prompts: list[str] = []
-    if prompt := _text(payload.get("prompt")):
+    if prompt := _text(payload.get("prompt") or extra.get("user_message")):
         prompts.append(prompt)
     inputs = payload.get("input-messages") or payload.get("input_messages")
     if isinstance(inputs, list):
@@ -81,6 +84,7 @@ def report(source: str, event: str | None, payload: dict[str, Any]) -> dict[str,
         payload.get("last_assistant_message")
         or payload.get("last-assistant-message")
         or payload.get("prompt_response")
+        or extra.get("assistant_response")
     )
     body: dict[str, Any] = {"source": source, "event": str(name)[:100]}
     if prompts:

@@ -112,6 +112,21 @@ def test_the_hook_program_keeps_only_what_cao_uses_from_each_cli():
     assert codex["last_message"] == "done"
     gemini = report("gemini", None, {"hook_event_name": "AfterAgent", "prompt_response": "answer"})
     assert gemini["last_message"] == "answer"
+    history = [{"role": "user", "content": "hi"}]  # Hermes sends the whole conversation: not kept
+    hermes = report(
+        "hermes",
+        None,
+        {
+            "hook_event_name": "post_llm_call",
+            "extra": {"user_message": "hi", "assistant_response": "hello", "conversation_history": history},
+        },
+    )
+    assert hermes == {
+        "source": "hermes",
+        "event": "post_llm_call",
+        "prompts": ["hi"],
+        "last_message": "hello",
+    }
 
 
 def _hook(
