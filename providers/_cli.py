@@ -59,9 +59,12 @@ def find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
     )
 
 
-def find_venv_cli(ctx: LaunchContext, knob: str, command: str, package: str, release: str) -> str:
+def find_venv_cli(
+    ctx: LaunchContext, knob: str, command: str, package: str, release: str, extra: str = ""
+) -> str:
     """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache's
-    virtualenv for a Python CLI (``<cache>/venvs/<package>/bin``, tests/realcli/bed.py)."""
+    virtualenv for a Python CLI (``<cache>/venvs/<package>/bin``, tests/realcli/bed.py). ``extra``:
+    the package's extra the CLI needs (named in the install hint)."""
     home = Path(ctx.base_env.get("HOME") or "~").expanduser()
     cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
     wanted = ctx.settings_env.get(knob) or command
@@ -70,7 +73,8 @@ def find_venv_cli(ctx: LaunchContext, knob: str, command: str, package: str, rel
         if found := shutil.which(wanted, path=path):
             return found
     raise ProviderError(
-        f"{wanted} not found (on PATH or in {venv}); install it with `pip install {package}=={release}` "
+        f"{wanted} not found (on PATH or in {venv}); install it with "
+        f"`pip install '{package}{f'[{extra}]' if extra else ''}=={release}'` "
         f"or set {knob}=/path/to/{command} for cao-server"
     )
 

@@ -11,7 +11,9 @@ environment): ``CAO_HERMES_BIN``, ``CAO_HERMES_MODEL``, ``CAO_HERMES_BYPASS`` (d
 ``CAO_HERMES_BASE_URL`` (OpenRouter by default). See docs/providers.md.
 
 Hermes reaches for openrouter.ai, nousresearch.com and GitHub at start whatever the config says;
-cao's tests run it only in the loopback-only bed. PyPI's 0.19.0 is the last release there.
+cao's tests run it only in the loopback-only bed. PyPI's 0.19.0 is the last release there; install
+it with its ``mcp`` extra (``pip install 'hermes-agent[mcp]==0.19.0'``): without it Hermes lists MCP
+servers as configured and never starts them.
 
 Screen (``capture-pane -p``; the transcript scrolls above a prompt_toolkit box)::
 
@@ -37,12 +39,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 import textwrap
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
+from cao.states import HookPhase
 from providers._cli import exited, find_venv_cli, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
@@ -70,8 +74,25 @@ ERROR_RE = re.compile(r"^❌ ")
 RESUME_RE = re.compile(r"^ {2}hermes --resume \S")
 
 
-def _config(base_url: str, key: str, model: str, servers: dict[str, Any], prompt: str, bypass: bool) -> str:
-    config: dict[str, Any] = {
+# Lifecycle hooks: shell hooks under ``hooks:`` in config.yaml (agent/shell_hooks.py; a JSON payload on
+# stdin with the event's fields under "extra"), accepted without Hermes's consent prompt by
+# ``hooks_auto_accept``. pre_llm_call runs once per turn, before the first request (its "user_message"
+# is the prompt); post_llm_call after an answered turn (with "assistant_response"); on_session_end
+# at the end of every turn, answered, failed or interrupted; pre_approval_request when a dangerous
+# command waits for the user; on_session_finalize when Hermes quits.
+HOOK_PHASES = {
+    "pre_llm_call": HookPhase.TURN_START,
+    "post_llm_call": HookPhase.TURN_END,
+    "on_session_end": HookPhase.TURN_END,
+    "pre_approval_request": HookPhase.ASKING,
+    "on_session_finalize": HookPhase.SESSION_END,
+}
+
+
+def _config(
+    base_url: str, key: str, model: str, servers: dict[str, Any], prompt: str, bypass: bool
+) -> dict[str, Any]:
+    return {
         "model": {"provider": "custom", "base_url": base_url, "default": model, "api_key": key},
         "mcp_servers": servers,
         "mcp_discovery_timeout": 15,  # cao's server starts in ~1 s: let the first turn see its tools
@@ -85,7 +106,6 @@ def _config(base_url: str, key: str, model: str, servers: dict[str, Any], prompt
         "paste_collapse_threshold_fallback": PASTE_FOLD_NEVER,
         "paste_collapse_char_threshold": PASTE_FOLD_NEVER,
     }
-    return json.dumps(config, indent=2) + "\n"  # YAML reads JSON
 
 
 class HermesProvider(Provider):
@@ -134,8 +154,15 @@ class HermesProvider(Provider):
             },
         }
         prompt = profile.system_prompt if profile and profile.system_prompt else ""
-        files = {share / "config.yaml": _config(base_url, key, model, servers, prompt, bypass)}
-        binary = find_venv_cli(ctx, "CAO_HERMES_BIN", "hermes", "hermes-agent", "0.19.0")
+        config = _config(base_url, key, model, servers, prompt, bypass)
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
+            config["hooks"] = {
+                event: [{"command": shlex.join(ctx.hook_command("hermes", event)), "timeout": 10}]
+                for event in HOOK_PHASES
+            }
+            config["hooks_auto_accept"] = True
+        files = {share / "config.yaml": json.dumps(config, indent=2) + "\n"}  # YAML reads JSON
+        binary = find_venv_cli(ctx, "CAO_HERMES_BIN", "hermes", "hermes-agent", "0.19.0", "mcp")
         command = [binary, *(["--yolo"] if bypass else [])]
         return LaunchSpec(command=command, env=env, files=files)
 
@@ -178,8 +205,8 @@ class HermesProvider(Provider):
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status
 
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> None:
-        return None  # screen only: see docs/providers.md
+    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        return HOOK_PHASES.get(event)
 
     def extract_last_message(self, screen: str) -> str:
         lines = _lines(screen)

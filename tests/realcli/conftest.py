@@ -68,6 +68,7 @@ COMMANDS = {  # knobs: CAO_CLAUDE_BIN …
     "qwen_code": "qwen",
     "copilot": "copilot",
     "kimi_cli": "kimi",  # a Python CLI: its own virtualenv (bed.VENV_CLIS)
+    "hermes": "hermes",  # another
 }
 # Seconds to wait for another run's bed (the lock below) before skipping; a CI run can hold it for minutes.
 LOCK_WAIT = float(os.environ.get("CAO_REALCLI_LOCK_WAIT", "90"))

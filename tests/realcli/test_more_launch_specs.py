@@ -4,6 +4,7 @@ needed)."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import tomllib
 from dataclasses import replace
@@ -196,10 +197,34 @@ def test_hermes_with_a_real_key_talks_to_openrouter_and_needs_a_model(tmp_path: 
 
 def test_hermes_found_on_path_then_in_the_bed_venv(tmp_path: Path) -> None:
     knobs = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081", "CAO_REALCLI_CACHE": str(tmp_path / "cache")}
-    with pytest.raises(ProviderError, match=r"hermes-agent==0\.19\.0"):
+    with pytest.raises(ProviderError, match=r"'hermes-agent\[mcp\]==0\.19\.0'"):
         providers.get("hermes").launch(context(tmp_path, knobs))
     venv = executable(tmp_path / "cache" / "venvs" / "hermes-agent" / "bin" / "hermes")
     assert providers.get("hermes").launch(context(tmp_path, knobs)).command[0] == str(venv)
     on_path = executable(tmp_path / "bin" / "hermes")
     launched = providers.get("hermes").launch(context(tmp_path, knobs, path=str(on_path.parent)))
     assert launched.command[0] == str(on_path)
+
+
+def test_hermes_reports_its_turns_through_shell_hooks_it_accepts_itself(tmp_path: Path) -> None:
+    config = hermes_config(tmp_path, launch(SPECS[4], tmp_path))
+    assert config["hooks_auto_accept"] is True  # else Hermes asks on its TTY before the first turn
+    assert set(config["hooks"]) == {
+        "pre_llm_call",
+        "post_llm_call",
+        "on_session_end",
+        "pre_approval_request",
+        "on_session_finalize",
+    }
+    for event, (hook,) in config["hooks"].items():
+        argv = shlex.split(hook["command"])  # Hermes splits it the same way, no shell
+        assert argv[:3] == [sys.executable, "-m", "cao.hook"] and argv[-2:] == ["hermes", event]
+        assert "--terminal 1a2b3c4d --server http://127.0.0.1:9889" in hook["command"]
+    knobs = {
+        "CAO_HERMES_BIN": str(tmp_path / "bin" / "hermes"),
+        "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081",
+    }
+    off = hermes_config(
+        tmp_path, providers.get("hermes").launch(replace(context(tmp_path, knobs), hooks=False))
+    )
+    assert "hooks" not in off and "cao.hook" not in json.dumps(off)

@@ -1,4 +1,5 @@
-"""OpenCode, Qwen Code, Copilot CLI and Kimi CLI driven through cao-server, inside the loopback-only bed.
+"""OpenCode, Qwen Code, Copilot CLI, Kimi CLI and Hermes driven through cao-server, inside the
+loopback-only bed.
 
 Lean on purpose (``make test`` has a time budget): one cao-server and one terminal per CLI, and in
 that one terminal a turn with its answer, an MCP ``send_message`` round trip to a scripted peer, and
@@ -35,6 +36,7 @@ CLIS = [
     CLI("qwen_code", queues_while_busy=False, start_timeout=90, turn_end="Stop|Notification"),
     CLI("copilot", queues_while_busy=False, start_timeout=90),
     CLI("kimi_cli", queues_while_busy=False, start_timeout=90, turn_end="Stop"),
+    CLI("hermes", queues_while_busy=False, start_timeout=90, turn_end="on_session_end"),
 ]
 ANGLE_MARKERS = ("kimi_cli",)
 
