@@ -72,6 +72,9 @@ SPINNER_RE = re.compile(r"^ {2}\S.* [a-z]+\.\.\.$")
 # (attempt 1/3)" and goes on, busy).
 ERROR_RE = re.compile(r"^❌ ")
 RESUME_RE = re.compile(r"^ {2}hermes --resume \S")
+# A question Hermes asks on the plain terminal before its box exists: "Allow this hook to run?
+# [y/N]: " (a shell hook not accepted beforehand), "Run setup now? [Y/n]" (no provider configured).
+YES_NO_RE = re.compile(r"\? \[[yY]/[nN]\]:? ?$")
 
 
 # Lifecycle hooks: shell hooks under ``hooks:`` in config.yaml (agent/shell_hooks.py; a JSON payload on
@@ -176,6 +179,8 @@ class HermesProvider(Provider):
             )
         box = _box(lines)
         if box is None:
+            if lines and YES_NO_RE.search(lines[-1]):
+                return Reading(TerminalStatus.WAITING_USER_ANSWER)
             if not lines or not any(RULE_RE.match(line) for line in lines):
                 return Reading(TerminalStatus.PROCESSING)  # starting up: the banner, no box yet
             return Reading(

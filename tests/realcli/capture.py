@@ -652,6 +652,23 @@ class Hermes(ProviderRecipe):
     def finished(self, screen: Screen, reply: str) -> bool:
         return self.idle(screen) and reply in re.split(r"⚕ Hermes", screen)[-1]
 
+    def dialogs(self) -> list[Dialog]:
+        def config(edit: Callable[[dict[str, Any]], None]) -> Callable[[Launch], None]:
+            return lambda launch: _edit_json(launch.home / ".hermes" / "config.yaml", edit)  # JSON is YAML
+
+        return [
+            Dialog(
+                "hooks",  # each shell hook asks on the TTY once unless accepted beforehand
+                lambda s: "Allow this hook to run? [y/N]" in s,
+                config(lambda d: d.pop("hooks_auto_accept")),
+            ),
+            Dialog(
+                "setup",  # no provider configured (and no provider key in the environment)
+                lambda s: "Run setup now? [Y/n]" in s,
+                config(lambda d: d.update(model="")),
+            ),
+        ]
+
     def prompt(self, text: str) -> str:
         # Hermes asks only for commands it deems dangerous (a recursive delete, chmod 777, ...).
         return text.replace("[[permission]]", "[[permission:chmod 777 cao-permission-probe.txt]]")
