@@ -289,7 +289,7 @@ def test_run_step_failures_name_kind_and_worker_and_leave_it(client: TestClient,
 def test_unknown_provider_names_ours_and_the_mapping(client: TestClient):
     detail = client.post("/sessions", params={"provider": "kiro_cli"}).json()["detail"]
     assert f"choose one of: {', '.join(providers.names())}." in detail
-    assert "claude_code, codex, gemini_cli, kimi_cli are the same CLIs here" in detail
+    assert "claude_code, codex, gemini_cli, kimi_cli, hermes are the same CLIs here" in detail
     assert "kiro_cli" in detail and "CAO_PROVIDER_ALIASES" in detail
 
 
