@@ -293,13 +293,16 @@ def _live(lines: list[str], first: int) -> list[str]:
 
 
 def _turn(transcript: list[str]) -> list[str] | None:
-    """Rows after the last echoed user turn (and its closing frame); None if none shows."""
+    """Rows after the last echoed user turn (and its closing frame); with the echo scrolled off the
+    top (a long answer), the whole transcript if an answer or error shows; else None."""
     for i in range(len(transcript) - 1, -1, -1):
         if transcript[i].startswith(ECHO) and i > 0 and RULE_RE.match(transcript[i - 1]):
             j = i + 1
             while j < len(transcript) and not RULE_RE.match(transcript[j]):
                 j += 1
             return transcript[j + 1 :]
+    if any(ANSWER_RE.match(line) or ERROR_RE.match(line) for line in transcript):
+        return transcript
     return None
 
 

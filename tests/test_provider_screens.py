@@ -396,6 +396,19 @@ TRAPS = [
         "Hi back.",
     ),
     Trap(
+        "hermes-echo-scrolled-off-the-top",  # many tool rows pushed it up: the answer box is the turn's
+        "hermes",
+        "  ┊ 💻 $         echo 38  0.0s\n  ┊ 💻 $         echo 39  0.0s\n\n╭─ ⚕ Hermes "
+        + "─" * 40
+        + "╮\n    Long done.\n╰"
+        + "─" * 40
+        + "╯\n"
+        + HERMES_FOOTER,
+        TerminalStatus.COMPLETED,
+        "",
+        "Long done.",
+    ),
+    Trap(
         "hermes-text-typed-while-busy",  # Enter would interrupt the turn: cao never delivers now
         "hermes",
         "\n" + "─" * 40 + "\n● First long task\n" + "─" * 40 + "\n  (¬_¬) synthesizing...\n\n"
