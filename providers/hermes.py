@@ -104,6 +104,9 @@ def _config(
         "model_catalog": {"enabled": False},
         "curator": {"enabled": False},
         "security": {"tirith_enabled": False},
+        # The echo of a many-line message shows its first and last 2 lines by default: show it whole,
+        # so every header of a combined delivery stays in the scrollback.
+        "display": {"user_message_preview": {"first_lines": PASTE_FOLD_NEVER, "last_lines": 0}},
         # A long paste would show as a placeholder in the box and the echo: keep the text itself.
         "paste_collapse_threshold": PASTE_FOLD_NEVER,
         "paste_collapse_threshold_fallback": PASTE_FOLD_NEVER,

@@ -174,6 +174,7 @@ def test_hermes_config_home_is_the_terminals_and_the_prompt_is_added_to_its_own(
     }
     assert config["agent"]["system_prompt"] == PROFILE.system_prompt  # Hermes's own prompt stays
     assert config["model_catalog"]["enabled"] is False
+    assert config["display"]["user_message_preview"]["last_lines"] == 0  # the echo shows it all
     assert config["approvals"]["mode"] == "off" and "--yolo" in launched.command
     asking = launch(SPECS[4], tmp_path, CAO_HERMES_BYPASS="false")
     assert hermes_config(tmp_path, asking)["approvals"]["mode"] == "manual"
