@@ -646,7 +646,8 @@ class Hermes(ProviderRecipe):
             permission=lambda s: re.search(r"^⚠ ❯", s, re.M) is not None,
             error=lambda s: "API call failed" in s or "HTTP 400" in s or "Error code: 400" in s,
             asks_questions=False,  # the fake's chat API has no question tool: it'd be answer text
-            retry_shown=lambda s: "API call failed (attempt" in s,
+            # no retry_shown: Hermes retries a 5xx under its plain busy screen (the "API call failed
+            # (attempt 1/3)" notices are printed only once the turn has ended)
         )
 
     def finished(self, screen: Screen, reply: str) -> bool:
