@@ -60,11 +60,17 @@ def find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
 
 
 def find_venv_cli(
-    ctx: LaunchContext, knob: str, command: str, package: str, release: str, extra: str = ""
+    ctx: LaunchContext,
+    knob: str,
+    command: str,
+    package: str,
+    release: str,
+    extra: str = "",
+    note: str = "",
 ) -> str:
     """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache's
     virtualenv for a Python CLI (``<cache>/venvs/<package>/bin``, tests/realcli/bed.py). ``extra``:
-    the package's extra the CLI needs (named in the install hint)."""
+    the package's extra the CLI needs, ``note``: a word on the release; both go in the install hint."""
     home = Path(ctx.base_env.get("HOME") or "~").expanduser()
     cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
     wanted = ctx.settings_env.get(knob) or command
@@ -74,7 +80,7 @@ def find_venv_cli(
             return found
     raise ProviderError(
         f"{wanted} not found (on PATH or in {venv}); install it with "
-        f"`pip install '{package}{f'[{extra}]' if extra else ''}=={release}'` "
+        f"`pip install '{package}{f'[{extra}]' if extra else ''}=={release}'`{f' ({note})' if note else ''} "
         f"or set {knob}=/path/to/{command} for cao-server"
     )
 

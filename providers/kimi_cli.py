@@ -36,15 +36,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import bullet_blocks, exited, flag, head, judge_submit
+from providers._cli import bullet_blocks, exited, find_venv_cli, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -100,21 +98,6 @@ def _config(base_url: str, key: str, kind: str, model: str) -> str:
         ("[models.cao]", 'provider = "cao"', f"model = {_toml(model)}", f"max_context_size = {CONTEXT_SIZE}"),
     ]
     return "\n\n".join("\n".join(table) for table in rows) + "\n"
-
-
-def _find_kimi(ctx: LaunchContext) -> str:
-    """``$CAO_KIMI_BIN``, else ``kimi`` on the pane's PATH, else the bed's pinned virtualenv."""
-    home = Path(ctx.base_env.get("HOME") or "~").expanduser()
-    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
-    wanted = ctx.settings_env.get("CAO_KIMI_BIN") or "kimi"
-    venv = cache.expanduser() / "venvs" / "kimi-cli" / "bin"
-    for path in (ctx.base_env.get("PATH", ""), str(venv)):
-        if found := shutil.which(wanted, path=path):
-            return found
-    raise ProviderError(
-        f"{wanted} not found (on PATH or in {venv}); install it with `pip install kimi-cli==1.51.0` "
-        "(1.52.0 is an installer stub, not the CLI) or set CAO_KIMI_BIN=/path/to/kimi for cao-server"
-    )
 
 
 class KimiCliProvider(Provider):
@@ -186,7 +169,18 @@ class KimiCliProvider(Provider):
             share / "config.toml": config,
             share / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
-        command = [_find_kimi(ctx), "--mcp-config-file", str(share / "mcp.json")]
+        command = [
+            find_venv_cli(
+                ctx,
+                "CAO_KIMI_BIN",
+                "kimi",
+                "kimi-cli",
+                "1.51.0",
+                note="1.52.0 is an installer stub, not the CLI",
+            ),
+            "--mcp-config-file",
+            str(share / "mcp.json"),
+        ]
         if profile and profile.system_prompt:  # added to Kimi's own system prompt, not replacing it
             agent = {
                 "version": 1,
