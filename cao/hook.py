@@ -92,8 +92,9 @@ def report(source: str, event: str | None, payload: dict[str, Any]) -> dict[str,
     if text := _text(last):
         body["last_message"] = text
     for key in ("notification_type", "message", "title", "reason"):
-        if isinstance(payload.get(key), str):
-            body[key] = payload[key][:1000]
+        value = payload.get(key) if isinstance(payload.get(key), str) else extra.get(key)
+        if isinstance(value, str):
+            body[key] = value[:1000]
     return body
 
 

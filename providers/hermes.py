@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import exited, find_venv_cli, flag, head, judge_submit
+from providers._cli import find_venv_cli, flag, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 FAKE_KEY = "cao-local-model-server-key"
@@ -55,6 +55,10 @@ OPENROUTER_URL = "https://openrouter.ai/api/v1"
 PASTE_FOLD_NEVER = 100_000_000
 
 RULE_RE = re.compile(r"^─{3,}$")
+ECHO_RULE = "─" * 40  # Hermes frames each echoed user turn with exactly this (full-width rules: the box)
+# The status bar right over the box's top rule: " ⚕ fake-model │ 10/256K │ … │ ⚠ YOLO".
+STATUS_RE = re.compile(r"^ ⚕ \S.* │ ")
+BOX_ROWS = 8  # the box shows at most this many rows (the latest), the prompt row scrolling away
 # The input line: an optional state icon, then the prompt symbol.
 PROMPT_RE = re.compile(r"^(?:(\S+) )?❯(?: |$)")
 RUNNING = "⚕"  # a turn runs
@@ -82,7 +86,8 @@ YES_NO_RE = re.compile(r"\? \[[yY]/[nN]\]:? ?$")
 # ``hooks_auto_accept``. pre_llm_call runs once per turn, before the first request (its "user_message"
 # is the prompt); post_llm_call after an answered turn (with "assistant_response"); on_session_end
 # at the end of every turn, answered, failed or interrupted; pre_approval_request when a dangerous
-# command waits for the user; on_session_finalize when Hermes quits.
+# command waits for the user; on_session_finalize when a session ends: Hermes quits (its "reason"
+# is "shutdown") or, still running, starts a fresh one on /new or /clear ("session_boundary").
 HOOK_PHASES = {
     "pre_llm_call": HookPhase.TURN_START,
     "post_llm_call": HookPhase.TURN_END,
@@ -188,19 +193,29 @@ class HermesProvider(Provider):
                 return Reading(TerminalStatus.PROCESSING)  # starting up: the banner, no box yet
             return Reading(
                 TerminalStatus.UNKNOWN,
-                "no input box (a '❯' line between two '────' rules) on screen: a screen of a Hermes "
-                "release this provider does not know",
+                "no input box (two full-width '────' rules under the status bar, the lower one "
+                "last) on screen: a screen of a Hermes release this provider does not know",
             )
-        icon = _icon(lines[box[0]])
+        top, bottom = box
+        spinning = any(SPINNER_RE.match(line) for line in lines[max(0, top - 5) : top])
+        if top + 1 == bottom or not PROMPT_RE.match(lines[top + 1]):
+            if spinning:
+                return Reading(TerminalStatus.PROCESSING)
+            return Reading(
+                TerminalStatus.UNKNOWN,
+                "the input box holds more rows than it shows: its prompt row, which carries the "
+                "state icon, has scrolled out of view",
+            )
+        icon = _icon(lines[top + 1])
         if icon in ASKING:
             return Reading(TerminalStatus.WAITING_USER_ANSWER)
-        if icon == RUNNING or any(SPINNER_RE.match(line) for line in _live(lines, box[0])):
+        if icon == RUNNING or spinning:
             return Reading(TerminalStatus.PROCESSING)
         if icon is not None:
             return Reading(
                 TerminalStatus.UNKNOWN, f"the input line shows {icon!r} before its '❯', a state not known"
             )
-        turn = _turn(lines[: box[0] - 1])
+        turn = _turn(lines[:top])
         if turn is None:
             return Reading(TerminalStatus.IDLE)
         for line in reversed(turn):  # an error after the last streamed answer
@@ -214,12 +229,14 @@ class HermesProvider(Provider):
         return self.detect(screen).status
 
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
+        if event == "on_session_finalize" and payload.get("reason") != "shutdown":
+            return HookPhase.SESSION_START  # /new or /clear: a fresh session, waiting for input
         return HOOK_PHASES.get(event)
 
     def extract_last_message(self, screen: str) -> str:
         lines = _lines(screen)
         box = _box(lines)
-        turn = _turn(lines[: box[0] - 1] if box else lines)
+        turn = _turn(lines[: box[0]] if box else lines)
         if turn is None:
             return ""
         answers: list[list[str]] = []
@@ -239,7 +256,7 @@ class HermesProvider(Provider):
 
     def transcript(self, screen: str) -> str:
         box = _box(_lines(screen))
-        return screen if box is None or self.input_text(screen) is None else head(screen, box[0] - 1)
+        return screen if box is None or self.input_text(screen) is None else head(screen, box[0])
 
     def submit_confirmed(self, before: str, after: str) -> bool | None:
         return judge_submit(self, before, after, _marks)
@@ -249,14 +266,17 @@ class HermesProvider(Provider):
         box = _box(lines)
         if box is None or _exited(lines):
             return None
-        first, end = box
-        icon = _icon(lines[first])
+        top, bottom = box
+        rows = lines[top + 1 : bottom]
+        if not rows or not PROMPT_RE.match(rows[0]):  # scrolled: more text above the rows shown
+            return "\n".join(rows).strip() or None
+        icon = _icon(rows[0])
         if icon not in (None, RUNNING):  # a menu or question has the keys: no typing there
             return None
-        rows = [PROMPT_RE.sub("", lines[first], count=1), *lines[first + 1 : end]]
+        rows[0] = PROMPT_RE.sub("", rows[0], count=1)
         if icon == RUNNING and rows[0].startswith(PLACEHOLDER):  # drawn while a turn runs
             return ""
-        return "\n".join(row.rstrip() for row in rows).strip()
+        return "\n".join(rows).strip()
 
 
 def _lines(screen: str) -> list[str]:
@@ -268,8 +288,10 @@ def _lines(screen: str) -> list[str]:
 
 def _exited(lines: list[str]) -> bool:
     """A dead pane, or Hermes's parting "Resume this session with: hermes --resume <id>" with its
-    session summary (Session:, Title:, Duration:, Messages:) under it and no box after it."""
-    if exited(lines):
+    session summary (Session:, Title:, Duration:, Messages:) under it and no box after it. (Not the
+    shared resume-hint search of the last lines: those are Hermes's input box, where a person may
+    type such a command.)"""
+    if any(line.startswith("Pane is dead (") for line in lines[-3:]):
         return True
     hints = [i for i, line in enumerate(lines) if RESUME_RE.match(line)]
     return bool(hints) and not any(RULE_RE.match(line) for line in lines[hints[-1] :])
@@ -281,27 +303,26 @@ def _icon(line: str) -> str | None:
 
 
 def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box: from the last prompt line right under a rule to the rule
-    under it (or the bottom)."""
-    for i in range(len(lines) - 1, 0, -1):
-        if PROMPT_RE.match(lines[i]) and RULE_RE.match(lines[i - 1]):
-            end = next((j for j in range(i + 1, len(lines)) if RULE_RE.match(lines[j])), len(lines))
-            return i, end
+    """``(top, bottom)``: the lines of the input box's two full-width rules. Found from the bottom of
+    the screen (the last line is the lower rule; the status bar sits over the top rule, at most
+    ``BOX_ROWS`` rows higher), never by a prompt row: text in the box may quote a Hermes screen,
+    rules and ``❯`` included, and a long text scrolls the real prompt row out of view."""
+    bottom = len(lines) - 1
+    if bottom < 2 or not RULE_RE.match(lines[bottom]):
+        return None
+    for i in range(max(0, bottom - BOX_ROWS - 2), bottom - 1):  # the topmost: quotes are lower
+        if STATUS_RE.match(lines[i]) and RULE_RE.match(lines[i + 1]):
+            return i + 1, bottom
     return None
-
-
-def _live(lines: list[str], first: int) -> list[str]:
-    """The few rows over the box's top rule: the spinner and the status bar."""
-    return lines[max(0, first - 6) : first - 1]
 
 
 def _turn(transcript: list[str]) -> list[str] | None:
     """Rows after the last echoed user turn (and its closing frame); with the echo scrolled off the
     top (a long answer), the whole transcript if an answer or error shows; else None."""
     for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(ECHO) and i > 0 and RULE_RE.match(transcript[i - 1]):
+        if transcript[i].startswith(ECHO) and i > 0 and transcript[i - 1] == ECHO_RULE:
             j = i + 1
-            while j < len(transcript) and not RULE_RE.match(transcript[j]):
+            while j < len(transcript) and transcript[j] != ECHO_RULE:
                 j += 1
             return transcript[j + 1 :]
     if any(ANSWER_RE.match(line) or ERROR_RE.match(line) for line in transcript):
@@ -312,10 +333,10 @@ def _turn(transcript: list[str]) -> list[str] | None:
 def _marks(screen: str) -> tuple[str | None, int]:
     lines = _lines(screen)
     box = _box(lines)
-    transcript = lines[: box[0] - 1] if box else lines
+    transcript = lines[: box[0]] if box else lines
     echoes = [
         line
         for i, line in enumerate(transcript)
-        if line.startswith(ECHO) and RULE_RE.match(transcript[i - 1])
+        if i and line.startswith(ECHO) and transcript[i - 1] == ECHO_RULE
     ]
     return (echoes[-1] if echoes else None), 0

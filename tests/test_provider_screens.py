@@ -537,3 +537,68 @@ def test_submit_confirmed_needs_firm_evidence(folder: str, case: Submit) -> None
     before, after = screen_ref(folder, case.before), screen_ref(folder, case.after)
     assert before != after or case.verdict is None
     assert providers.get(folder.split("/")[0]).submit_confirmed(before, after) is case.verdict
+
+
+# -- Hermes: what a hostile review found, on real captures (tests/screens/hermes/traps/) --------------
+HERMES_TRAPS = SCREENS / "hermes" / "traps"
+
+
+def hermes_trap(name: str) -> str:
+    return (HERMES_TRAPS / f"{name}.txt").read_text()
+
+
+def test_hermes_box_quoting_a_hermes_screen_is_the_persons_text_not_an_empty_box() -> None:
+    """A person pasted (no Enter) ten lines quoting another Hermes pane — rules, an echo, an answer
+    box and an empty `❯` box — into the idle box. The box shows only its last 8 rows: the quoted
+    `❯` under a quoted rule once passed for an empty box, and cao pasted onto the person's text and
+    submitted both."""
+    hermes = providers.get("hermes")
+    screen = hermes_trap("person_quotes_a_screen")
+    box = hermes.input_text(screen)
+    assert box and "All 12 tests passed." in box
+    assert hermes.detect(screen).status == TerminalStatus.UNKNOWN  # the state icon scrolled away
+    assert "All 12 tests passed." not in hermes.transcript(screen)
+    assert hermes.extract_last_message(screen) == ""  # no turn on screen: the quote is no answer
+
+
+@pytest.mark.parametrize("name", ["paste_quoting_a_screen_unsent", "long_paste_unsent"])
+def test_hermes_paste_still_in_the_box_is_no_submitted_turn(name: str) -> None:
+    """cao's paste sits in the box, Enter not taken (a starved CLI can keep it as a newline): a
+    `● ` line in it (a bullet, a quoted echo) right under the box's rule is no echoed turn, and the
+    box is read as holding text, so delivery presses Enter again instead of acknowledging."""
+    hermes = providers.get("hermes")
+    after = hermes_trap(name)
+    assert hermes.submit_confirmed(saved("hermes", "idle"), after) is False
+    assert hermes.input_text(after)
+
+
+def test_hermes_resume_command_typed_in_the_box_is_not_an_exit() -> None:
+    """`hermes --resume <id>` typed into the box (the last lines of a Hermes screen are its box)."""
+    hermes = providers.get("hermes")
+    screen = hermes_trap("resume_command_typed")
+    assert hermes.input_text(screen) == "to go on later run hermes --resume 20261201_092448_bb9622"
+    assert hermes.detect(screen).status == TerminalStatus.IDLE
+    assert not hermes.detect(screen).final
+
+
+def test_hermes_after_clear_is_idle_and_its_session_boundary_is_no_exit() -> None:
+    """/clear (and /new) fire Hermes's on_session_finalize, as quitting does; only the hook's
+    reason tells them apart. A fresh session waiting for input must not read as an exited CLI."""
+    from cao.hook import report
+    from cao.hooks import Hooks, combine
+    from cao.states import HookPhase
+
+    hermes = providers.get("hermes")
+    screen = hermes_trap("after_clear")
+    assert hermes.detect(screen).status == TerminalStatus.IDLE
+    phases = {}
+    for reason in ("session_boundary", "shutdown"):
+        payload = {"hook_event_name": "on_session_finalize", "extra": {"platform": "cli", "reason": reason}}
+        body = report("hermes", None, payload)
+        assert body["reason"] == reason  # the hook program passes Hermes's extra.reason on
+        phases[reason] = hermes.hook_phase("on_session_finalize", body)
+    assert phases == {"session_boundary": HookPhase.SESSION_START, "shutdown": HookPhase.SESSION_END}
+    hooks = Hooks(clock=lambda: 100.0)
+    hooks.record("t1", phases["session_boundary"], "on_session_finalize")
+    reading, _ = combine(hermes.detect(screen), hooks.state("t1"), 200.0, settle=5.0)
+    assert reading.status == TerminalStatus.IDLE

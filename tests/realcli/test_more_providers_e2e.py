@@ -110,3 +110,14 @@ def test_turn_mcp_round_trip_and_inbox_once(
     assert_delivered_at_first_or_second_try(cli, agent.message(message_id))
     assert len(turns_with(bed, tok)) == 1
     assert f"[cao message #{message_id} from {SENDER}]" in agent.screen()
+
+    if cli.provider == "hermes":
+        # /new fires on_session_finalize, as quitting does (reason "session_boundary", not
+        # "shutdown"): Hermes waits for input in a fresh session, and its mail goes in.
+        server.call("POST", f"/terminals/{agent.id}/input", json={"message": "/new now"})
+        agent.wait_hook("on_session_finalize", "session_start", timeout=20)
+        agent.wait("idle", "completed", timeout=20)  # /new keeps the old turns on screen
+        tok = token()
+        message_id = agent.send(f"After the new session {tok} [[reply:Fresh {tok}.]]")
+        wait_for(lambda: agent.message(message_id)["status"] == "delivered", 30, "mail after /new")
+        wait_for(lambda: agent.last() == f"Fresh {tok}.", 40, "the answer after /new")
