@@ -349,17 +349,19 @@ class Delivery:
 
     def _opens_in(self, terminal: Terminal, why: str) -> float | None:
         """Seconds until a closed gate opens by the clock alone, or None: the MCP wait's timeout;
-        a fresh turn-start report that alone reads "busy" on a ready screen (cao/hooks.py)."""
+        a fresh turn-start report that alone reads "busy" on a ready screen, or a fresh session-end
+        report that alone reads "exited" (cao/hooks.py: each counts for ``hook_settle`` seconds)."""
         now = self.clock()
         if why == WaitReason.MCP:
             return max(0.0, terminal.created_at + self.settings.mcp_ready_timeout - now) + 0.05
-        if why == WaitReason.BUSY:
-            hook = self.terminals.hooks.state(terminal.id)
-            if hook is not None and hook.phase == HookPhase.TURN_START:
-                left = hook.at + self.settings.hook_settle - now
-                if left > 0:
-                    return left + 0.05
-        return None
+        hook = self.terminals.hooks.state(terminal.id)
+        if hook is None or (why, hook.phase) not in (
+            (WaitReason.BUSY, HookPhase.TURN_START),
+            (WaitReason.UNKNOWN, HookPhase.SESSION_END),
+        ):
+            return None
+        left = hook.at + self.settings.hook_settle - now
+        return left + 0.05 if left > 0 else None
 
     def _wait(self, receiver_id: str, newest: int, why: str) -> Result:
         """Gate closed: store the reason with the pending messages (once per reason and arrival)."""

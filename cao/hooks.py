@@ -27,6 +27,9 @@ an exited CLI (``final``)          kept
 idle / completed / error           a turn start less than ``settle`` seconds old → ``processing``
                                    (the screen hasn't caught up yet); an older one is reported in
                                    the reason only (an interrupted turn never reports its end)
+any but an exited CLI              the session ended → ``unknown`` (exited), unless the screen
+                                   reads ready more than ``settle`` seconds later (a /clear whose
+                                   new session's report was lost: a real exit ends the pane)
 =================================  ==============================================================
 
 A hook's prompt text is also evidence a delivery can attribute: a ``UserPromptSubmit`` (or a
@@ -166,7 +169,15 @@ def combine(
     age = max(0.0, now - state.at)
     said = f"the CLI's {state.event} hook {age:.0f} s ago"
     if phase == Phase.SESSION_END:
-        return Reading(TerminalStatus.UNKNOWN, f"the CLI has exited ({said})", final=True), True
+        ready = status in (TerminalStatus.IDLE, TerminalStatus.COMPLETED, TerminalStatus.ERROR)
+        if not ready or age <= settle:
+            return Reading(TerminalStatus.UNKNOWN, f"the CLI has exited ({said})", final=True), True
+        # still drawing its box long after: a session boundary (/clear, /new) whose "session start"
+        # never arrived. An exit would have ended the pane by now (tmux says so): the screen's.
+        return (
+            Reading(status, f"{said} the session ended, yet its input box is still up: going by the screen"),
+            True,
+        )
     if status == TerminalStatus.WAITING_USER_ANSWER:
         return reading, False
     if status == TerminalStatus.UNKNOWN:

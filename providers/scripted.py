@@ -73,6 +73,7 @@ class ScriptedProvider(Provider):
             "Stop": HookPhase.TURN_END,
             "Notification": HookPhase.ASKING,
             "SessionStart": HookPhase.SESSION_START,
+            "SessionEnd": HookPhase.SESSION_END,
         }.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:

@@ -53,6 +53,9 @@ def _state(phase: HookPhase, age: float, starts: bool = True, now: float = 1000.
         (S.ERROR, HookPhase.ASKING, 60, True, S.ERROR),
         # the CLI said its session ended
         (S.IDLE, HookPhase.SESSION_END, 1, True, S.UNKNOWN),
+        (S.PROCESSING, HookPhase.SESSION_END, 60, True, S.UNKNOWN),
+        # ... but its box is still up long after: a /clear whose session-start report got lost
+        (S.IDLE, HookPhase.SESSION_END, 60, True, S.IDLE),
     ],
 )
 def test_screen_and_hooks_combine_as_documented(

@@ -232,3 +232,22 @@ def test_a_session_start_report_wakes_mail_held_by_a_turn_start_report(
     core.hook(tid, {"event": "SessionStart"})
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered on the report")
     assert core.engine.stats["sweeps"] == 0
+
+
+def test_a_session_end_report_from_a_cli_still_at_its_prompt_holds_mail_only_while_fresh(
+    make_core: Callable[..., Cao], settings: Settings
+):
+    """A CLI reports its session ended (Claude Code's /clear does, before its new session's
+    report — which may be lost), yet its box stays up. While fresh the report reads "exited" (an
+    exit ends the pane within moments); once `hook_settle` passes the screen decides, and the
+    held mail goes in then, with nothing on screen to say so."""
+    core = make_core(settings.with_(hook_settle=1.5, **NO_SWEEP))
+    tid = _new_terminal(core, "developer")
+    core.hook(tid, {"event": "SessionEnd"})
+    mid = core.send_message(tid, "token-after-session-end", sender_id="s").message.id or 0
+    wait_until(
+        lambda: (core.store.get_message(mid).waiting_reason or "").startswith("receiver status unknown"),
+        what="held as exited",
+    )
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="after the settle")
+    assert core.engine.stats["sweeps"] == 0
