@@ -282,7 +282,13 @@ class Cao:
         terminal = self.terminals.create(
             provider=self.resolve_provider(provider), supervisor_id=supervisor, **kwargs
         )
-        if self.store.has_pending(terminal.id):  # sent to while starting: that run only saw STARTING
+        # sent to while starting: that run only saw STARTING. Best effort: the terminal exists now,
+        # so a busy store must not turn this create into a "nothing was written, retry" error.
+        try:
+            pending = self.store.has_pending(terminal.id)
+        except CaoError:
+            pending = True  # a run that finds nothing costs one read
+        if pending:
             self.engine.kick(terminal.id, "created")
         if initial_message is not None:
             try:

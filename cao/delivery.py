@@ -36,6 +36,9 @@ from providers.base import Provider, TerminalStatus
 logger = logging.getLogger(__name__)
 
 TAIL_BYTES = 2048
+# A provider with no cheap idle check on its log tail gets a full look at most this often on log
+# changes (a spinner redraws ~10 times a second).
+LOOK_EVERY = 0.25
 
 
 class Outcome(StrEnum):
@@ -125,6 +128,7 @@ class Delivery:
         self.events = events or EventBus()
         # receiver -> (reason stored, newest pending id it was stored for): skip repeated writes
         self._noted: dict[str, tuple[str, int]] = {}
+        self._looked: dict[str, float] = {}  # receiver -> when its screen was last captured here
 
     # -- the delivery function ------------------------------------------------------------------
     def deliver(self, receiver_id: str, *, trigger: str = "manual") -> Result:
@@ -136,6 +140,7 @@ class Delivery:
             return Result(Outcome.NOTHING)
         if newest is None:
             self._noted.pop(receiver_id, None)
+            self._looked.pop(receiver_id, None)
             return Result(Outcome.NOTHING)
         if terminal.state in ENDED:
             n = self.store.fail_undelivered(receiver_id, RECEIVER_GONE)
@@ -147,12 +152,18 @@ class Delivery:
         provider = self.terminals.provider(terminal)
         eager = self.settings.eager_delivery and provider.accepts_input_while_processing
         if (
-            trigger == "watchdog"
+            trigger in ("watchdog", "watch_armed")  # a re-run after arming: the tail shows a turn's end
             and not eager
             and not self._tail_idle(receiver_id, provider)
             and not self.terminals.hooks.ready(receiver_id)  # the CLI said its turn ended: look
         ):
             return Result(Outcome.WAITING, reason=WaitReason.BUSY)
+        if trigger in ("watchdog", "watch_armed") and provider.idle_tail_pattern is None:
+            # no cheap check for this CLI: every spinner frame would be a capture; look at most
+            # every LOOK_EVERY seconds, and once more after the last change
+            wait = self._looked.get(receiver_id, 0.0) + LOOK_EVERY - self.clock()
+            if wait > 0:
+                return Result(Outcome.WAITING, reason=WaitReason.BUSY, look_again_in=wait)
         with self.terminals.lock(receiver_id):
             return self._deliver_locked(terminal, provider, newest, trigger)
 
@@ -162,6 +173,7 @@ class Delivery:
         The gate: ready (idle, completed, an error turn with the prompt back) or eager-busy, and an
         input box that is empty — or holds only cao's own unsubmitted paste of the oldest pending
         message (checked again, strictly, once the batch is claimed)."""
+        self._looked[terminal.id] = self.clock()
         screen = self.terminals.screen(terminal)
         status = self.terminals.read(terminal, screen).status.value
         if terminal.ready_at is None:
@@ -197,14 +209,10 @@ class Delivery:
             screen, status, why = self._look(terminal, provider)
         except (PaneGone, TmuxServerDown):
             return Result(Outcome.FAILED, reason=RECEIVER_GONE)  # lose() failed its mail
-        except TmuxError as exc:  # a hiccup: an idle pane writes nothing more to wake us
-            waiting = self._wait(rid, newest, f"{WaitReason.UNREADABLE} ({exc.message})")
-            waiting.look_again_in = self.settings.retry_delay
-            return waiting
+        except TmuxError as exc:
+            return self._hold(terminal, newest, f"{WaitReason.UNREADABLE} ({exc.message})")
         if why is not None:
-            waiting = self._wait(rid, newest, why)
-            waiting.look_again_in = self._opens_in(terminal, why)
-            return waiting
+            return self._hold(terminal, newest, why)
         # 2. claim
         self.faults.hit("before_claim")
         claim = self.store.claim(rid, limit=self.settings.batch_max_messages)
@@ -224,7 +232,7 @@ class Delivery:
                 why = f"{WaitReason.UNREADABLE} ({exc.message})"
             if why is not None:
                 self.store.unclaim(claim.token)
-                return self._wait(rid, newest, why)
+                return self._hold(terminal, newest, why)
         return self._paste(terminal, provider, claim, screen, trigger, newest)
 
     def _paste(
@@ -347,11 +355,20 @@ class Delivery:
                 )
         return n
 
+    def _hold(self, terminal: Terminal, newest: int, why: str) -> Result:
+        """The gate is closed for ``why``: note it, and say when to look again if only time opens it."""
+        waiting = self._wait(terminal.id, newest, why)
+        waiting.look_again_in = self._opens_in(terminal, why)
+        return waiting
+
     def _opens_in(self, terminal: Terminal, why: str) -> float | None:
-        """Seconds until a closed gate opens by the clock alone, or None: the MCP wait's timeout;
+        """Seconds until a closed gate opens by the clock alone, or None: a failed screen read (a
+        tmux hiccup: an idle pane writes nothing more to wake us); the MCP wait's timeout;
         a fresh turn-start report that alone reads "busy" on a ready screen, or a fresh session-end
         report that alone reads "exited" (cao/hooks.py: each counts for ``hook_settle`` seconds)."""
         now = self.clock()
+        if why.startswith(WaitReason.UNREADABLE):
+            return self.settings.retry_delay
         if why == WaitReason.MCP:
             return max(0.0, terminal.created_at + self.settings.mcp_ready_timeout - now) + 0.05
         hook = self.terminals.hooks.state(terminal.id)

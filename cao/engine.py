@@ -86,6 +86,7 @@ class DeliveryEngine:
         self._again: dict[str, str] = {}
         self._recover: set[str] = set()  # receivers with a stale claim to resolve in their runner
         self._retry_due: dict[str, float] = {}  # receiver -> when its retry timer fires (monotonic)
+        self._retry_timers: dict[str, threading.Timer] = {}
         self._stop = threading.Event()
         self._observer: PollingObserverVFS | None = None
         self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
@@ -168,16 +169,25 @@ class DeliveryEngine:
         due = time.monotonic() + delay
         if self._stop.is_set() or self._retry_due.get(receiver_id, float("inf")) <= due:
             return
-        self._retry_due[receiver_id] = due
         timer = threading.Timer(delay, self._retry_now, (receiver_id, due))
         timer.daemon = True
-        timer.start()
+        try:
+            timer.start()
+        except RuntimeError:  # no thread to spare: leave it to the next trigger or the sweep
+            logger.exception("retry timer could not start", extra={"terminal_id": receiver_id})
+            return
+        old = self._retry_timers.pop(receiver_id, None)
+        if old is not None:
+            old.cancel()  # a later one is replaced: don't keep its thread asleep until then
+        self._retry_due[receiver_id] = due
+        self._retry_timers[receiver_id] = timer
 
     def _retry_now(self, receiver_id: str, due: float) -> None:
         with self._lock:
             if self._retry_due.get(receiver_id) != due:
                 return  # an earlier timer replaced this one and has run
             del self._retry_due[receiver_id]
+            self._retry_timers.pop(receiver_id, None)
         self.kick(receiver_id, "retry")
 
     def _still_pending(self, receiver_id: str) -> bool:

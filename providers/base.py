@@ -118,10 +118,10 @@ class Provider:
     waits_for_mcp: ClassVar[bool] = False
     # Typed (then Enter) to leave the CLI politely.
     exit_command: ClassVar[str] = "/exit"
-    # Cheap check on the last line of the raw pane log: could the agent be idle now? (It only
-    # saves screen captures; the default lets every change through to a full look, since a
-    # pattern that never matches would leave a busy agent's mail to the sweep once it is done.)
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"")
+    # Cheap check on the last line of the raw pane log: could the agent be idle now? It only saves
+    # screen captures, so it must pass every ready screen (the contract test checks the saved
+    # ones). None: no such check; delivery then looks at most every 250 ms while the log changes.
+    idle_tail_pattern: ClassVar[re.Pattern[str] | None] = None
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         raise NotImplementedError
@@ -176,4 +176,4 @@ class Provider:
         return True if after != before else None
 
     def tail_looks_idle(self, tail: str) -> bool:
-        return bool(self.idle_tail_pattern.search(last_line(tail)))
+        return self.idle_tail_pattern is None or bool(self.idle_tail_pattern.search(last_line(tail)))

@@ -1,11 +1,13 @@
 """Lost wake-ups: ways a ready receiver's mail could wait for the reconcile sweep.
 
 Each test sets the sweep to 600 s, so only the fast paths (immediate, watchdog, hook, a timed
-look again) can deliver, and asserts that no sweep ran. Each failed before its fix.
+look again) can deliver, and asserts that no sweep ran. Each failed before its fix, except the
+box typed-then-cleared case (a guard: it always worked).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -79,6 +81,7 @@ def test_a_transient_screen_read_error_on_an_idle_receiver_is_retried(
     wait_until(lambda: failures[0] == 1 and core.engine.idle(), what="the failed attempt is over")
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
     assert core.engine.stats["sweeps"] == 0
+    assert core.engine.stats.get("delivered_by_retry") == 1  # the look again, not a lucky re-run
 
 
 def _fail_next_delivery_capture(core: Cao) -> list[int]:
@@ -229,6 +232,7 @@ def test_a_session_start_report_wakes_mail_held_by_a_turn_start_report(
     core.hook(tid, {"event": "UserPromptSubmit"})
     mid = core.send_message(tid, "token-after-clear", sender_id="s").message.id or 0
     wait_until(lambda: core.store.get_message(mid).waiting_reason == "receiver busy", what="held")
+    wait_until(core.engine.idle, what="the runs are over: only the report can wake it now")
     core.hook(tid, {"event": "SessionStart"})
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered on the report")
     assert core.engine.stats["sweeps"] == 0
@@ -250,4 +254,134 @@ def test_a_session_end_report_from_a_cli_still_at_its_prompt_holds_mail_only_whi
         what="held as exited",
     )
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="after the settle")
+    assert core.engine.stats["sweeps"] == 0
+
+
+def _count_delivery_captures(core: Cao) -> list[int]:
+    real = core.terminals.screen
+    count = [0]
+
+    def counting(terminal, **kw):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name.startswith("cao-deliver"):
+            count[0] += 1
+        return real(terminal, **kw)
+
+    core.terminals.screen = counting  # type: ignore[method-assign]
+    return count
+
+
+def test_a_provider_without_a_tail_check_is_looked_at_a_few_times_a_second_not_every_frame(
+    make_core: Callable[..., Cao], settings: Settings, monkeypatch: pytest.MonkeyPatch
+):
+    """Kimi CLI and Hermes have no cheap idle check on the log tail: a busy one with mail waiting
+    redraws its spinner ~10 times a second, each a log change. Delivery looks at most every 250 ms
+    (and once more after the last change), and the mail still goes in right after the turn."""
+    monkeypatch.setattr(ScriptedProvider, "idle_tail_pattern", None)
+    rules = {"record": True, "rules": [{"match": r"^work", "delay": 3.0, "reply": "worked"}]}
+    write_rules(settings.home, "worker", rules)
+    core = make_core(settings.with_(**NO_SWEEP))
+    tid = _new_terminal(core, "worker")
+    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    mid = core.send_message(tid, "token-throttled", sender_id="s").message.id or 0
+    wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
+    looks = _count_delivery_captures(core)
+    started = time.monotonic()
+    wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
+    busy_for = time.monotonic() - started
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered after the turn")
+    assert core.engine.stats["sweeps"] == 0
+    # ~10 frames a second unthrottled; at most 4 looks a second (+ the ones after the turn)
+    assert looks[0] <= busy_for * 4 + 4, (looks[0], busy_for)
+
+
+def test_a_retry_timer_that_cannot_start_leaves_the_receiver_to_the_next_trigger(
+    make_core: Callable[..., Cao], settings: Settings, monkeypatch: pytest.MonkeyPatch
+):
+    """No thread to spare for the look-again timer: the receiver's runner must still end (not stay
+    "running" for good, swallowing every later kick); the sweep (0.5 s here) then delivers."""
+    core = make_core(settings)
+    tid = _new_terminal(core, "developer")
+    real_screen = core.terminals.screen
+    fails = [0]
+
+    def flaky(terminal, **kw):  # type: ignore[no-untyped-def]
+        if not fails[0] and threading.current_thread().name.startswith("cao-deliver"):
+            fails[0] += 1
+            raise TmuxError("tmux capture-pane did not answer within 30 s")
+        return real_screen(terminal, **kw)
+
+    core.terminals.screen = flaky  # type: ignore[method-assign]
+    real_start = threading.Timer.start
+    starts = [0]
+
+    def start_once(timer: threading.Timer) -> None:
+        if not starts[0]:
+            starts[0] += 1
+            raise RuntimeError("can't start new thread")
+        real_start(timer)
+
+    monkeypatch.setattr(threading.Timer, "start", start_once)
+    mid = core.send_message(tid, "token-no-thread", sender_id="s").message.id or 0
+    wait_until(lambda: starts[0] == 1, what="the timer failed to start")
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="delivered by a later trigger")
+
+
+def test_a_busy_store_right_after_a_create_does_not_fail_the_create(
+    make_core: Callable[..., Cao], settings: Settings
+):
+    """The create is done when the pending-mail check meets a locked database: answering "nothing
+    was written, retry" would leave a live agent without its task, and a retry would make two."""
+    from cao.errors import StoreBusy
+
+    core = make_core(settings)
+    real = core.store.has_pending
+    calls = [0]
+
+    def busy_once(receiver_id: str) -> bool:
+        if threading.current_thread() is threading.main_thread() and not calls[0]:
+            calls[0] += 1
+            raise StoreBusy("the database stayed locked past the busy timeout")
+        return real(receiver_id)
+
+    core.store.has_pending = busy_once  # type: ignore[method-assign]
+    view = core.create_terminal(provider="scripted", agent_profile="developer", initial_message="your task")
+    assert calls[0] == 1
+    made = core.store.list_terminals()
+    assert [t.id for t in made] == [view["id"]] and made[0].initial_message_id is not None
+
+
+def test_a_failed_second_look_after_the_claim_is_looked_at_again(
+    make_core: Callable[..., Cao], settings: Settings
+):
+    """Eager delivery looks again after its claim; that capture fails once, after the busy
+    receiver's turn ended and its screen went quiet. The look again finds it ready."""
+    rules = {"record": True, "rules": [{"match": r"^work", "delay": 2.0, "reply": "worked"}]}
+    write_rules(settings.home, "worker", rules)
+    core = make_core(settings.with_(eager_delivery=True, **NO_SWEEP))
+    tid = _new_terminal(core, "worker", provider="scripted_eager")
+    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    real = core.terminals.screen
+    state = [0, 0]  # [armed, failures]
+
+    def turn_ends() -> None:
+        core.faults.hooks.pop("after_claim", None)
+        wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
+        time.sleep(0.3)  # the screen is quiet from here on
+        state[0] = 1
+
+    def flaky(terminal, **kw):  # type: ignore[no-untyped-def]
+        if state[0] and not state[1] and threading.current_thread().name.startswith("cao-deliver"):
+            state[1] += 1
+            raise TmuxError("tmux capture-pane did not answer within 30 s")
+        return real(terminal, **kw)
+
+    core.faults.hooks["after_claim"] = turn_ends
+    core.terminals.screen = flaky  # type: ignore[method-assign]
+    with core.engine._lock:  # watched already, as after an earlier wait: no re-run after arming
+        core.engine.watched.add(tid)
+    mid = core.send_message(tid, "token-second-look", sender_id="s").message.id or 0
+    wait_until(lambda: state[1] == 1, timeout=10, what="the look after the claim failed")
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="delivered without the sweep")
     assert core.engine.stats["sweeps"] == 0
