@@ -104,14 +104,27 @@ def npm_version(binary: str, package: str) -> tuple[int, ...] | None:
 
 
 # What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini,
-# Kimi, Hermes).
-RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r|hermes --resume) \S")
+# Kimi; Hermes has its own check), always after the CLI's own lead-in, on the same line or the one
+# above (so a resume command typed into an input box drawn near the bottom is no exit).
+RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r) \S")
+RESUME_LEAD_RE = re.compile(
+    r"Resume this session with:|To continue this session, run|To resume this session:"
+)
 
 
 def exited(lines: list[str]) -> bool:
     """The CLI has quit: tmux's own last line for a dead pane (windows with ``remain-on-exit``), or
     the CLI's parting "resume this session" hint at the very bottom (the box is gone or above it)."""
-    return any(line.startswith("Pane is dead (") or RESUME_RE.search(line) for line in lines[-3:])
+    for i in range(max(0, len(lines) - 3), len(lines)):
+        line = lines[i]
+        if line.startswith("Pane is dead ("):
+            return True
+        hint = RESUME_RE.search(line)
+        if hint is None:
+            continue
+        if RESUME_LEAD_RE.search(line[: hint.start()]) or (i and RESUME_LEAD_RE.search(lines[i - 1])):
+            return True
+    return False
 
 
 def judge_submit(

@@ -602,3 +602,28 @@ def test_hermes_after_clear_is_idle_and_its_session_boundary_is_no_exit() -> Non
     hooks.record("t1", phases["session_boundary"], "on_session_finalize")
     reading, _ = combine(hermes.detect(screen), hooks.state("t1"), 200.0, settle=5.0)
     assert reading.status == TerminalStatus.IDLE
+
+
+RESUME_COMMANDS = {
+    "claude_code": "claude --resume 400d7b98-6e7f-4d45-b4e0-d75ca8375dc3",
+    "codex": "codex resume 01a22fd7-67a5-7e11-9e70-176f4422e37c",
+    "gemini_cli": "gemini --resume 240bd3a0-e40b-4856-b809-193a7bebdebd",
+    "kimi_cli": "kimi -r 4d4a8c68-d852-43f1-93c5-46bca556a12a",
+    "hermes": "hermes --resume 20261201_092448_bb9622",
+}
+
+
+@pytest.mark.parametrize("provider", sorted(RESUME_COMMANDS))
+def test_a_resume_command_typed_into_the_box_is_no_exit(provider: str) -> None:
+    """The saved typed screen with its last typed line swapped for the CLI's own resume command (a
+    person may type one, a message may end with one). Claude's box sits in the last three lines, where
+    the parting hint is looked for; only the CLI's own lead-in ("Resume this session with:", "To
+    resume this session:", …) makes it a hint."""
+    cli = providers.get(provider)
+    typed = saved(provider, "typed")
+    line = f"then run {RESUME_COMMANDS[provider]}"
+    screen = typed.replace("Please reply typed-but-not-sent", line)
+    assert screen != typed
+    reading = cli.detect(screen)
+    assert not reading.final and reading.status == cli.detect(typed).status
+    assert line in (cli.input_text(screen) or "")
