@@ -85,8 +85,7 @@ class DeliveryEngine:
         self._running: dict[str, str] = {}  # receiver -> trigger of the current run
         self._again: dict[str, str] = {}
         self._recover: set[str] = set()  # receivers with a stale claim to resolve in their runner
-        self._retry_due: dict[str, float] = {}  # receiver -> when its retry timer fires (monotonic)
-        self._retry_timers: dict[str, threading.Timer] = {}
+        self._retries: dict[str, tuple[float, threading.Timer]] = {}  # receiver -> (due, its timer)
         self._stop = threading.Event()
         self._observer: PollingObserverVFS | None = None
         self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
@@ -167,7 +166,8 @@ class DeliveryEngine:
     def _retry_later(self, receiver_id: str, delay: float) -> None:
         """One timer per receiver (call with ``_lock`` held): an earlier one already set stands."""
         due = time.monotonic() + delay
-        if self._stop.is_set() or self._retry_due.get(receiver_id, float("inf")) <= due:
+        current = self._retries.get(receiver_id)
+        if self._stop.is_set() or (current is not None and current[0] <= due):
             return
         timer = threading.Timer(delay, self._retry_now, (receiver_id, due))
         timer.daemon = True
@@ -176,18 +176,16 @@ class DeliveryEngine:
         except RuntimeError:  # no thread to spare: leave it to the next trigger or the sweep
             logger.exception("retry timer could not start", extra={"terminal_id": receiver_id})
             return
-        old = self._retry_timers.pop(receiver_id, None)
-        if old is not None:
-            old.cancel()  # a later one is replaced: don't keep its thread asleep until then
-        self._retry_due[receiver_id] = due
-        self._retry_timers[receiver_id] = timer
+        if current is not None:
+            current[1].cancel()  # replaced by an earlier one: don't keep its thread asleep
+        self._retries[receiver_id] = (due, timer)
 
     def _retry_now(self, receiver_id: str, due: float) -> None:
         with self._lock:
-            if self._retry_due.get(receiver_id) != due:
-                return  # an earlier timer replaced this one and has run
-            del self._retry_due[receiver_id]
-            self._retry_timers.pop(receiver_id, None)
+            current = self._retries.get(receiver_id)
+            if current is None or current[0] != due:
+                return  # replaced by an earlier timer (this one fired before its cancel)
+            del self._retries[receiver_id]
         self.kick(receiver_id, "retry")
 
     def _still_pending(self, receiver_id: str) -> bool:
@@ -336,6 +334,9 @@ class DeliveryEngine:
         self._stop.set()
         with self._lock:
             observer, self._observer = self._observer, None
+            for _, timer in self._retries.values():
+                timer.cancel()
+            self._retries.clear()
         if observer is not None:
             observer.stop()
             observer.join(timeout=5)
