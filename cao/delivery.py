@@ -39,6 +39,7 @@ TAIL_BYTES = 2048
 # A provider with no cheap idle check on its log tail gets a full look at most this often on log
 # changes (a spinner redraws ~10 times a second).
 LOOK_EVERY = 0.25
+LOG_TRIGGERS = ("watchdog", "watch_armed")  # woken by a pane log (or the arming of its watch)
 
 
 class Outcome(StrEnum):
@@ -152,13 +153,13 @@ class Delivery:
         provider = self.terminals.provider(terminal)
         eager = self.settings.eager_delivery and provider.accepts_input_while_processing
         if (
-            trigger in ("watchdog", "watch_armed")  # a re-run after arming: the tail shows a turn's end
+            trigger in LOG_TRIGGERS
             and not eager
             and not self._tail_idle(receiver_id, provider)
             and not self.terminals.hooks.ready(receiver_id)  # the CLI said its turn ended: look
         ):
             return Result(Outcome.WAITING, reason=WaitReason.BUSY)
-        if trigger in ("watchdog", "watch_armed") and provider.idle_tail_pattern is None:
+        if trigger in LOG_TRIGGERS and provider.idle_tail_pattern is None:
             # no cheap check for this CLI: every spinner frame would be a capture; look at most
             # every LOOK_EVERY seconds, and once more after the last change
             wait = self._looked.get(receiver_id, 0.0) + LOOK_EVERY - self.clock()
