@@ -60,36 +60,11 @@ def test_a_busy_receiver_with_the_default_tail_pattern_turning_idle_is_woken_by_
 
 
 # -- 3. a transient tmux error on the screen read ---------------------------------------------------
-def test_a_transient_screen_read_error_on_an_idle_receiver_is_retried(
-    make_core: Callable[..., Cao], settings: Settings
-):
-    """One capture fails (a tmux command that timed out, a busy server): the attempt waits with
-    'screen could not be read', and the idle receiver's log never changes: it must look again."""
-    core = make_core(settings.with_(**NO_SWEEP))
-    tid = _new_terminal(core, "developer")
+def _fail_one_capture(core: Cao, *, armed: bool = True) -> list[int]:
+    """``[armed, failures]``: once armed (``state[0] = 1``), the next screen capture made by a
+    delivery thread raises a TmuxError, once."""
     real = core.terminals.screen
-    failures = [0]
-
-    def flaky(terminal, **kw):  # type: ignore[no-untyped-def]
-        if failures[0] < 1:
-            failures[0] += 1
-            raise TmuxError("tmux capture-pane did not answer within 30 s")
-        return real(terminal, **kw)
-
-    core.terminals.screen = flaky  # type: ignore[method-assign]
-    mid = core.send_message(tid, "token-after-a-tmux-hiccup", sender_id="s").message.id or 0
-    wait_until(lambda: failures[0] == 1 and core.engine.idle(), what="the failed attempt is over")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
-    assert core.engine.stats["sweeps"] == 0
-    assert core.engine.stats.get("delivered_by_retry") == 1  # the look again, not a lucky re-run
-
-
-def _fail_next_delivery_capture(core: Cao) -> list[int]:
-    """Make the next screen capture done by a delivery thread raise a TmuxError (once)."""
-    import threading
-
-    real = core.terminals.screen
-    state = [0, 0]  # [armed, failures]
+    state = [int(armed), 0]
 
     def flaky(terminal, **kw):  # type: ignore[no-untyped-def]
         if state[0] and not state[1] and threading.current_thread().name.startswith("cao-deliver"):
@@ -99,6 +74,21 @@ def _fail_next_delivery_capture(core: Cao) -> list[int]:
 
     core.terminals.screen = flaky  # type: ignore[method-assign]
     return state
+
+
+def test_a_transient_screen_read_error_on_an_idle_receiver_is_retried(
+    make_core: Callable[..., Cao], settings: Settings
+):
+    """One capture fails (a tmux command that timed out, a busy server): the attempt waits with
+    'screen could not be read', and the idle receiver's log never changes: it must look again."""
+    core = make_core(settings.with_(**NO_SWEEP))
+    tid = _new_terminal(core, "developer")
+    state = _fail_one_capture(core)
+    mid = core.send_message(tid, "token-after-a-tmux-hiccup", sender_id="s").message.id or 0
+    wait_until(lambda: state[1] == 1 and core.engine.idle(), what="the failed attempt is over")
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
+    assert core.engine.stats["sweeps"] == 0
+    assert core.engine.stats.get("delivered_by_retry") == 1  # the look again, not a lucky re-run
 
 
 def test_a_transient_screen_read_error_when_a_watched_receiver_turns_idle_is_retried(
@@ -112,7 +102,7 @@ def test_a_transient_screen_read_error_when_a_watched_receiver_turns_idle_is_ret
     tid = _new_terminal(core, "worker")
     core.terminals.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
-    state = _fail_next_delivery_capture(core)
+    state = _fail_one_capture(core, armed=False)
     mid = core.send_message(tid, "token-after-a-tmux-hiccup", sender_id="s").message.id or 0
     wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
     state[0] = 1
@@ -302,16 +292,7 @@ def test_a_retry_timer_that_cannot_start_leaves_the_receiver_to_the_next_trigger
     "running" for good, swallowing every later kick); the sweep (0.5 s here) then delivers."""
     core = make_core(settings)
     tid = _new_terminal(core, "developer")
-    real_screen = core.terminals.screen
-    fails = [0]
-
-    def flaky(terminal, **kw):  # type: ignore[no-untyped-def]
-        if not fails[0] and threading.current_thread().name.startswith("cao-deliver"):
-            fails[0] += 1
-            raise TmuxError("tmux capture-pane did not answer within 30 s")
-        return real_screen(terminal, **kw)
-
-    core.terminals.screen = flaky  # type: ignore[method-assign]
+    _fail_one_capture(core)
     real_start = threading.Timer.start
     starts = [0]
 
@@ -362,8 +343,7 @@ def test_a_failed_second_look_after_the_claim_is_looked_at_again(
     tid = _new_terminal(core, "worker", provider="scripted_eager")
     core.terminals.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
-    real = core.terminals.screen
-    state = [0, 0]  # [armed, failures]
+    state = _fail_one_capture(core, armed=False)
 
     def turn_ends() -> None:
         core.faults.hooks.pop("after_claim", None)
@@ -371,14 +351,7 @@ def test_a_failed_second_look_after_the_claim_is_looked_at_again(
         time.sleep(0.3)  # the screen is quiet from here on
         state[0] = 1
 
-    def flaky(terminal, **kw):  # type: ignore[no-untyped-def]
-        if state[0] and not state[1] and threading.current_thread().name.startswith("cao-deliver"):
-            state[1] += 1
-            raise TmuxError("tmux capture-pane did not answer within 30 s")
-        return real(terminal, **kw)
-
     core.faults.hooks["after_claim"] = turn_ends
-    core.terminals.screen = flaky  # type: ignore[method-assign]
     with core.engine._lock:  # watched already, as after an earlier wait: no re-run after arming
         core.engine.watched.add(tid)
     mid = core.send_message(tid, "token-second-look", sender_id="s").message.id or 0
