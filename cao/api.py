@@ -31,11 +31,18 @@ FREE_TEXT = frozenset({"initial_message", "prompt"})
 
 
 async def _params(request: Request) -> dict[str, Any]:
-    """Query parameters overlaid by a JSON object body (if any), every text value checked."""
+    """Query parameters and a JSON object body (if any) together, every text value checked; a
+    parameter may come either way, not both."""
     params: dict[str, Any] = dict(request.query_params)
     raw = await request.body()
     if raw.strip():
-        params.update(inputs.json_object(raw))
+        body = inputs.json_object(raw)
+        if twice := sorted(set(params) & set(body)):
+            # one of the two would be dropped unchecked: say so instead of guessing which is meant
+            raise InvalidInput(
+                f"{', '.join(twice)} given both in the query string and in the JSON body; pass each once"
+            )
+        params.update(body)
     for name, value in params.items():
         if not isinstance(value, str):
             continue

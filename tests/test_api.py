@@ -303,3 +303,16 @@ def test_provider_aliases_run_one_of_ours(make_core: Any, settings: Any, tmp_pat
     for bad in ((("scripted", "codex"),), (("kiro_cli", "nope"),)):
         with pytest.raises(InvalidInput, match="CAO_PROVIDER_ALIASES"):
             make_core(settings.with_(provider_aliases=bad), start=False)
+
+
+def test_a_parameter_given_in_both_the_query_and_the_body_is_refused_and_nothing_is_made(
+    client: TestClient, core: Cao
+):
+    """The body used to win silently, so a query value was dropped unchecked (schemathesis found a
+    `defer_init=-550` query beside a JSON body accepted with 201). Now it names the parameter."""
+    r = client.post("/sessions", params={"defer_init": "-550"}, json={"defer_init": True})
+    assert r.status_code == 422
+    assert "defer_init" in r.json()["detail"] and "once" in r.json()["detail"]
+    assert core.store.list_terminals() == []
+    ok = client.post("/sessions", params={"session_name": "both-ways"}, json={"defer_init": True})
+    assert ok.status_code == 201  # different parameters may come either way

@@ -33,9 +33,18 @@ def test_cao_server_matches_its_schema_and_never_fails(
     (tmp_path / "server-cwd").mkdir()
     srv = make_server(CAO_API_TOKEN=TOKEN, cwd=tmp_path / "server-cwd")
     # positive_data_acceptance wants 2xx for every schema-valid value; cao answers 422 for values no
-    # schema can tell apart (an unknown provider, a directory that doesn't exist), so it is left out
+    # schema can tell apart (an unknown provider, a directory that doesn't exist), so it is left out.
+    # A schema-breaking request is rejected with schemathesis' usual statuses, or 413 when it breaks
+    # the schema by being too large (cao refuses any body over 1 MiB before reading it).
+    rejected = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
     config = SchemathesisConfig.from_dict(
-        {"headers": AUTH, "checks": {"positive_data_acceptance": {"enabled": False}}}
+        {
+            "headers": AUTH,
+            "checks": {
+                "positive_data_acceptance": {"enabled": False},
+                "negative_data_rejection": {"expected-statuses": rejected},
+            },
+        }
     )
     schema = schemathesis.openapi.from_url(f"{srv.url}/openapi.json", config=config, headers=AUTH)
     schema.config.update(base_url=srv.url)
