@@ -129,7 +129,7 @@ class Delivery:
         self.events = events or EventBus()
         # receiver -> (reason stored, newest pending id it was stored for): skip repeated writes
         self._noted: dict[str, tuple[str, int]] = {}
-        self._looked: dict[str, float] = {}  # receiver -> when its screen was last captured here
+        self._looked: dict[str, float] = {}  # receiver -> time.monotonic() of its last capture here
 
     # -- the delivery function ------------------------------------------------------------------
     def deliver(self, receiver_id: str, *, trigger: str = "manual") -> Result:
@@ -162,7 +162,7 @@ class Delivery:
         if trigger in LOG_TRIGGERS and provider.idle_tail_pattern is None:
             # no cheap check for this CLI: every spinner frame would be a capture; look at most
             # every LOOK_EVERY seconds, and once more after the last change
-            wait = self._looked.get(receiver_id, 0.0) + LOOK_EVERY - self.clock()
+            wait = self._looked.get(receiver_id, 0.0) + LOOK_EVERY - time.monotonic()
             if wait > 0:
                 return Result(Outcome.WAITING, reason=WaitReason.BUSY, look_again_in=wait)
         with self.terminals.lock(receiver_id):
@@ -174,7 +174,7 @@ class Delivery:
         The gate: ready (idle, completed, an error turn with the prompt back) or eager-busy, and an
         input box that is empty — or holds only cao's own unsubmitted paste of the oldest pending
         message (checked again, strictly, once the batch is claimed)."""
-        self._looked[terminal.id] = self.clock()
+        self._looked[terminal.id] = time.monotonic()  # not the wall clock: a step back would stall
         screen = self.terminals.screen(terminal)
         status = self.terminals.read(terminal, screen).status.value
         if terminal.ready_at is None:

@@ -56,8 +56,9 @@ PASTE_FOLD_NEVER = 100_000_000
 
 RULE_RE = re.compile(r"^─{3,}$")
 ECHO_RULE = "─" * 40  # Hermes frames each echoed user turn with exactly this (full-width rules: the box)
-# The status bar right over the box's top rule: " ⚕ fake-model │ 10/256K │ … │ ⚠ YOLO".
-STATUS_RE = re.compile(r"^ ⚕ \S.* │ ")
+# The status bar right over the box's top rule: " ⚕ fake-model │ 10/256K │ … │ ⚠ YOLO" (under 76
+# columns " ⚕ fake-model · 0% · 17s · ⚠ YOLO").
+STATUS_RE = re.compile(r"^ ⚕ \S.* [│·] ")
 BOX_ROWS = 8  # the box shows at most this many rows (the latest), the prompt row scrolling away
 # The input line: an optional state icon, then the prompt symbol.
 PROMPT_RE = re.compile(r"^(?:(\S+) )?❯(?: |$)")
@@ -194,7 +195,8 @@ class HermesProvider(Provider):
             return Reading(
                 TerminalStatus.UNKNOWN,
                 "no input box (two full-width '────' rules under the status bar, the lower one "
-                "last) on screen: a screen of a Hermes release this provider does not know",
+                "last) on screen: the status bar hidden (Hermes's /statusbar shows it again), a pane "
+                "under 64 columns, or a screen of a Hermes release this provider does not know",
             )
         top, bottom = box
         spinning = any(SPINNER_RE.match(line) for line in lines[max(0, top - 5) : top])
@@ -311,7 +313,7 @@ def _box(lines: list[str]) -> tuple[int, int] | None:
     if bottom < 2 or not RULE_RE.match(lines[bottom]):
         return None
     for i in range(max(0, bottom - BOX_ROWS - 2), bottom - 1):  # the topmost: quotes are lower
-        if STATUS_RE.match(lines[i]) and RULE_RE.match(lines[i + 1]):
+        if STATUS_RE.match(lines[i]) and lines[i + 1] == lines[bottom]:  # both rules pane-wide
             return i + 1, bottom
     return None
 

@@ -627,3 +627,27 @@ def test_a_resume_command_typed_into_the_box_is_no_exit(provider: str) -> None:
     reading = cli.detect(screen)
     assert not reading.final and reading.status == cli.detect(typed).status
     assert line in (cli.input_text(screen) or "")
+
+
+def test_hermes_box_is_found_on_a_narrow_pane_and_under_an_echo_shaped_like_its_status_bar() -> None:
+    """Real captures: under 76 columns the status bar separates its fields with ` · `; an echoed
+    turn whose last line looks like a status bar (a person pasted one) sits over a 40-column rule,
+    not a pane-wide one like the box's."""
+    hermes = providers.get("hermes")
+    narrow = hermes_trap("narrow_70_completed")
+    assert hermes.detect(narrow).status == TerminalStatus.COMPLETED and hermes.input_text(narrow) == ""
+    echo = hermes_trap("echo_ends_with_status_line")
+    assert hermes.detect(echo).status == TerminalStatus.COMPLETED and hermes.input_text(echo) == ""
+    assert hermes.extract_last_message(echo) == "It is the status bar."
+
+
+@pytest.mark.parametrize("name", ["statusbar_hidden_idle", "statusbar_hidden_quote_unsent"])
+def test_hermes_with_its_status_bar_hidden_holds_mail_and_says_why(name: str) -> None:
+    """A person's /statusbar hides the bar the box is found by. Then a quoted status bar, rule and
+    `❯` row in the box must not pass for the box (that pasted onto the person's text and submitted
+    both): no box is read at all, and the reason names the way back."""
+    hermes = providers.get("hermes")
+    screen = hermes_trap(name)
+    reading = hermes.detect(screen)
+    assert reading.status == TerminalStatus.UNKNOWN and "/statusbar" in (reading.reason or "")
+    assert hermes.input_text(screen) is None

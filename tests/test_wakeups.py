@@ -358,3 +358,26 @@ def test_a_failed_second_look_after_the_claim_is_looked_at_again(
     wait_until(lambda: state[1] == 1, timeout=10, what="the look after the claim failed")
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="delivered without the sweep")
     assert core.engine.stats["sweeps"] == 0
+
+
+def test_a_wall_clock_stepped_back_does_not_stall_the_look_throttle(
+    make_core: Callable[..., Cao], settings: Settings, monkeypatch: pytest.MonkeyPatch
+):
+    """A provider without a tail check is looked at every 250 ms at most; the clock it measures that
+    by must not be the wall clock, which NTP may step back a minute while a turn runs."""
+    monkeypatch.setattr(ScriptedProvider, "idle_tail_pattern", None)
+    rules = {"record": True, "rules": [{"match": r"^work", "delay": 2.0, "reply": "worked"}]}
+    write_rules(settings.home, "worker", rules)
+    core = make_core(settings.with_(**NO_SWEEP))
+    tid = _new_terminal(core, "worker")
+    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    mid = core.send_message(tid, "token-after-clock-step", sender_id="s").message.id or 0
+    wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
+    with core.engine._lock:  # the step lands right after a look, with no look-again timer pending
+        for _, timer in core.engine._retries.values():
+            timer.cancel()
+        core.engine._retries.clear()
+        core.delivery.clock = lambda: time.time() - 60.0  # the wall clock stepped back a minute
+    wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered after the turn")
