@@ -148,10 +148,12 @@ class DeliveryEngine:
                 if waiting:
                     armed_now = receiver_id not in self.watched
                     self.watched.add(receiver_id)
-                    self._ensure_watchdog()
-                    if armed_now and retry_after is None:
-                        # The watch only sees changes after its first look at this log: a receiver
-                        # that turned ready between our screen read and now would never wake it.
+                    fresh = self._ensure_watchdog()
+                    if armed_now and (fresh or self.events.listening) and retry_after is None:
+                        # A fresh watch takes its first look at this log now (and one polling every
+                        # log for listeners looked before we added it): a receiver that turned ready
+                        # since our screen read would never wake it. (A running watch sees a newly
+                        # watched log as created on its next poll, which wakes it.)
                         self._again.setdefault(receiver_id, "watch_armed")
                 else:
                     self.watched.discard(receiver_id)
@@ -196,14 +198,15 @@ class DeliveryEngine:
             return True
 
     # -- trigger 2: the watchdog ----------------------------------------------------------------
-    def _ensure_watchdog(self) -> None:
-        """Start the observer when some receiver has mail waiting (call with ``_lock`` held).
+    def _ensure_watchdog(self) -> bool:
+        """Start the observer when some receiver has mail waiting (call with ``_lock`` held); True
+        if it was started now.
 
         It polls every ``watch_interval`` (default 50 ms) while it runs; the sweep stops it once
         no receiver is waiting, so an idle server with 50 quiet agents wakes only for housekeeping.
         """
         if self._observer is not None or self._stop.is_set():
-            return
+            return False
         logs = self.settings.logs_dir
         logs.mkdir(parents=True, exist_ok=True)
         observer = inbox_log_observer(
@@ -213,6 +216,7 @@ class DeliveryEngine:
         observer.daemon = True
         observer.start()
         self._observer = observer
+        return True
 
     def _park_watchdog(self) -> None:
         with self._lock:
