@@ -7,11 +7,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint docs screens tmux browser setup clean help
+.PHONY: demo test test-fast test-integration test-realcli test-browser prepare bench lint docs screens \
+	tmux setup clean help
 
 help:
 	@echo "make demo    - install (tmux, .venv) and watch scripted agents coordinate through the inbox"
-	@echo "make test    - install and run the whole test suite"
+	@echo "make test    - install what the tests need, then run the whole suite (every tier)"
+	@echo "make test-fast | test-integration | test-realcli | test-browser - one tier (docs/testing.md)"
+	@echo "make prepare - only install what the tests need (TIERS='realcli browser' for some)"
 	@echo "make bench   - inbox benchmark (prints a table, writes bench-results/inbox.json)"
 	@echo "make lint    - ruff and mypy"
 	@echo "make docs    - regenerate docs/cli.md from --help"
@@ -20,8 +23,23 @@ help:
 demo: setup
 	$(BIN)/cao demo
 
-test: setup browser
+# The suite in four tiers (tests/conftest.py marks each test; docs/testing.md has their times).
+# What a tier needs is installed first, as its own step (tests/prepare.py): no test downloads.
+test: setup
+	@echo "== make test: installing what the tests need (Chromium, the agent CLIs, the reference clients)"
+	$(BIN)/python -m tests.prepare
+	@echo "== make test: the tests, tier by tier (fast, integration, realcli, browser)"
 	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m fast
+
+test-integration test-realcli test-browser: test-%: setup
+	$(BIN)/python -m tests.prepare $*
+	$(BIN)/python -m pytest -q -m $*
+
+prepare: setup
+	$(BIN)/python -m tests.prepare $(TIERS)
 
 bench: setup
 	$(BIN)/python -m cao.bench
@@ -39,15 +57,6 @@ screens: setup
 
 setup: tmux $(STAMP)
 
-# Chromium for the dashboard's browser tests, from the system's package manager (Playwright drives
-# it; nothing is downloaded at test time). Where it can't be installed those tests skip and say why.
-browser:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
-	  echo "chromium not found; installing it from the system's packages for the dashboard tests"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  if command -v apt-get >/dev/null 2>&1; then ($$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "could not install chromium; the browser tests will skip"; \
-	  else echo "no apt-get: install Chromium yourself to run the browser tests"; fi; }
-
 # tmux from the system's package manager when it is missing (root or passwordless sudo).
 tmux:
 	@command -v tmux >/dev/null 2>&1 || { \
@@ -59,6 +68,7 @@ tmux:
 	  else echo "please install tmux (https://github.com/tmux/tmux/wiki/Installing)"; exit 1; fi; }
 
 $(STAMP): pyproject.toml
+	@echo "== setup: tmux and the project's .venv (pip install -e '.[dev]')"
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; install Python 3.11+"; exit 1; }
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "cao needs Python 3.11+")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -27,6 +27,106 @@ from cao.tmux import Tmux, pid_alive  # noqa: F401 - pid_alive re-exported for t
 REPO = Path(__file__).resolve().parents[1]
 
 
+# -- tiers: every test is in exactly one (tests/prepare.py installs what each needs) ----------------
+#   fast         no tmux, no server process          integration  real tmux, cao-server, scripted agents
+#   realcli      the real agent CLIs in the bed       browser      the dashboard in Chromium
+TIERS = ("fast", "integration", "realcli", "browser")
+_TIER_SEEN: dict[str, list[float]] = {}  # tier -> [tests, passed, failed, skipped, seconds]
+
+
+def tier_of(item: pytest.Item) -> str:
+    """A test's tier: an explicit ``realcli``/``browser``/``integration`` mark, else ``integration``
+    for anything that gets a private tmux server (every cao-server and agent starts from one), else
+    ``fast``."""
+    for tier in ("realcli", "browser", "integration"):
+        if item.get_closest_marker(tier) is not None:
+            return tier
+    return "integration" if "tmux_socket" in getattr(item, "fixturenames", ()) else "fast"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (so ``-m fast`` selects one) and run the tiers in order, fast
+    first: a broken change shows in seconds, not at the end of the real CLIs."""
+    for item in items:
+        tier = tier_of(item)
+        if item.get_closest_marker(tier) is None:
+            item.add_marker(getattr(pytest.mark, tier))
+    items.sort(key=lambda item: TIERS.index(tier_of(item)))  # stable: modules stay together
+
+
+_TIER_OF: dict[str, str] = {}  # nodeid -> tier, for the hooks that get no item
+_TIER_COUNT: dict[str, int] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _TIER_SEEN.clear()
+    _TIER_OF.clear()
+    _TIER_OF.update({item.nodeid: tier_of(item) for item in session.items})
+    _TIER_COUNT.clear()
+    for tier in _TIER_OF.values():
+        _TIER_COUNT[tier] = _TIER_COUNT.get(tier, 0) + 1
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and len(session.items) > 1:
+        parts = ", ".join(f"{tier} {_TIER_COUNT[tier]}" for tier in TIERS if tier in _TIER_COUNT)
+        reporter.write_line(f"tiers: {parts} (each tier's time is summed at the end)")
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """A heading when a tier begins (here, outside the test's output capture)."""
+    tier = _TIER_OF.get(nodeid, "fast")
+    if tier in _TIER_SEEN:
+        return
+    _TIER_SEEN[tier] = [0, 0, 0, 0, 0.0]
+    reporter = _REPORTER[0].pluginmanager.get_plugin("terminalreporter") if _REPORTER else None
+    if reporter is not None and len(_TIER_OF) > 1:
+        n = _TIER_COUNT.get(tier, 0)
+        if getattr(reporter._tw, "width_of_current_line", 0):  # after a row of progress dots
+            reporter.write("\n")
+        reporter.write_line(f"── {tier} tier: {n} test{'s' if n != 1 else ''} ({TIER_WHAT[tier]})")
+
+
+_REPORTER: list[pytest.Config] = []  # the config, whose terminal reporter writes the headings
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _REPORTER[:] = [config]
+
+
+TIER_WHAT = {
+    "fast": "no tmux, no server",
+    "integration": "real tmux, cao-server, scripted agents",
+    "realcli": "the real agent CLIs, offline, in a loopback-only namespace",
+    "browser": "the dashboard in Chromium",
+}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = _TIER_OF.get(report.nodeid, "fast")
+    seen = _TIER_SEEN.setdefault(tier, [0, 0, 0, 0, 0.0])
+    seen[4] += report.duration
+    if report.when == "setup":
+        seen[0] += 1
+    if report.failed:
+        seen[2] += 1
+    elif report.skipped:
+        seen[3] += 1
+    elif report.passed and report.when == "call":
+        seen[1] += 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _TIER_SEEN:
+        return
+    terminalreporter.section("where the time went", sep="-")
+    for tier in TIERS:
+        if tier in _TIER_SEEN:
+            n, passed, failed, skipped, seconds = _TIER_SEEN[tier]
+            terminalreporter.write_line(
+                f"{tier:<12} {int(n):>4} tests  {int(passed):>4} passed  {int(failed):>3} failed  "
+                f"{int(skipped):>3} skipped  {seconds / 60:6.1f} min"
+            )
+
+
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> Any:
     """Poll ``pred`` until it returns something truthy; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -2,9 +2,9 @@
 
 ``cli-agent-orchestrator`` (PyPI) is the orchestrator cao's routes follow; its ``cao`` CLI and its
 ``cao-mcp-server`` find the API at ``http://$CAO_API_HOST:$CAO_API_PORT``, so they reach ours
-unchanged. Each covered version is installed once into a throwaway venv under
-``~/.cache/cao/refclients/<version>`` (never into this project's .venv: its entry points are named
-like ours) and reused; without the package index the tests skip and say why.
+unchanged. ``make test`` installs each covered version first (``python -m tests.prepare``) into a
+throwaway venv under ``~/.cache/cao/refclients/<version>`` (never into this project's .venv: its
+entry points are named like ours); where one is missing these tests skip and say how to install it.
 
 Every step below is the reference's own code talking to a private cao-server (private tmux
 socket, temp CAO_HOME) whose agents are scripted. The reference's CLI insists on its own provider
@@ -15,13 +15,9 @@ its MCP server asks for whatever provider its own terminal has (``scripted``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import shutil
 import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -33,15 +29,10 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 
 from tests.conftest import ServerProcess, received_bodies, wait_until, write_rules
+from tests.prepare import REF_PACKAGE, REF_VERSIONS, missing_hint, refclient_venv, refclients_cache
 
-VERSIONS = ("2.5.4", "2.1.1")
-# 2.1.1 imports httpx without declaring it, and predates mcp 2 / fastmcp 3 (which dropped httpx):
-# install it with the libraries of its own time, as its users ran it.
-EXTRAS = {"2.1.1": ("fastmcp>=2.14,<3", "mcp>=1.23,<2", "httpx>=0.27")}
-PACKAGE = "cli-agent-orchestrator"
-INSTALL_TIMEOUT = 420.0  # seconds for one version's install (about 90 wheels)
-_REAL_HOME = Path(os.environ.get("HOME") or Path.home())  # before conftest points HOME at tmp
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or _REAL_HOME / ".cache") / "cao" / "refclients"
+VERSIONS = tuple(REF_VERSIONS)
+CACHE = refclients_cache()  # read at import, before conftest points HOME at a temp dir
 RULES: dict[str, dict[str, Any]] = {
     "boss": {"record": True},
     "worker": {
@@ -55,70 +46,13 @@ RULES: dict[str, dict[str, Any]] = {
 }
 
 
-# -- the reference clients, installed once ---------------------------------------------------------
-def _say(text: str) -> None:
-    """Shown on the terminal even while pytest captures output (the install is worth seeing)."""
-    print(f"[refclients] {text}", file=sys.__stderr__, flush=True)
-
-
+# -- the reference clients (tests/prepare.py installs them before pytest starts) -------------------
 def install(version: str) -> Path:
-    """The venv holding ``cli-agent-orchestrator==version`` (installed on first use); skips the
-    test with pip's own reason when the package index can't be reached."""
-    venv = CACHE / version
-    done = venv / ".installed"
-    wanted = " ".join((f"{PACKAGE}=={version}", *EXTRAS.get(version, ())))
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another pytest may be installing the same version
-        if done.exists() and done.read_text() == wanted:
-            return venv
-        shutil.rmtree(venv, ignore_errors=True)  # a half-finished earlier install
-        _say(f"installing {wanted} into {venv} (once; reused afterwards)")
-        started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-        cmd = [
-            str(venv / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "off",
-            *wanted.split(" "),
-        ]
-        lines: list[str] = []
-        try:
-            with subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_pip_env()
-            ) as proc:
-                assert proc.stdout is not None
-                deadline = time.monotonic() + INSTALL_TIMEOUT
-                for line in proc.stdout:
-                    lines.append(line.rstrip())
-                    if line.startswith("Downloading"):
-                        _say(line.strip())
-                    if time.monotonic() > deadline:
-                        proc.kill()
-                        lines.append(f"gave up after {INSTALL_TIMEOUT:g} s")
-                        break
-                code = proc.wait(timeout=30)
-        except (OSError, subprocess.SubprocessError) as exc:
-            code, lines = -1, [*lines, str(exc)]
-        if code != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            errors = [x for x in lines if "ERROR" in x or "gave up" in x] or lines[-1:]
-            pytest.skip(
-                f"cannot install {PACKAGE}=={version} from the package index: {' | '.join(errors)[:400]}"
-            )
-        done.write_text(wanted)
-        _say(f"installed {PACKAGE}=={version} in {time.monotonic() - started:.0f} s")
+    """The venv holding ``cli-agent-orchestrator==version``, or a skip naming how to install it."""
+    venv = refclient_venv(version, CACHE)
+    if not (venv / ".cao-installed").exists() or not (venv / "bin" / "cao").exists():
+        pytest.skip(missing_hint(f"{REF_PACKAGE}=={version} (in {venv})", "integration"))
     return venv
-
-
-def _pip_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAO_", "TMUX"))}
-    env["HOME"] = str(_REAL_HOME)  # pip's own cache and config
-    return env
 
 
 class Ref(NamedTuple):

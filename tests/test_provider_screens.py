@@ -91,6 +91,10 @@ SCRIPTED_STATES = {
     "queued": TerminalStatus.PROCESSING,
 }
 CASES = saved_cases() + [Case(p, s, status) for p in SCRIPTED for s, status in SCRIPTED_STATES.items()]
+# the scripted agent's screens come from the real program in tmux: those cases are integration tests
+PARAMS = [
+    pytest.param(c, id=c.id, marks=[pytest.mark.integration] if c.provider in SCRIPTED else []) for c in CASES
+]
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +172,7 @@ def screen_of(case: Case, scripted: Callable[[], dict[str, str]]) -> str:
     return (SCREENS / case.folder / f"{case.state}.txt").read_text()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", PARAMS)
 def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) -> None:
     provider = providers.get(case.provider)
     screen = screen_of(case, lambda: request.getfixturevalue("scripted_screens"))
@@ -205,7 +209,7 @@ def test_provider_reads_its_screens(case: Case, request: pytest.FixtureRequest) 
 SAVED = saved_cases()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", PARAMS)
 def test_transcript_is_the_screen_above_the_box(case: Case, request: pytest.FixtureRequest) -> None:
     provider = providers.get(case.provider)
     screen = screen_of(case, lambda: request.getfixturevalue("scripted_screens"))

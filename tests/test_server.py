@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cao.tmux import Tmux
 from tests.conftest import REPO, ServerProcess, pid_alive, server_env, wait_until
 
@@ -111,6 +113,7 @@ def test_cli_without_server_says_how_to_start_it(tmp_path: Path):
     assert "not reachable" in proc.stderr and "cao-server" in proc.stderr
 
 
+@pytest.mark.integration  # the demo starts its own cao-server and tmux server
 def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path):
     """The README's main job: three scripted agents coordinate through the inbox."""
     import os
@@ -129,6 +132,10 @@ def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path):
     assert proc.returncode == 0, out + err
     assert "5 messages, each delivered exactly once" in out
     assert "collected from" in out
+    # piped (no terminal): a line per message change, then the table; every panel on lines of its own
+    lines = out.splitlines()
+    assert any(line.startswith("message #1 operator → supervisor") for line in lines), out
+    assert all(line.lstrip().startswith(("╭", "┏")) for line in lines if "╭" in line or "┏" in line), out
     # its tmux server, server process and temp home are gone
     socket = Path(f"/tmp/tmux-{os.getuid()}/cao-demo-{proc.pid}")
     assert not Tmux(socket.name).is_alive()

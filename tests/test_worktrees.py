@@ -446,6 +446,7 @@ def test_mcp_assign_handoff_diff_and_merge(make_server: Callable[..., Any], tmp_
     assert git(repo, "status", "--porcelain") == ""
 
 
+@pytest.mark.integration  # the demo starts its own cao-server and tmux server
 def test_demo_with_worktrees_merges_both_workers_into_the_supervisors_branch(tmp_path: Path):
     import sys
 

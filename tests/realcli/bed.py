@@ -25,7 +25,6 @@ not an MCP server child.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import secrets
 import shutil
@@ -41,25 +40,25 @@ from typing import Any
 
 import httpx
 
+from tests.prepare import (
+    CLI_PACKAGES,
+    VENV_CLIS,
+    cli_bin,
+    holder_argv,
+    join_argv,
+    missing_hint,
+    netns_mode,
+    netns_problem,
+    node_problem,
+    realcli_cache,
+    venv_bin,
+    version_bin,
+)
+
+__all__ = ["CLI_PACKAGES", "VENV_CLIS", "venv_bin", "version_bin"]
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# npm package -> command it installs into node_modules/.bin
-CLI_PACKAGES = {
-    "claude": "@anthropic-ai/claude-code",
-    "codex": "@openai/codex",
-    "gemini": "@google/gemini-cli",
-    "opencode": "opencode-ai",
-    "qwen": "@qwen-code/qwen-code",
-    "copilot": "@github/copilot",
-}
-# Python CLIs, each pinned in its own virtualenv under <cache>/venvs/<package>:
-# command -> (PyPI package, release). kimi-cli 1.52.0 is a stub that downloads and runs its
-# vendor's installer script; 1.51.0 is the last release that is the CLI itself. hermes-agent
-# 0.19.0 is the last release on PyPI (its vendor installs from git since).
-VENV_CLIS = {"kimi": ("kimi-cli", "1.51.0"), "hermes": ("hermes-agent", "0.19.0")}
-# command -> (the package's extra, a distribution only it brings): Hermes runs MCP servers only with
-# its "mcp" extra (without it, it lists them as configured and never starts them).
-VENV_EXTRAS = {"hermes": ("mcp", "mcp")}
 WINDOW_SIZE = (200, 50)
 
 
@@ -68,237 +67,38 @@ class BedUnavailable(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------------
-# Installing the CLIs (once, into a cache outside the repository)
+# Where the CLIs are (tests/prepare.py installs them before pytest starts; nothing installs here)
 # --------------------------------------------------------------------------------------------------
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``$CAO_REALCLI_CACHE`` or ``~/.cache/cao/realcli``."""
-    env = os.environ if environ is None else environ
-    if env.get("CAO_REALCLI_CACHE"):
-        return Path(env["CAO_REALCLI_CACHE"]).expanduser()
-    return Path(env.get("HOME") or Path.home()).expanduser() / ".cache" / "cao" / "realcli"
+    """``$CAO_REALCLI_CACHE``, else ``<test cache>/realcli`` (tests/prepare.py)."""
+    return realcli_cache(environ)
 
 
 def cli_bins(cache: Path) -> dict[str, Path]:
-    return {name: cache / "node_modules" / ".bin" / name for name in CLI_PACKAGES}
+    return {name: cli_bin(name, cache) for name in CLI_PACKAGES}
 
 
 def installed_bins(cache: Path | None = None) -> dict[str, Path] | None:
-    """The bin paths when all three CLIs are installed in ``cache``, else None."""
+    """The bin paths when every npm CLI is installed in ``cache``, else None."""
     bins = cli_bins(cache or cache_dir())
     return bins if all(p.exists() for p in bins.values()) else None
 
 
 def say(text: str) -> None:
-    """Shown on the terminal even while pytest captures output: a long install is worth seeing."""
+    """Shown on the terminal even while pytest captures output."""
     print(f"[realcli] {text}", file=sys.__stderr__, flush=True)
 
 
-def install_clis(cache: Path | None = None, timeout: float = 900) -> dict[str, Path]:
-    """Install the three CLIs with npm into ``cache`` unless already there; return their bin paths.
-
-    Raises BedUnavailable when npm is missing or the install fails (e.g. offline).
-    """
-    cache = cache or cache_dir()
-    if (bins := installed_bins(cache)) is not None:
-        return bins
-    npm = shutil.which("npm")
-    if npm is None:
-        raise BedUnavailable("npm is not installed, so the real agent CLIs cannot be installed")
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one installer at a time (parallel test workers)
-        if (bins := installed_bins(cache)) is not None:
-            return bins
-        cmd = [
-            npm,
-            "install",
-            "--prefix",
-            str(cache),
-            "--no-audit",
-            "--no-fund",
-            "--loglevel=error",
-            *CLI_PACKAGES.values(),
-        ]
-        say(
-            f"installing the real agent CLIs once into {cache} (npm: {', '.join(CLI_PACKAGES.values())}; "
-            "about 1 GB, a few minutes; later runs reuse them)"
-        )
-        started = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cache)
-        except subprocess.TimeoutExpired:
-            raise BedUnavailable(f"npm install of the agent CLIs timed out after {timeout:.0f}s") from None
-        say(f"agent CLIs installed in {time.monotonic() - started:.0f} s")
-        if proc.returncode != 0:
-            tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
-            raise BedUnavailable(f"npm install of the agent CLIs failed (offline?): {tail}")
-    if (bins := installed_bins(cache)) is None:
-        raise BedUnavailable(f"npm install finished but the CLI commands are missing under {cache}")
-    return bins
-
-
-def version_bin(command: str, version: str, cache: Path | None = None) -> Path:
-    """Where an older (or pinned) release of ``command`` lives: ``<cache>/versions/<command>-<version>``."""
-    return (cache or cache_dir()) / "versions" / f"{command}-{version}" / "node_modules" / ".bin" / command
-
-
-def install_cli_version(command: str, version: str, cache: Path | None = None, timeout: float = 900) -> Path:
-    """Install release ``version`` of ``command`` (claude/codex/gemini) beside the current ones, once.
-
-    Point a provider at it with its ``CAO_<CLI>_BIN`` knob. Raises BedUnavailable like install_clis.
-    """
-    cache = cache or cache_dir()
-    binary = version_bin(command, version, cache)
-    if binary.exists():
-        return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        raise BedUnavailable(f"npm is not installed, so {command} {version} cannot be installed")
-    prefix = binary.parents[2]
-    prefix.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if binary.exists():
-            return binary
-        spec = f"{CLI_PACKAGES[command]}@{version}"
-        cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error", spec]
-        say(f"installing {spec} once into {prefix} (an older release the tests also prove)")
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=prefix)
-        except subprocess.TimeoutExpired:
-            raise BedUnavailable(f"npm install of {spec} timed out after {timeout:.0f}s") from None
-        if proc.returncode != 0 or not binary.exists():
-            tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
-            raise BedUnavailable(f"npm install of {spec} failed (offline?): {tail}")
-    return binary
-
-
-def venv_bin(command: str, cache: Path | None = None) -> Path:
-    """Where a Python CLI of ``VENV_CLIS`` lives: ``<cache>/venvs/<package>/bin/<command>``."""
-    package, _ = VENV_CLIS[command]
-    return (cache or cache_dir()) / "venvs" / package / "bin" / command
-
-
-def _venv_release(binary: Path, package: str) -> str | None:
-    """The release of ``package`` installed in the virtualenv of ``binary`` (from its dist-info)."""
-    name = package.replace("-", "_")
-    for info in binary.parents[1].glob(f"lib/python*/site-packages/{name}-*.dist-info"):
-        return info.name.removesuffix(".dist-info").rpartition("-")[2]
-    return None
-
-
-def _python_for_venvs(environ: Mapping[str, str] | None = None) -> str | None:
-    """A Python >= 3.12 to build the virtualenvs with (kimi-cli needs 3.12+): ``$CAO_REALCLI_PYTHON``,
-    this interpreter, one on PATH, or a pyenv-installed one (pyenv's shims fail for versions that
-    are installed but not selected)."""
-    env = os.environ if environ is None else environ
-    pyenv = Path(env.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    candidates = [env.get("CAO_REALCLI_PYTHON", ""), sys.executable]
-    candidates += [shutil.which(name) or "" for name in ("python3.13", "python3.12", "python3")]
-    candidates += [str(path) for path in sorted(pyenv.glob("3.1[2-9]*/bin/python3"), reverse=True)]
-    for candidate in filter(None, candidates):
-        try:
-            proc = subprocess.run(
-                [candidate, "-c", "import sys; print(sys.version_info >= (3, 12))"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if proc.stdout.strip() == "True":
-            return candidate
-    return None
-
-
-def install_venv_cli(command: str, cache: Path | None = None, timeout: float = 900) -> Path:
-    """Install the pinned release of ``command`` (``VENV_CLIS``, with its ``VENV_EXTRAS``) into its
-    own virtualenv, once.
-
-    Only that exact release is ever installed (``pip install <package>==<release>``): a newer one may
-    be a different program. Raises BedUnavailable like install_clis.
-    """
-    cache = cache or cache_dir()
-    package, release = VENV_CLIS[command]
-    binary = venv_bin(command, cache)
-    extra, brought = VENV_EXTRAS.get(command, ("", ""))
-    spec = f"{package}[{extra}]=={release}" if extra else f"{package}=={release}"
-
-    def ready() -> bool:
-        return (
-            binary.exists()
-            and _venv_release(binary, package) == release
-            and (not brought or _venv_release(binary, brought) is not None)
-        )
-
-    if ready():
-        return binary
-    python = _python_for_venvs()
-    if python is None:
-        raise BedUnavailable(f"no Python 3.12+ found to install {package}=={release}")
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if ready():
-            return binary
-        venv = binary.parents[1]
-        steps = [
-            [python, "-m", "venv", "--clear", str(venv)],
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", spec],
-        ]
-        say(f"installing {spec} once into {venv}")
-        for cmd in steps:
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cache)
-            except subprocess.TimeoutExpired:
-                raise BedUnavailable(f"installing {spec} timed out ({timeout:.0f}s)") from None
-            if proc.returncode != 0:
-                tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
-                raise BedUnavailable(f"installing {spec} failed (offline?): {tail}")
-    if not ready():
-        raise BedUnavailable(f"{spec} installed but {binary} (or what it needs) is missing")
-    return binary
-
-
-# --------------------------------------------------------------------------------------------------
-# Can the bed run here?
-# --------------------------------------------------------------------------------------------------
-
-
-def netns_problem() -> str | None:
-    """Why a loopback-only network namespace cannot be made here, or None."""
-    if not sys.platform.startswith("linux"):
-        return "the real-CLI bed needs Linux network namespaces"
-    for tool in ("unshare", "nsenter", "ip", "setsid", "tmux"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (needed for the loopback-only real-CLI bed)"
-    try:
-        proc = subprocess.run(
-            ["unshare", "-n", "ip", "link", "set", "lo", "up"], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot create a network namespace: {exc}"
-    if proc.returncode != 0:
-        return f"no permission to create a network namespace (`unshare -n`): {proc.stderr.strip()[:200]}"
-    return None
-
-
-def why_bed_cannot_run(install: bool = True, cache: Path | None = None) -> str | None:
-    """None when the bed can run; else a reason for ``pytest.skip``. ``install`` runs npm if needed."""
+def why_bed_cannot_run(cache: Path | None = None) -> str | None:
+    """None when the bed can run; else a reason for ``pytest.skip``."""
     if (problem := netns_problem()) is not None:
         return problem
-    if shutil.which("node") is None:
-        return "node is not installed (the agent CLIs need it)"
-    if installed_bins(cache) is not None:
-        return None
-    if not install:
-        return f"the agent CLIs are not installed in {cache or cache_dir()} (run install_clis())"
-    try:
-        install_clis(cache)
-    except BedUnavailable as exc:
-        return str(exc)
+    if (problem := node_problem()) is not None:
+        return problem
+    if installed_bins(cache) is None:
+        return missing_hint(f"the agent CLIs (in {cache or cache_dir()})", "realcli")
     return None
 
 
@@ -346,6 +146,7 @@ class Bed:
         self.tmux_socket = ""
         self._panes: list[str] = []
         self._http: httpx.Client | None = None
+        self.mode = netns_mode()
 
     # ----- lifecycle ------------------------------------------------------------------------------
 
@@ -357,7 +158,7 @@ class Bed:
     def ns(self, argv: Sequence[str]) -> list[str]:
         """``argv`` prefixed to run inside the namespace."""
         assert self.holder is not None, "bed not started"
-        return ["nsenter", "-t", str(self.holder.pid), "-n", *argv]
+        return [*join_argv(self.holder.pid, self.mode), *argv]
 
     def start(self, timeout: float = 20) -> Bed:
         try:
@@ -368,18 +169,23 @@ class Bed:
         return self
 
     def _start(self, timeout: float) -> None:
-        self.holder = subprocess.Popen(["unshare", "-n", "sleep", "infinity"], start_new_session=True)
+        # root: a plain network namespace; another user: one inside a user namespace that keeps
+        # the user's uid (tests/prepare.py). Either way the holder brings lo up before it sleeps.
+        self.holder = subprocess.Popen(holder_argv(self.mode), start_new_session=True)
         link = f"/proc/{self.holder.pid}/ns/net"
-        if (
-            wait_until(
-                lambda: os.path.exists(link) and os.readlink(link) != os.readlink("/proc/self/ns/net"),
-                timeout,
-            )
-            is None
-        ):
+
+        def isolated() -> bool:
+            if self.holder is not None and self.holder.poll() is not None:
+                raise BedUnavailable(f"the namespace holder exited with {self.holder.returncode}")
+            if not (os.path.exists(link) and os.readlink(link) != os.readlink("/proc/self/ns/net")):
+                return False
+            up = subprocess.run(self.ns(["ip", "-o", "link", "show", "lo"]), capture_output=True, text=True)
+            flags = up.stdout.partition("<")[2].partition(">")[0].split(",")
+            return up.returncode == 0 and "UP" in flags
+
+        if wait_until(isolated, timeout) is None:
             raise BedUnavailable("the namespace holder did not start")
         self._netns = os.readlink(link)
-        subprocess.run(self.ns(["ip", "link", "set", "lo", "up"]), check=True, timeout=timeout)
 
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         argv = [self.python, "-m", "cao.testing.fakemodel", "--port", str(self.port), "--uds", self.fake_uds]

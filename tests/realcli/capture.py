@@ -40,17 +40,8 @@ from typing import Any
 
 import providers
 from providers.base import LaunchContext, LaunchSpec
-from tests.realcli.bed import (
-    REPO_ROOT,
-    VENV_CLIS,
-    Bed,
-    cache_dir,
-    install_cli_version,
-    install_clis,
-    install_venv_cli,
-    wait_until,
-    why_bed_cannot_run,
-)
+from tests.prepare import VENV_CLIS, install_cli_version, prepare, venv_bin
+from tests.realcli.bed import REPO_ROOT, Bed, cache_dir, installed_bins, wait_until, why_bed_cannot_run
 
 FAKE_KEY_ANTHROPIC = "sk-ant-api03-cao-fake-key-0123456789abcdefghijklmnopqrstuvwxyz"
 FAKE_KEY = "cao-fake-key-0123456789"
@@ -1191,14 +1182,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(phases) - set(PHASES):
         parser.error(f"unknown phases {sorted(unknown)}; choose from {', '.join(PHASES)}")
 
-    reason = why_bed_cannot_run(install=True)
-    if reason:
-        print(f"cannot run the real-CLI bed: {reason}", file=sys.stderr)
+    if prepare(["realcli"]) != 0 or (reason := why_bed_cannot_run()):
+        print(f"cannot run the real-CLI bed: {reason or 'the install failed'}", file=sys.stderr)
         return 1
-    bins = install_clis()
-    for command in VENV_CLIS:
-        if any(RECIPES[p.strip()].bin_name == command for p in args.only.split(",") if p.strip() in RECIPES):
-            bins[command] = install_venv_cli(command)
+    bins = {**(installed_bins() or {}), **{command: venv_bin(command) for command in VENV_CLIS}}
     out = args.out.resolve()
     providers_wanted = [provider.strip() for provider in args.only.split(",")]
     if args.cli_version and len(providers_wanted) != 1:

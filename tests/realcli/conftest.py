@@ -18,11 +18,11 @@ The server gets the knobs a user would set for their own CLIs (docs/providers.md
 ``CAO_CLAUDE_BIN``/``CAO_CODEX_BIN``/``CAO_GEMINI_BIN`` (the bed's npm cache), ``CAO_MODEL_BASE_URL``
 (the fake) and, for the permission tests, ``CAO_<CLI>_BYPASS=false``.
 
-Skips (never failures) when the bed can't run: no ``unshare -n`` permission, a missing tool, npm
-missing or the registry unreachable. The CLIs are installed once with ``npm install`` into the cache
-(``~/.cache/cao/realcli`` or ``$CAO_REALCLI_CACHE``); that install is the only traffic outside the
-namespace, and ``CAO_REALCLI_INSTALL=0`` turns it off (the tests then skip unless the CLIs are there).
-Only one bed runs at a time (a lock file in the cache), and only one CLI runs in it at a time.
+Skips (never failures) when the bed can't run: no permission for a network namespace, a missing
+tool, or the CLIs not installed. Nothing is installed here: ``make test`` runs ``python -m
+tests.prepare`` first, which installs the pinned CLIs into the cache (``~/.cache/cao/realcli`` or
+``$CAO_REALCLI_CACHE``); that install is the only traffic outside the namespace. Only one bed runs
+at a time (a lock file in the cache), and only one CLI runs in it at a time.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ from tests.realcli.bed import (
 
 # Read at import, before tests/conftest.py's autouse fixture points HOME at a temp dir per test.
 CACHE = cache_dir()
-INSTALL = os.environ.get("CAO_REALCLI_INSTALL", "1").strip().lower() not in ("0", "false", "no", "off")
 PORTS = itertools.count(9889)  # inside the namespace: its own port space, nothing else listens there
 COMMANDS = {  # knobs: CAO_CLAUDE_BIN …
     "claude_code": "claude",
@@ -231,7 +230,7 @@ class CaoServer:
 @pytest.fixture(scope="module")
 def bed() -> Iterator[Bed]:
     """A started bed (fake model + tmux in a loopback-only namespace), or a skip saying why not."""
-    reason = why_bed_cannot_run(install=INSTALL, cache=CACHE)
+    reason = why_bed_cannot_run(cache=CACHE)
     if reason:
         pytest.skip(f"real-CLI bed unavailable: {reason}")
     CACHE.mkdir(parents=True, exist_ok=True)

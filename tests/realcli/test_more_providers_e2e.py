@@ -16,8 +16,9 @@ from collections.abc import Callable
 import pytest
 
 from cao.tmux import descendants
-from tests.realcli.bed import VENV_CLIS, Bed, BedUnavailable, install_venv_cli, venv_bin
-from tests.realcli.conftest import CACHE, COMMANDS, INSTALL, CaoServer, wait_for
+from tests.prepare import VENV_CLIS, missing_hint, venv_bin
+from tests.realcli.bed import Bed
+from tests.realcli.conftest import CACHE, COMMANDS, CaoServer, wait_for
 from tests.realcli.test_providers_e2e import (
     CLI,
     SENDER,
@@ -49,16 +50,10 @@ def marked(cli: CLI, text: str) -> str:
 
 
 def ensure_installed(cli: CLI) -> None:
-    """A Python CLI (``bed.VENV_CLIS``) is installed on first use, or the test skips saying why."""
+    """A Python CLI (``VENV_CLIS``) is there (tests/prepare.py installed it), or the test skips saying why."""
     command = COMMANDS[cli.provider]
-    if command not in VENV_CLIS:
-        return
-    if not INSTALL and not venv_bin(command, CACHE).exists():
-        pytest.skip(f"{command} is not installed in {CACHE} and CAO_REALCLI_INSTALL is off")
-    try:
-        install_venv_cli(command, CACHE)
-    except BedUnavailable as exc:
-        pytest.skip(f"{command} cannot be installed: {exc}")
+    if command in VENV_CLIS and not venv_bin(command, CACHE).exists():
+        pytest.skip(missing_hint(f"{command} ({VENV_CLIS[command][0]}, in {CACHE})", "realcli"))
 
 
 @pytest.mark.parametrize("cli", CLIS, ids=[c.provider for c in CLIS])

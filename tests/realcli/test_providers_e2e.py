@@ -20,8 +20,9 @@ import pytest
 
 import providers
 from cao.tmux import descendants, pid_alive
-from tests.realcli.bed import Bed, BedUnavailable, install_cli_version, version_bin
-from tests.realcli.conftest import CACHE, COMMANDS, INSTALL, CaoServer, knob, wait_for
+from tests.prepare import OLDER_CLIS, missing_hint, version_bin
+from tests.realcli.bed import Bed
+from tests.realcli.conftest import CACHE, COMMANDS, CaoServer, knob, wait_for
 
 pytestmark = pytest.mark.realcli
 
@@ -320,19 +321,16 @@ def test_inbox_message_sent_while_busy(cli: CLI, bed: Bed, make_server: Callable
 # -- older releases ------------------------------------------------------------------------------
 # The oldest release of each CLI that the providers support (docs/providers.md), through the same
 # cao-server path: the provider's own launch with CAO_<CLI>_BIN pointing at the older release.
-OLDER = [("claude_code", "1.0.128"), ("codex", "0.77.0"), ("gemini_cli", "0.24.5")]
+OLDER = [(p, v) for c, v in OLDER_CLIS for p, command in COMMANDS.items() if command == c]
 OLDER_TURN_END = {"claude_code": "Stop", "codex": "agent-turn-complete", "gemini_cli": "AfterAgent"}
 
 
 def older_release(provider: str, version: str) -> str:
-    """The release's binary, installed beside the current ones once (or a skip saying why not)."""
+    """The release's binary (tests/prepare.py installed it beside the current ones), or a skip."""
     binary = version_bin(COMMANDS[provider], version, CACHE)
-    if not binary.exists() and not INSTALL:
-        pytest.skip(f"{provider} {version} is not installed in {CACHE}/versions (CAO_REALCLI_INSTALL=0)")
-    try:
-        return str(install_cli_version(COMMANDS[provider], version, CACHE))
-    except BedUnavailable as exc:
-        pytest.skip(f"{provider} {version} unavailable: {exc}")
+    if not binary.exists():
+        pytest.skip(missing_hint(f"{provider} {version} (in {CACHE}/versions)", "realcli"))
+    return str(binary)
 
 
 @pytest.mark.parametrize(("provider", "version"), OLDER, ids=[f"{p}-{v}" for p, v in OLDER])
