@@ -142,6 +142,7 @@ def create_app(core: Cao) -> FastAPI:
             "status": "ok",
             "version": cao.__version__,
             "providers": providers.names(),
+            "default_provider": providers.default_name(),  # what a create without one runs
             "terminal_backend": "tmux",
         }
 

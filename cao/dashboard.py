@@ -2,7 +2,8 @@
 
     GET  /                              the dashboard (plain ES modules under cao/web/; no build step)
     GET  /ui/…                          its static files, xterm.js among them (cao/web/vendor/xterm/)
-    GET  /login?token=…                 sets the dashboard's HttpOnly SameSite=Strict token cookie
+    POST /login-codes                   a one-time login code (needs the token; `cao dashboard` asks)
+    GET  /login?code=…                  spends the code: sets the HttpOnly SameSite=Strict cookie
     GET  /events                        Server-Sent Events (cao/events.py), resumable with Last-Event-ID
     WS   /terminals/{id}/stream         the pane live: a snapshot (screen, cursor, size), then the bytes
                                         the pane writes to its log, as they come
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
@@ -41,6 +44,37 @@ STREAM_POLL_SECONDS = 0.05
 STREAM_CHUNK = 64 * 1024
 
 
+LOGIN_CODE_SECONDS = 120.0
+LOGIN_CODES_MAX = 64  # outstanding at once; the oldest goes first
+
+
+class LoginCodes:
+    """Short-lived, single-use codes that a browser trades for the dashboard's cookie, so the link
+    ``cao dashboard`` prints is not the API token itself (a link in a browser's history, a shell's
+    scrollback or a screen share would otherwise be the token forever)."""
+
+    def __init__(self, ttl: float = LOGIN_CODE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl, self.clock = ttl, clock
+        self._codes: dict[str, float] = {}  # code -> expiry
+        self._lock = threading.Lock()
+
+    def issue(self) -> str:
+        code = secrets.token_urlsafe(24)
+        with self._lock:
+            now = self.clock()
+            self._codes = {c: t for c, t in self._codes.items() if t > now}
+            while len(self._codes) >= LOGIN_CODES_MAX:
+                self._codes.pop(next(iter(self._codes)))
+            self._codes[code] = now + self.ttl
+        return code
+
+    def spend(self, code: str) -> bool:
+        """True once for a code issued less than ``ttl`` seconds ago; False ever after."""
+        with self._lock:
+            expiry = self._codes.pop(code, None)
+        return expiry is not None and expiry > self.clock()
+
+
 def sse(event: Event) -> str:
     return f"id: {event['id']}\nevent: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
@@ -52,15 +86,31 @@ def install(app: FastAPI, core: Cao) -> None:
     async def index() -> FileResponse:
         return FileResponse(WEB / "index.html", headers={"Cache-Control": "no-cache"})
 
+    codes = LoginCodes()
+
+    @app.post("/login-codes", include_in_schema=False)
+    async def login_code() -> dict[str, object]:
+        """A one-time code for ``GET /login?code=…`` (this route needs the token, like the API)."""
+        if core.settings.api_token is None:
+            return {"code": None, "url": "/", "expires_in": None}
+        code = codes.issue()
+        return {"code": code, "url": f"/login?code={code}", "expires_in": codes.ttl}
+
     @app.get("/login", include_in_schema=False)
-    async def login(token: str = "") -> Response:
-        """``cao dashboard`` opens this with the token; the cookie carries it from then on."""
+    async def login(code: str = "", token: str = "") -> Response:
+        """``cao dashboard`` prints this with a one-time code; the cookie carries the token from then
+        on. The token itself is not accepted here: a link must not be a lasting secret."""
         want = core.settings.api_token
         if want is None:
             return RedirectResponse("/", status_code=303)
-        if not hmac.compare_digest(token.encode(), want.encode()):
+        if not codes.spend(code):
+            why = (
+                "a login link carries a one-time code, not the token"
+                if token and not code
+                else f"this login link was used already or has expired (links work once, for {codes.ttl:g} s)"
+            )
             return JSONResponse(
-                {"detail": "wrong token; open the link `cao dashboard` prints", "error": "Unauthorized"},
+                {"detail": f"{why}; run `cao dashboard` for a new one", "error": "Unauthorized"},
                 status_code=401,
             )
         response = RedirectResponse("/", status_code=303)

@@ -144,7 +144,11 @@ def test_output_mode_validated(client: TestClient):
 
 # -- what the reference orchestrator's clients use (docs/compatibility.md) -------------------------
 def test_health_names_the_terminal_backend(client: TestClient):
-    assert client.get("/health").json()["terminal_backend"] == "tmux"
+    health = client.get("/health").json()
+    assert health["terminal_backend"] == "tmux"
+    assert (
+        health["default_provider"] == "scripted" == providers.default_name()
+    )  # the CLI and dashboard default
 
 
 def test_caller_link_siblings_working_directory_and_session_shape(client: TestClient, tmp_path: Path):

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, ServerProcess, read_records, wait_until, write_rules
+from tests.prepare import missing_hint
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Keep the browser off the network: no background services, no component updates, no QUIC.
@@ -32,9 +33,10 @@ CHROMIUM_ARGS = [
     "--disable-default-apps",
 ]
 
+pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 if CHROMIUM is None:  # pragma: no cover - depends on the machine
-    pytest.skip("Chromium is not installed (make test installs it with apt-get)", allow_module_level=True)
+    pytest.skip(missing_hint("Chromium", "browser"), allow_module_level=True)
 
 
 @pytest.fixture
@@ -85,6 +87,8 @@ def test_fleet_shows_the_team_and_a_status_change_appears_live(browser, team, tm
     page.wait_for_selector("#live.on")  # the table comes from a fetch, before the stream opens
     assert page.locator("#live").inner_text() == "live"
     assert page.locator(f"tr.worker[data-terminal='{worker}']").count() == 1  # supervisor → worker tree
+    # the "new agent" form starts on the provider the CLI and the API use when none is named
+    assert page.locator("select[name=provider]").input_value() == "scripted"
     c.post(f"/terminals/{boss}/input", json={"message": "work for a while"})
     page.wait_for_selector(f"[data-testid=status-{boss}][data-status=processing]", timeout=10_000)
     _shot(page, "fleet", tmp_path)
@@ -135,8 +139,11 @@ def test_the_dashboard_follows_the_apis_access_rules(browser, make_server, tmp_p
     page.goto(srv.url + "/")
     page.wait_for_selector(".login")  # the page loads, the API refuses it without the token
     assert "cao dashboard" in page.locator(".login").inner_text()
-    assert page.goto(srv.url + "/login?token=wrong").status == 401
-    page.goto(srv.url + f"/login?token={token}")
+    assert page.goto(srv.url + "/login?code=wrong").status == 401
+    assert page.goto(srv.url + f"/login?token={token}").status == 401  # the token is no login link
+    auth = {"Authorization": f"Bearer {token}"}
+    link = httpx.post(srv.url + "/login-codes", headers=auth).json()["url"]
+    page.goto(srv.url + link)
     page.wait_for_selector("#live.on")  # the cookie carries the token: API, events
     cookie = next(ck for ck in page.context.cookies() if ck["name"] == "cao_token")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"

@@ -536,3 +536,19 @@ def test_server_log_lines_carry_their_ids(make_server, tmp_path: Path):
     refused = next(line for line in lines() if line["msg"] == "request refused")
     assert (refused["status"], refused["reason"], refused["path"]) == (403, "OriginNotAllowed", "/sessions")
     assert "log me" not in log.read_text()
+
+
+def test_login_codes_work_once_and_expire():
+    """The dashboard's login link carries a code, not the token: spent once, dead after its TTL."""
+    from cao.dashboard import LOGIN_CODES_MAX, LoginCodes
+
+    now = [0.0]
+    codes = LoginCodes(ttl=10, clock=lambda: now[0])
+    first, second = codes.issue(), codes.issue()
+    assert first != second
+    assert codes.spend(first) and not codes.spend(first)
+    now[0] = 10.5
+    assert not codes.spend(second)  # expired unspent
+    assert not codes.spend("") and not codes.spend("made-up")
+    flood = [codes.issue() for _ in range(LOGIN_CODES_MAX + 5)]  # bounded: the oldest go first
+    assert not codes.spend(flood[0]) and codes.spend(flood[-1])

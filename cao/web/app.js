@@ -9,6 +9,7 @@ const state = {
   messages: new Map(), // id -> message view (GET /messages)
   since: new Map(), // terminal id -> ms when its status last changed (seen here)
   providers: [],
+  defaultProvider: "scripted",
   route: "",
 };
 let view = null; // the current view's cleanup
@@ -40,7 +41,7 @@ function toast(text) {
 function showLogin() {
   main.innerHTML = `<div class="login"><h2>Token needed</h2>
     <p>This cao-server requires its API token. Run <code class="mono">cao dashboard</code> in a shell:
-    it prints (and opens) a link that logs this browser in.</p></div>`;
+    it prints (and with <code class="mono">--open</code> opens) a link that logs this browser in; each link works once, within two minutes.</p></div>`;
 }
 
 // -- time and formatting ------------------------------------------------------------------------
@@ -160,7 +161,7 @@ function renderFleet() {
     main.innerHTML = `
       <h2>New agent</h2>
       <form class="create" id="create">
-        <label>provider <select name="provider">${state.providers.map((p) => `<option>${esc(p)}</option>`).join("")}</select></label>
+        <label>provider <select name="provider">${state.providers.map((p) => `<option${p === state.defaultProvider ? " selected" : ""}>${esc(p)}</option>`).join("")}</select></label>
         <label>profile <input name="agent_profile" placeholder="developer" size="14"></label>
         <label>session <input name="session_name" placeholder="(new)" size="14"></label>
         <button type="submit">Create</button>
@@ -350,6 +351,7 @@ async function start() {
   try {
     const health = await api("/health");
     state.providers = health.providers || [];
+    state.defaultProvider = health.default_provider || state.defaultProvider;
     await Promise.all([loadTerminals(), loadMessages()]);
   } catch (err) {
     if (!main.querySelector(".login")) toast(err.message);
