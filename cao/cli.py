@@ -245,8 +245,9 @@ def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
         console.print("no terminals; start one with `cao launch --headless`")
         return
     table = Table(title="cao terminals")
-    for col in ("session", "terminal", "profile", "provider", "status", "last active"):
-        table.add_column(col)
+    for col in ("session", "terminal", "profile", "provider", "status"):
+        table.add_column(col, no_wrap=col == "terminal")
+    table.add_column("last active", no_wrap=True)  # an age ("12s ago"); the time itself is in --json
     for t in terms:
         why = f"\n[dim]{escape(t['status_reason'])}[/dim]" if t.get("status_reason") else ""
         table.add_row(
@@ -255,7 +256,7 @@ def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
             t["agent_profile"],
             t["provider"],
             _styled(t["status"]) + why,
-            t["last_active"] or "-",
+            f"{_age(t['last_active'])} ago" if t.get("last_active") else "-",
         )
     console.print(table)
 
@@ -502,7 +503,8 @@ def message(ctx: click.Context, message_id: str, as_json: bool) -> None:
     ):
         value = data.get(key)
         if key.endswith("_at") and value is not None:
-            value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) + f" ({_age(value)} ago)"
+            when = time.localtime(epoch(value))
+            value = time.strftime("%Y-%m-%d %H:%M:%S", when) + f" ({_age(value)} ago)"
         table.add_row(
             key, _styled(str(value)) if key == "status" else str(value if value is not None else "-")
         )
@@ -524,11 +526,15 @@ def cancel(ctx: click.Context, message_id: str) -> None:
 @click.option("--open", "open_", is_flag=True, help="Open it in the default web browser too.")
 @click.pass_context
 def dashboard(ctx: click.Context, open_: bool) -> None:
-    """Print the web dashboard's address (with a one-time login link when a token is set)."""
+    """Print the web dashboard's address (with a one-time login link when a token is set).
+
+    The link works once, within two minutes: run the command again for another."""
     client = _client(ctx)
     client.get("/health")  # reachable?
-    token = apitoken.read(_settings())
-    url = f"{client.base_url}/login?token={token}" if token else f"{client.base_url}/"
+    path = "/"
+    if apitoken.read(_settings()):
+        path = str(client.post("/login-codes")["url"])
+    url = f"{client.base_url}{path}"
     console.print(f"dashboard: [bold]{url}[/]")
     if open_:
         import webbrowser

@@ -185,13 +185,22 @@ def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
         task = f"delegate {w1['id']} write the parser\ndelegate {w2['id']} write the tests"
         http.post(f"/terminals/{sup['id']}/inbox/messages", json={"sender_id": "operator", "message": task})
         start = time.monotonic()
-        with Live(console=console, refresh_per_second=8) as live:
+        # On a terminal the table is redrawn in place; piped (a log, CI) a line per change instead.
+        live = Live(console=console, refresh_per_second=8) if console.is_terminal else None
+        seen: dict[int, str] = {}
+        msgs: list[dict[str, Any]] = []
+        with live or contextlib.nullcontext():
             while time.monotonic() - start < timeout:
                 msgs = http.get("/messages", params={"limit": 100}).json()
                 screen = http.get(f"/terminals/{sup['id']}/output", params={"mode": "last"}).json()["output"]
-                live.update(
-                    Group(_table(msgs, names), Panel(escape(screen or "…"), title="supervisor's last answer"))
-                )
+                if live is not None:
+                    answer = Panel(escape(screen or "…"), title="supervisor's last answer")
+                    live.update(Group(_table(msgs, names), answer))
+                for m in sorted(msgs, key=lambda m: int(m["id"])) if live is None else ():
+                    if seen.get(m["id"]) != m["status"]:
+                        seen[m["id"]] = m["status"]
+                        who = f"{names.get(m['sender_id'], m['sender_id'])} → {names.get(m['receiver_id'])}"
+                        console.print(f"message #{m['id']} {who}: {m['status']}", highlight=False)
                 delivered = [m for m in msgs if m["status"] == "delivered"]
                 if (
                     len(delivered) >= 5
@@ -205,6 +214,8 @@ def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
                     ok = True
                     break
                 time.sleep(0.15)
+        if live is None:
+            console.print(_table(msgs, names))
         full = http.get(f"/terminals/{sup['id']}/output").json()["output"]
         console.print(Panel(escape(full.strip()), title=f"supervisor pane ({sup['id']})"))
         if not ok:

@@ -1,8 +1,10 @@
 """``cao watch``: the fleet live in a terminal, fed by cao-server's event stream (GET /events).
 
 A rich table of agents (status, for how long) and of the latest messages (state, why waiting),
-redrawn as events arrive; ``--json`` prints the events themselves, one JSON object a line. It
-reconnects with ``Last-Event-ID`` after a dropped connection, so it misses nothing.
+redrawn as events arrive; ``--json`` prints the events themselves, one JSON object a line. Piped
+into a file or another program (no terminal to redraw on), it prints one plain line per event
+instead, and the tables once at the end. It reconnects with ``Last-Event-ID`` after a dropped
+connection, so it misses nothing.
 """
 
 from __future__ import annotations
@@ -44,10 +46,16 @@ class Watcher:
         rows = self.client.get("/messages", params={"limit": MESSAGE_ROWS})
         self.messages = {m["id"]: m for m in rows}
 
+    @property
+    def lines(self) -> bool:
+        """No terminal to redraw tables on: a plain line per event (and the tables at the end)."""
+        return not self.as_json and not self.console.is_terminal
+
     def run(self) -> None:
         if not self.as_json:
             self.load()
-        live = None if self.as_json else Live(self.render(), console=self.console, auto_refresh=False)
+        redraw = not self.as_json and not self.lines
+        live = Live(self.render(), console=self.console, auto_refresh=False) if redraw else None
         if live is not None:
             live.start()
         try:
@@ -59,6 +67,8 @@ class Watcher:
             if live is not None:
                 live.update(self.render(), refresh=True)
                 live.stop()
+            elif self.lines:
+                self.console.print(self.render())
 
     def follow(self, live: Live | None) -> None:
         headers = {"Last-Event-ID": self.last_id} if self.last_id else {}
@@ -99,6 +109,8 @@ class Watcher:
             click.echo(json.dumps(event, ensure_ascii=False))
             return
         kind = event["type"]
+        if self.lines and not kind.startswith("stream."):
+            self.console.print(event_line(event), highlight=False, soft_wrap=True)
         if kind == "terminal.status" and event["terminal_id"] in self.terminals:
             self.terminals[event["terminal_id"]]["status"] = event["status"]
             self.since[event["terminal_id"]] = event["t"]
@@ -134,3 +146,19 @@ class Watcher:
                 str(m["attempts"]),
             )
         return Group(agents, mail)
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """One event as a line a person reads in a log: ``12:00:01 message.delivered #7 → 1a2b3c4d``."""
+    at = time.strftime("%H:%M:%S", time.localtime(float(event.get("t") or time.time())))
+    who = event.get("terminal_id") or event.get("receiver_id") or ""
+    ids = event.get("message_ids") or ([event["message_id"]] if event.get("message_id") else [])
+    parts = [at, str(event["type"])]
+    if ids:
+        parts.append(" ".join(f"#{i}" for i in ids))
+    if who:
+        parts.append(f"→ {who}" if ids else str(who))
+    for key in ("status", "reason", "error"):
+        if event.get(key):
+            parts.append(f"{key}={event[key]}")
+    return " ".join(parts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,10 @@ def test_launch_send_inbox_message_flow(run, core: Cao, tmp_path: Path):
     assert {"id", "name", "provider", "session_name", "agent_profile", "status", "last_active"} <= set(
         rows[0]
     )
-    assert "c1" in run("status").output  # the rich table
+    table = run("status").output  # the rich table, 80 columns wide here (no terminal)
+    assert "c1" in table
+    assert max(len(line) for line in table.splitlines()) <= 80
+    assert re.search(r"│ \d+(ms|s|m|h) ago +│", table), table  # the last-active age, never cut
     receipt = json.loads(run("send", tid, "hello via inbox", "--from", "cli", "--key", "k1", "--json").output)
     assert receipt["duplicate"] is False
     again = run("send", tid, "hello via inbox", "--key", "k1")
@@ -68,6 +72,9 @@ def test_launch_send_inbox_message_flow(run, core: Cao, tmp_path: Path):
         )
     )
     lifecycle = json.loads(run("message", str(receipt["message_id"]), "--json").output)
+    shown = run("message", str(receipt["message_id"]))  # the table for people
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"delivered_at +│ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(", shown.output), shown.output
     assert lifecycle["attempts"] == 1 and lifecycle["delivered_at"] >= lifecycle["created_at"]
     inbox = json.loads(run("inbox", tid, "--json").output)
     assert [m["message"] for m in inbox] == ["hello via inbox"]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import REPO, ServerProcess, wait_until, write_rules
 
@@ -97,11 +98,12 @@ def test_typed_exit_is_a_success_every_time(make_server):
             wait_until(lambda t=tid: c.get(f"/terminals/{t}").json()["status"] == "gone")
 
 
-def test_cao_watch_follows_the_event_stream(make_server):
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "piped"])
+def test_cao_watch_follows_the_event_stream(make_server, as_json: bool):
     srv: ServerProcess = make_server()
     base = {"PATH": os.environ["PATH"], "HOME": str(srv.home.parent / "home"), "CAO_HOME": str(srv.home)}
     watch = subprocess.Popen(
-        [sys.executable, "-m", "cao.cli", "watch", "--json", "--for", "8"],
+        [sys.executable, "-m", "cao.cli", "watch", *(["--json"] if as_json else []), "--for", "8"],
         env=base,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -124,6 +126,13 @@ def test_cao_watch_follows_the_event_stream(make_server):
         if watch.poll() is None:
             watch.kill()
             watch.wait()
+    if not as_json:  # no terminal: a plain line per event, then the tables once, each on its own lines
+        lines = out.splitlines()
+        assert any(line.endswith(f"terminal.created {tid}") for line in lines), out
+        assert any(f"message.delivered #{mid} → {tid}" in line for line in lines), out
+        assert all(line.lstrip().startswith("┏") for line in lines if "┏" in line), out
+        assert "agents" in out and "latest messages" in out
+        return
     events = [json.loads(line) for line in out.splitlines() if line.strip()]
     kinds = [(e["type"], e.get("terminal_id") or e.get("receiver_id")) for e in events]
     assert ("terminal.created", tid) in kinds and ("message.delivered", tid) in kinds, (kinds, err)
@@ -137,6 +146,14 @@ def test_cao_dashboard_prints_a_login_link_when_a_token_is_set(make_server):
     res = cao(srv, "dashboard")
     assert res.returncode == 0, res.stderr
     url = res.stdout.split("dashboard:")[1].strip()
-    assert url == f"{srv.url}/login?token={token}"
+    assert url.startswith(f"{srv.url}/login?code=") and token not in url  # the link is not the token
     r = httpx.get(url, follow_redirects=False)
-    assert r.status_code == 303 and "cao_token=" in r.headers["set-cookie"]
+    assert r.status_code == 303 and f"cao_token={token}" in r.headers["set-cookie"]
+    again = httpx.get(url, follow_redirects=False)  # a link works once
+    assert again.status_code == 401 and "cao dashboard" in again.json()["detail"]
+    assert "set-cookie" not in again.headers
+    # the token itself is no login link, and a code can't be had without the token
+    assert httpx.get(f"{srv.url}/login?token={token}", follow_redirects=False).status_code == 401
+    assert httpx.post(f"{srv.url}/login-codes").status_code == 401
+    second = cao(srv, "dashboard").stdout.split("dashboard:")[1].strip()
+    assert second != url and httpx.get(second, follow_redirects=False).status_code == 303
