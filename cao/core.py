@@ -18,7 +18,16 @@ from typing import Any
 import providers
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
-from cao.errors import CaoError, InvalidInput, NotFound, PaneGone, PayloadTooLarge, TmuxServerDown
+from cao.errors import (
+    BoxOccupied,
+    CaoError,
+    InvalidInput,
+    NotFound,
+    PaneGone,
+    PaneInMode,
+    PayloadTooLarge,
+    TmuxServerDown,
+)
 from cao.events import EventBus
 from cao.paste import is_blank
 from cao.settings import Settings
@@ -64,14 +73,15 @@ class BadRequest(InvalidInput):
 
 
 class StepFailed(CaoError):
-    """``POST /terminals/run-step``: the worker errored (502) or ran out of time (504).
+    """``POST /terminals/run-step``: the worker errored (502), ran out of time (504) or a person is
+    using its pane (409: text in its box, or scrolling it).
 
     ``fields`` go into the error body next to ``detail``, so the reference's clients read ``kind``
     and ``terminal_id`` without parsing the text."""
 
     def __init__(self, message: str, *, kind: str, terminal_id: str | None) -> None:
         super().__init__(message)
-        self.status_code = 504 if kind == "timeout" else 502
+        self.status_code = {"timeout": 504, "busy": 409}.get(kind, 502)
         self.fields = {"kind": kind, "terminal_id": terminal_id}
 
 
@@ -546,6 +556,8 @@ class Cao:
             raise StepFailed(
                 f"worker terminal {tid} is gone: {exc.message}", kind="error", terminal_id=tid
             ) from None
+        except (BoxOccupied, PaneInMode) as exc:  # a person types in it or scrolls it: nothing typed
+            raise StepFailed(f"worker terminal {tid}: {exc.message}", kind="busy", terminal_id=tid) from None
         except CaoError as exc:
             if exc.status_code == 409:  # never became ready: nothing was typed
                 raise StepFailed(

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cao.errors import CaoError, FenceLost, PaneGone, StoreBusy, TmuxError, TmuxServerDown
+from cao.errors import CaoError, FenceLost, PaneGone, PaneInMode, StoreBusy, TmuxError, TmuxServerDown
 from cao.events import EventBus
 from cao.paste import arrived, format_batch, header, is_ours
 from cao.settings import Settings
@@ -40,6 +40,7 @@ TAIL_BYTES = 2048
 # changes (a spinner redraws ~10 times a second).
 LOOK_EVERY = 0.25
 LOG_TRIGGERS = ("watchdog", "watch_armed")  # woken by a pane log (or the arming of its watch)
+MODE_POLL = 1.0  # seconds between looks while a person has the pane in a tmux mode
 
 
 class Outcome(StrEnum):
@@ -175,7 +176,7 @@ class Delivery:
         input box that is empty — or holds only cao's own unsubmitted paste of the oldest pending
         message (checked again, strictly, once the batch is claimed)."""
         self._looked[terminal.id] = time.monotonic()  # not the wall clock: a step back would stall
-        screen = self.terminals.screen(terminal)
+        screen, mode = self.terminals.look(terminal)
         status = self.terminals.read(terminal, screen).status.value
         if terminal.ready_at is None:
             self.terminals.remember_status(terminal, status)  # first sight of ready
@@ -187,6 +188,8 @@ class Delivery:
             ready=terminal.ready_at is not None,
             mcp_ready=self.terminals.mcp_ready(terminal),
         )
+        if mode:  # a person scrolls (copy mode) or a chooser is open: tmux would paste unbracketed
+            return screen, status, f"{WaitReason.IN_MODE} (tmux {mode})"
         raw_box = provider.input_text(screen)
         box = (raw_box or "").strip()
         if (
@@ -283,6 +286,9 @@ class Delivery:
                     renew=lease.renew,
                     evidence=proof,
                 )
+        except PaneInMode as exc:  # the mode began after the look: nothing was typed
+            self.store.unclaim(claim.token)
+            return self._hold(terminal, newest, f"{WaitReason.IN_MODE} (tmux {exc.mode})")
         except FenceLost as exc:
             logger.warning(
                 "delivery lost its claim; not acknowledged",
@@ -370,6 +376,8 @@ class Delivery:
         now = self.clock()
         if why.startswith(WaitReason.UNREADABLE):
             return self.settings.retry_delay
+        if why.startswith(WaitReason.IN_MODE):  # leaving a mode writes nothing to the pane's log
+            return MODE_POLL
         if why == WaitReason.MCP:
             return max(0.0, terminal.created_at + self.settings.mcp_ready_timeout - now) + 0.05
         hook = self.terminals.hooks.state(terminal.id)

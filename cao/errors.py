@@ -13,8 +13,13 @@
     │   │   └── PaneMismatch     a pane answers at that id, but it is not the terminal's (another
     │   │                        tmux server reused the id, or the program exited: pane_dead)
     │   ├── FenceLost            the paste was refused: another deliverer took over the claim
+    │   ├── PaneInMode           409: a person has the pane in a tmux mode (copy mode: scrolling):
+    │   │                        nothing is typed into it until they leave the mode
     │   └── TmuxServerDown       no tmux server answers on the socket
     ├── NotReady                 409: input held for an agent that never became ready (nothing typed)
+    │   └── BoxOccupied          409: the agent's input box holds someone's text (nothing typed)
+    ├── StoreGone                503: cao.db was deleted or replaced under the running server
+    ├── DiskFull                 507: the disk is full (nothing was written)
     ├── ProviderError            unknown provider or a provider could not start
     └── ServerUnavailable        the CLI could not reach cao-server
 
@@ -82,8 +87,38 @@ class NotReady(CaoError):
     status_code = 409
 
 
+class PaneInMode(TmuxError):
+    """The pane is in a tmux mode (copy mode from scrolling or the mouse wheel, view mode, a
+    chooser): tmux sends no bracketed-paste markers there and keys drive the mode, so nothing is
+    typed. ``typed``: the text went in before the mode began and only its Enter was held back."""
+
+    status_code = 409
+
+    def __init__(self, message: str, *, mode: str = "", typed: bool = False) -> None:
+        super().__init__(message)
+        self.mode = mode
+        self.typed = typed
+
+
 class TmuxServerDown(TmuxError):
     status_code = 503
+
+
+class BoxOccupied(NotReady):
+    """Typed input found someone's text in the agent's input box (nothing was typed)."""
+
+
+class StoreGone(CaoError):
+    """cao.db is no longer the file this server opened (deleted, or replaced by another copy):
+    nothing is written and nothing delivered until cao-server is restarted on the right file."""
+
+    status_code = 503
+
+
+class DiskFull(CaoError):
+    """The disk (or the database's filesystem) is full: nothing was written; retry once there is room."""
+
+    status_code = 507
 
 
 class ProviderError(CaoError):

@@ -77,6 +77,7 @@ class Settings:
     hooks: bool = True  # wire the agent CLIs' lifecycle hooks to cao-server (cao/hooks.py)
     hook_settle: float = 5.0  # seconds a hook may be ahead of the screen before they disagree
     input_ready_timeout: float = 60.0  # typed input waits this long for a starting agent
+    input_wait_timeout: float = 10.0  # typed input waits this long for a person's text or tmux mode
     recovery_settle: float = 0.5  # recovery waits this long after fencing a pane before it looks
     batch_max_messages: int = 20
     retry_delay: float = 1.0  # a failed attempt is retried after this long (and by the sweep)
@@ -160,6 +161,7 @@ class Settings:
             hooks=_flag(env, "CAO_HOOKS", True),
             hook_settle=_number(env, "CAO_HOOK_SETTLE", 5.0),
             input_ready_timeout=_number(env, "CAO_INPUT_READY_TIMEOUT", 60.0),
+            input_wait_timeout=_number(env, "CAO_INPUT_WAIT_TIMEOUT", 10.0),
             log_cap_bytes=int(_number(env, "CAO_LOG_CAP_BYTES", 8 * 1024 * 1024, minimum=4096)),
             log_cap_interval=_number(env, "CAO_LOG_CAP_INTERVAL", 2.0, minimum=0.05),
             retry_delay=_number(env, "CAO_DELIVERY_RETRY_DELAY", 1.0, minimum=0.0),

@@ -48,6 +48,7 @@ class WaitReason(StrEnum):
     BOX_UNREADABLE = "receiver's input box not found (its screen matches nothing its provider knows)"
     MCP = "receiver's MCP tools not connected yet"
     UNREADABLE = "receiver's screen could not be read"
+    IN_MODE = "a person is scrolling this pane"  # any tmux mode: copy (scrolling), view, a chooser
     UNKNOWN = "receiver status unknown (its screen matches nothing its provider knows)"
     RETRY = "retrying after a failed attempt"
 

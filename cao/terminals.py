@@ -31,11 +31,13 @@ from pathlib import Path
 import providers
 from cao import profiles
 from cao.errors import (
+    BoxOccupied,
     CaoError,
     InvalidInput,
     NotFound,
     NotReady,
     PaneGone,
+    PaneInMode,
     ProviderError,
     TmuxError,
     TmuxServerDown,
@@ -48,7 +50,7 @@ from cao.settings import Settings
 from cao.states import ENDED, HookPhase, TerminalState
 from cao.store import Store, Terminal
 from cao.timefmt import iso
-from cao.tmux import PaneInfo, PaneRef, Tmux, session_name_for
+from cao.tmux import PaneInfo, PaneRef, Tmux, in_mode_error, session_name_for
 from cao.workspace import Workspaces
 from cao.worktrees import Git
 from providers.base import LaunchContext, Provider, Reading, TerminalStatus
@@ -385,6 +387,11 @@ class Terminals:
         with self._pane(terminal) as ref:
             return self.tmux.capture_checked(ref, scrollback=scrollback, join=join)
 
+    def look(self, terminal: Terminal) -> tuple[str, str]:
+        """The screen and the tmux mode the pane is in (``""``: none), read in one tmux call."""
+        with self._pane(terminal) as ref:
+            return self.tmux.look_checked(ref)
+
     def snapshot(self, terminal: Terminal) -> tuple[str, int, int, int, int]:
         """The screen with colours, cursor and size (for the dashboard's live terminal view)."""
         with self._pane(terminal) as ref:
@@ -565,6 +572,10 @@ class Terminals:
         its prompt (and its cao MCP tools are up), at most ``ready_timeout`` seconds, else
         :class:`NotReady` and nothing is typed. Serialised with inbox delivery to the same agent.
 
+        Never typed over a person: while the input box holds someone's text, or a person has the
+        pane in a tmux mode (scrolling), it waits up to ``input_wait_timeout`` seconds, then
+        :class:`BoxOccupied` / :class:`PaneInMode` (409) with nothing typed.
+
         Returns whether the submit was confirmed on screen (see :meth:`submit`).
         """
         if not text or is_blank(text):
@@ -572,8 +583,35 @@ class Terminals:
         self.wait_ready(
             terminal, self.settings.input_ready_timeout if ready_timeout is None else ready_timeout
         )
-        with self.lock(terminal.id):
-            confirmed = self.submit(terminal, neutralise(text))
+        deadline = time.monotonic() + self.settings.input_wait_timeout
+        delay = 0.02
+        while True:
+            with self.lock(terminal.id):
+                screen, mode = self.look(terminal)
+                box = self.provider(terminal).input_text(screen)
+                if not mode and not (box or "").strip():
+                    try:
+                        confirmed = self.submit(terminal, neutralise(text), before=screen)
+                    except PaneInMode as exc:
+                        if exc.typed:  # in the box, its Enter held back by a mode that began meanwhile
+                            raise PaneInMode(
+                                f"{exc.message}; the text is in terminal {terminal.id}'s input box, not "
+                                "submitted",
+                                mode=exc.mode,
+                                typed=True,
+                            ) from None
+                        raise
+                    break
+            if time.monotonic() > deadline:
+                if mode:
+                    raise in_mode_error(mode)
+                raise BoxOccupied(
+                    f"terminal {terminal.id}'s input box holds someone's text; nothing was typed (typing "
+                    "would append to it and submit both as one turn). Clear the box or let them submit "
+                    f"it (`tmux attach -t {terminal.session_name}`), then retry"
+                )
+            self.sleep(delay)
+            delay = min(delay * 2, 0.25)
         self.store.update_terminal(terminal.id, last_active=self.clock())
         return confirmed
 
@@ -636,7 +674,12 @@ class Terminals:
         if text is None:
             self.keys(terminal, "Enter", fence=fence)
         else:
-            self.paste(terminal, text, fence=fence)
+            try:
+                self.paste(terminal, text, fence=fence)
+            except PaneInMode as exc:
+                if not exc.typed:
+                    raise  # nothing reached the pane
+                # the text is in, its delayed Enter was held back by a mode: confirming looks again
         if after_paste is not None:
             after_paste()
         try:
@@ -673,7 +716,10 @@ class Terminals:
             now = time.monotonic()
             if verdict is False and not retried and now > deadline - prov.submit_timeout / 2:
                 logger.info("submit not seen; pressing Enter again", extra={"terminal_id": terminal.id})
-                self.keys(terminal, "Enter", fence=fence)
+                try:
+                    self.keys(terminal, "Enter", fence=fence)
+                except PaneInMode:
+                    return False  # a person scrolls: the text waits in the box (its header proves it)
                 retried = True
             if now > deadline:
                 return False

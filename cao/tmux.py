@@ -23,7 +23,7 @@ from pathlib import Path
 
 import libtmux
 
-from cao.errors import FenceLost, PaneGone, PaneMismatch, TmuxError, TmuxServerDown
+from cao.errors import FenceLost, PaneGone, PaneInMode, PaneMismatch, TmuxError, TmuxServerDown
 
 SESSION_PREFIX = "cao-"
 _PLACEHOLDER = "__cao_init"
@@ -31,7 +31,24 @@ _SERVER_DOWN_WORDS = ("no server running", "error connecting to", "server exited
 
 
 _ID_FMT = "#{pid}/#{pane_pid}/#{pane_dead}"
+_MODE_FMT = "#{pane_in_mode}:#{pane_mode}"  # "0:", or how many modes are stacked: "1:copy-mode"
 _REFUSED = "cao-refused"
+_NOT_IN_MODE = "#{==:#{pane_in_mode},0}"
+_REFUSED_FMT = f"{_REFUSED} {_ID_FMT} #{{@cao_fence}} {_MODE_FMT}"
+
+
+def in_mode_error(mode: str, *, typed: bool = False) -> PaneInMode:
+    what = {
+        "copy-mode": "a person is scrolling this pane (tmux copy mode)",
+        "view-mode": "the pane shows tmux view mode",
+        "tree-mode": "the pane shows a tmux chooser (choose-tree)",
+        "clock-mode": "the pane shows the tmux clock",
+    }.get(mode, f"the pane is in a tmux mode ({mode or 'unknown'})")
+    return PaneInMode(
+        f"{what}: nothing is typed into it until the mode ends (q or Escape leaves it)",
+        mode=mode,
+        typed=typed,
+    )
 
 
 @dataclass(frozen=True)
@@ -48,13 +65,19 @@ class PaneRef:
     def expected(self) -> str:
         return f"{self.server_pid}/{self.pane_pid}/0"
 
-    def condition(self, fence: int | None = None, *, fence_op: str = "<", alive: bool = True) -> str:
+    def condition(
+        self, fence: int | None = None, *, fence_op: str = "<", alive: bool = True, typing: bool = False
+    ) -> str:
         """A tmux format that is 1 only for this pane, alive (and, with ``fence``, only while the
-        pane's ``@cao_fence`` compares ``fence_op`` to it). ``alive=False``: dead or alive."""
+        pane's ``@cao_fence`` compares ``fence_op`` to it). ``alive=False``: dead or alive.
+        ``typing``: also only while the pane is in no tmux mode (in copy mode tmux would send a
+        paste without its bracket markers, every newline an Enter, and keys would drive the mode)."""
         if alive:
             ident = f"#{{==:{_ID_FMT},{self.expected}}}"
         else:
             ident = f"#{{==:#{{pid}}/#{{pane_pid}},{self.server_pid}/{self.pane_pid}}}"
+        if typing:
+            ident = f"#{{&&:{ident},{_NOT_IN_MODE}}}"
         if fence is None:
             return ident
         op = "<" if fence_op == "<" else "=="
@@ -304,7 +327,11 @@ class Tmux:
     def identity(self, pane_id: str) -> tuple[int, int, bool]:
         """``(server pid, pane pid, dead)`` of the pane answering at ``pane_id`` now."""
         out = self.run("display-message", "-p", "-t", pane_id, _ID_FMT, target=pane_id).strip()
-        server, pid, dead = out.split("/")
+        server, _, rest = out.partition("/")
+        pid, _, dead = rest.partition("/")
+        if not (server.isdigit() and pid.isdigit()):
+            # tmux 3.3a answers a pane that closed with empty fields and exit code 0
+            raise PaneGone(f"tmux pane {pane_id} no longer exists")
         return int(server), int(pid), dead == "1"
 
     def capture_checked(self, ref: PaneRef, *, scrollback: bool = False, join: bool = False) -> str:
@@ -313,12 +340,17 @@ class Tmux:
         Raises :class:`PaneMismatch` (a subclass of :class:`PaneGone`) when another pane answers
         at that id or the program exited, :class:`PaneGone` when no pane does.
         """
+        return self.look_checked(ref, scrollback=scrollback, join=join)[0]
+
+    def look_checked(self, ref: PaneRef, *, scrollback: bool = False, join: bool = False) -> tuple[str, str]:
+        """Like :meth:`capture_checked`, plus the tmux mode the pane is in (``""`` for none, else
+        e.g. ``copy-mode``), read in the same call. The screen is the program's, not the mode's."""
         args = [
             "display-message",
             "-p",
             "-t",
             ref.pane_id,
-            _ID_FMT,
+            f"{_ID_FMT} {_MODE_FMT}",
             ";",
             "capture-pane",
             "-p",
@@ -330,10 +362,12 @@ class Tmux:
         if scrollback:
             args += ["-S", "-", "-E", "-"]
         out = self.run(*args, target=ref.pane_id)
-        seen, _, screen = out.partition("\n")
+        first, _, screen = out.partition("\n")
+        seen, _, mode = first.partition(" ")
         if seen != ref.expected:
             raise _mismatch(ref, seen)
-        return screen
+        in_mode, _, name = mode.partition(":")
+        return screen, (name or "unknown") if in_mode not in ("", "0") else ""
 
     def snapshot_checked(self, ref: PaneRef) -> tuple[str, int, int, int, int]:
         """The visible screen with its colours (``capture-pane -e``), the cursor and the pane size,
@@ -383,9 +417,7 @@ class Tmux:
         immediate_enter = enter_delay <= 0 and enter_count > 0
         if immediate_enter:
             then += f" ; send-keys -t {pane} Enter" * enter_count
-        refused = (
-            f"delete-buffer -b {buf} ; display-message -p -t {pane} '{_REFUSED} {_ID_FMT} #{{@cao_fence}}'"
-        )
+        refused = f"delete-buffer -b {buf} ; display-message -p -t {pane} '{_REFUSED_FMT}'"
         args = [
             "load-buffer",
             "-b",
@@ -396,7 +428,7 @@ class Tmux:
             "-F",
             "-t",
             pane,
-            ref.condition(fence),
+            ref.condition(fence, typing=True),
             then,
             refused,
         ]
@@ -410,7 +442,10 @@ class Tmux:
         if not immediate_enter:
             for _ in range(enter_count):
                 time.sleep(enter_delay)
-                self.send_keys_checked(ref, "Enter", fence=fence)
+                try:
+                    self.send_keys_checked(ref, "Enter", fence=fence)
+                except PaneInMode as exc:  # the text is in; only its Enter waits for the mode to end
+                    raise in_mode_error(exc.mode, typed=True) from None
 
     def send_keys_checked(
         self, ref: PaneRef, *keys: str, fence: int | None = None, literal: bool = False
@@ -419,15 +454,15 @@ class Tmux:
         then = " ".join(
             ["send-keys", "-t", ref.pane_id, *(["-l"] if literal else []), *(shlex.quote(k) for k in keys)]
         )
-        refused = f"display-message -p -t {ref.pane_id} '{_REFUSED} {_ID_FMT} #{{@cao_fence}}'"
-        cond = ref.condition(fence, fence_op="==")
+        refused = f"display-message -p -t {ref.pane_id} '{_REFUSED_FMT}'"
+        cond = ref.condition(fence, fence_op="==", typing=True)
         out = self.run("if-shell", "-F", "-t", ref.pane_id, cond, then, refused, target=ref.pane_id)
         self._raise_refused(ref, out, fence)
 
     def fence_pane(self, ref: PaneRef, fence: int) -> None:
         """Raise the pane's fence (recovery takes over its input): older claims can't paste now."""
         then = f"set-option -p -t {ref.pane_id} @cao_fence {fence}"
-        refused = f"display-message -p -t {ref.pane_id} '{_REFUSED} {_ID_FMT} #{{@cao_fence}}'"
+        refused = f"display-message -p -t {ref.pane_id} '{_REFUSED_FMT}'"
         out = self.run(
             "if-shell", "-F", "-t", ref.pane_id, ref.condition(fence), then, refused, target=ref.pane_id
         )
@@ -438,9 +473,12 @@ class Tmux:
         line = next((x for x in out.splitlines() if x.startswith(_REFUSED)), None)
         if line is None:
             return
-        _, seen, pane_fence = ([*line.split(" "), "", ""])[:3]
+        _, seen, pane_fence, mode = ([*line.split(" ", 3), "", "", ""])[:4]
         if seen != ref.expected:
             raise _mismatch(ref, seen)
+        in_mode, _, name = mode.partition(":")
+        if in_mode not in ("", "0"):  # the number of modes stacked on the pane
+            raise in_mode_error(name)
         raise FenceLost(
             f"pane {ref.pane_id}'s input belongs to a newer delivery (fence {pane_fence}, ours {fence}); "
             "this one lost its claim"

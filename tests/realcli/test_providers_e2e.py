@@ -14,6 +14,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -316,6 +317,41 @@ def test_inbox_message_sent_while_busy(cli: CLI, bed: Bed, make_server: Callable
     assert len(turns_with(bed, tok)) == 1
     assert turns_with(bed, first)[0] < turns_with(bed, tok)[0]
     assert_delivered_at_first_or_second_try(cli, agent.message(message_id))
+
+
+def test_copy_mode_holds_the_inbox_and_the_message_arrives_whole_after(
+    bed: Bed, make_server: Callable[..., CaoServer], tmp_path: Path
+) -> None:
+    """DELIVERY.md scenario 33 on the real Claude Code: a person scrolls its pane (copy mode) while
+    a message with an ``/exit`` line and a ``!`` shell line waits. tmux would paste it without the
+    bracket markers there (each line an Enter: ``/exit`` would end Claude, ``!`` would run a shell
+    command); cao holds it with the reason, and once the person stops scrolling it arrives as one
+    message — one model turn carrying both lines as text."""
+    cli = next(c for c in CLIS if c.provider == "claude_code")
+    agent = launch(make_server(cli.provider), bed, cli)
+    pwned = tmp_path / "pwned"
+    tok = token()
+    bed.tmux("copy-mode", "-t", agent.pane)
+    message_id = agent.send(
+        f"Please acknowledge {tok} [[reply:Acknowledged {tok}.]]\n/exit\n!touch {pwned}\nend"
+    )
+    wait_for(
+        lambda: (agent.message(message_id)["waiting_reason"] or "").startswith("a person is scrolling"),
+        10,
+        "the reason shown",
+    )
+    time.sleep(1.5)  # a few retries' worth
+    assert agent.message(message_id)["status"] == "pending"
+    assert not turns_with(bed, tok) and not pwned.exists()
+    assert bed.tmux("display-message", "-p", "-t", agent.pane, "#{pane_mode}").strip() == "copy-mode"
+    bed.tmux("send-keys", "-t", agent.pane, "-X", "cancel")  # the person stops scrolling
+    wait_for(lambda: agent.message(message_id)["status"] == "delivered", 20, "delivery after the mode")
+    wait_for(lambda: agent.last() == f"Acknowledged {tok}.", 30, "the answer")
+    [seq] = turns_with(bed, tok)
+    prompt = next(r["prompt"] for r in bed.fake_requests() if r["seq"] == seq)
+    assert "/exit" in prompt and f"!touch {pwned}" in prompt  # text in one message, not keystrokes
+    agent.wait("completed", "idle")  # Claude is still there: "/exit" was text, not a command
+    assert not pwned.exists()
 
 
 # -- older releases ------------------------------------------------------------------------------
