@@ -21,6 +21,7 @@ import providers
 from cao import dashboard, inputs, security
 from cao.core import Cao
 from cao.errors import CaoError, InvalidInput, StoreBusy
+from cao.hooks import HOOK_KEY_HEADER
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -136,8 +137,10 @@ def create_app(core: Cao) -> FastAPI:
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     # -- health ---------------------------------------------------------------------------------
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any] | JSONResponse:
+        if core.store.gone is not None:  # the database file was deleted or replaced: not healthy
+            return JSONResponse({"status": "store_gone", "detail": core.store.gone}, status_code=503)
         return {
             "status": "ok",
             "version": cao.__version__,
@@ -281,7 +284,8 @@ def create_app(core: Cao) -> FastAPI:
     async def hook_event(terminal_id: str, request: Request) -> dict[str, Any]:
         """Called by ``python -m cao.hook`` when the agent CLI runs a lifecycle hook (cao/hooks.py)."""
         report = _hook_report(await request.body())
-        phase = await _off_loop(core.hook, terminal_id, report)
+        key = request.headers.get(HOOK_KEY_HEADER, "")  # never None here: the key is always checked
+        phase = await _off_loop(core.hook, terminal_id, report, key=key)
         return {"success": True, "phase": phase}
 
     @app.post("/terminals/{terminal_id}/exit")

@@ -241,6 +241,16 @@ def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
     if as_json:
         _print_json(terms)
         return
+    info = client.get("/info")
+    if info.get("store", "ok") != "ok":
+        console.print(f"[red]the server's database is lost:[/] {escape(str(info['store']))}")
+    for orphan in info.get("orphan_panes") or []:
+        console.print(
+            f"[yellow]note:[/] pane {orphan['pane_id']} (session {orphan['session_name']}) runs terminal "
+            f"{orphan['terminal_id']} of this home, which the database doesn't know (it was replaced or "
+            f"deleted); kept, never killed: `tmux attach -t {orphan['session_name']}` to look, "
+            f"`tmux kill-pane -t {orphan['pane_id']}` to end it"
+        )
     if not terms:
         console.print("no terminals; start one with `cao launch --headless`")
         return

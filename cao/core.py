@@ -26,6 +26,7 @@ from cao.errors import (
     PaneGone,
     PaneInMode,
     PayloadTooLarge,
+    StoreGone,
     TmuxServerDown,
 )
 from cao.events import EventBus
@@ -435,11 +436,14 @@ class Cao:
         self.terminals.note_mcp_ready(self.terminals.get(terminal_id))
         self.engine.kick(terminal_id, "mcp_ready")
 
-    def hook(self, terminal_id: str, report: dict[str, object]) -> str | None:
+    def hook(self, terminal_id: str, report: dict[str, object], *, key: str | None = None) -> str | None:
         """One lifecycle event reported by the agent CLI's hook (cao/hooks.py). A turn's end, its
         session's start (or a question, or its exit) wakes delivery to that agent at once and
-        refreshes its status for listeners."""
+        refreshes its status for listeners. ``key`` (the HTTP route always passes one, ``""`` when
+        the request had none) must be the terminal's own hook key; in-process callers pass None."""
         terminal = self.terminals.get(terminal_id)
+        if key is not None:
+            self.terminals.check_hook_key(terminal_id, key)
         if terminal.state in ENDED:
             return None  # a late event from a CLI that is gone: nothing to do
         phase = self.terminals.note_hook(terminal, str(report["event"]), report)
@@ -612,6 +616,10 @@ class Cao:
 
     def info(self) -> dict[str, object]:
         s = self.settings
+        try:
+            messages: dict[str, int] | None = self.store.counts_by_status()
+        except StoreGone:
+            messages = None  # "store" says why
         return {
             "version": _version(),
             "home": str(s.home),
@@ -624,9 +632,15 @@ class Cao:
             "sweep_grace": s.sweep_grace,
             "providers": providers.names(),
             "worktrees_dir": str(s.worktrees_dir),
-            "messages": self.store.counts_by_status(),
+            "messages": messages,
             "engine": dict(self.engine.stats),
             "event_listeners": self.events.listeners,
+            "store": self.store.gone or "ok",
+            # panes tagged as this home's agents with no row (the database was lost): kept, never killed
+            "orphan_panes": [
+                {"pane_id": p.pane_id, "terminal_id": p.terminal_id, "session_name": p.session_name}
+                for p in self.terminals.orphans
+            ],
         }
 
 

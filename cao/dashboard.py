@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import threading
@@ -32,7 +33,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from cao.core import Cao
-from cao.errors import CaoError
+from cao.errors import CaoError, InvalidInput
 from cao.events import Event
 from cao.security import TOKEN_COOKIE
 
@@ -124,6 +125,8 @@ def install(app: FastAPI, core: Cao) -> None:
         """Server-Sent Events; ``Last-Event-ID`` (header, or ``?last_event_id=``) resumes;
         ``keepalive`` (1-60 s) is how often a comment line shows the connection is alive."""
         last = request.headers.get("last-event-id") or last_event_id
+        if not math.isfinite(keepalive):  # nan slips through min/max: every wait would be nan
+            raise InvalidInput(f"keepalive must be a number of seconds (1-60), not {keepalive!r}")
         keepalive = min(max(keepalive, 1.0), 60.0)
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()

@@ -27,7 +27,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingObserverVFS
 
 from cao.delivery import Delivery, Outcome
-from cao.errors import StoreBusy
+from cao.errors import StoreBusy, StoreGone
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +140,11 @@ class DeliveryEngine:
             except StoreBusy:
                 logger.warning("database busy; delivery will retry", extra={"terminal_id": receiver_id})
                 retry_after = self.settings.retry_delay
+            except StoreGone:  # the database file was deleted or replaced: deliver nothing more
+                with self._lock:
+                    self._again.pop(receiver_id, None)
+                    self._running.pop(receiver_id, None)
+                return
             except Exception:
                 logger.exception("delivery run crashed", extra={"terminal_id": receiver_id})
             waiting = self._still_pending(receiver_id)
@@ -313,16 +318,24 @@ class DeliveryEngine:
         return capped
 
     def _housekeeping_loop(self) -> None:
-        """The sweep every ``sweep_interval``; the log cap every ``log_cap_interval`` in between."""
+        """The sweep every ``sweep_interval``; in between, every ``log_cap_interval``: the log cap,
+        the database file's identity, and the pane log pipes (``pipe_check_interval``)."""
         next_sweep = time.monotonic() + self.settings.sweep_interval
+        next_pipes = time.monotonic() + self.settings.pipe_check_interval
         tick = min(self.settings.log_cap_interval, self.settings.sweep_interval)
         while not self._stop.wait(tick):
             try:
+                self.store.verify()
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.settings.sweep_interval
                     self.sweep_step()
                 else:
                     self.cap_logs()
+                if time.monotonic() >= next_pipes:
+                    next_pipes = time.monotonic() + self.settings.pipe_check_interval
+                    self.terminals.restore_pipes()
+            except StoreGone:
+                continue  # logged once by the store; nothing more to do until a restart
             except Exception:
                 logger.exception("housekeeping failed")
 

@@ -4,6 +4,7 @@
     ├── InvalidInput             400/422: a value the caller sent is wrong (names the field and the fix)
     ├── NotFound                 404: terminal, session or message unknown
     │   └── ReceiverGone         404: the receiver was deleted
+    ├── Forbidden                403: the caller may not do this (a hook report without its terminal's key)
     ├── Conflict                 409: idempotency key reused with another intent, bad state change
     ├── PayloadTooLarge          413: message body over the limit (nothing stored)
     ├── StoreBusy                503: SQLite stayed locked past the busy timeout (nothing written, retry)
@@ -47,6 +48,10 @@ class NotFound(CaoError):
 
 class ReceiverGone(NotFound):
     pass
+
+
+class Forbidden(CaoError):
+    status_code = 403
 
 
 class Conflict(CaoError):

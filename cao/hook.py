@@ -1,7 +1,7 @@
 """The program an agent CLI runs on a lifecycle event: report it to cao-server, quickly, and never
 get in the CLI's way.
 
-    python -m cao.hook --terminal ID --server URL --home CAO_HOME SOURCE [EVENT] [JSON]
+    python -m cao.hook --terminal ID --server URL --home CAO_HOME --key KEY SOURCE [EVENT] [JSON]
 
 ``SOURCE`` names the CLI (``claude``, ``codex``, ``gemini``, ``kimi``, ``qwen``, ``hermes``). Hooks
 pass a JSON object on stdin (with ``hook_event_name``: Claude Code, Gemini CLI, Kimi CLI, Qwen Code,
@@ -9,7 +9,8 @@ Codex 0.171's hooks.json, Hermes, which puts the event's own fields under ``extr
 ``notify`` program gets one JSON argument instead (with ``type``, e.g. ``agent-turn-complete``).
 ``EVENT`` overrides the event name. Only the fields cao uses are sent (event name, submitted
 prompts, the answer, a notification's text) to ``POST /terminals/{ID}/hooks`` with the server's
-API token (``$CAO_HOME/api-token``).
+API token (``$CAO_HOME/api-token``) and this terminal's own hook key (``X-Cao-Hook-Key``, given by
+cao at launch), so no other holder of the token can report for this terminal.
 
 Standard library only (it runs on every turn). It prints nothing on stdout (Claude Code adds a
 ``UserPromptSubmit`` hook's stdout to the prompt) and always exits 0 (exit code 2 would block the
@@ -98,8 +99,10 @@ def report(source: str, event: str | None, payload: dict[str, Any]) -> dict[str,
     return body
 
 
-def post(server: str, terminal: str, home: str, body: dict[str, Any]) -> None:
+def post(server: str, terminal: str, home: str, body: dict[str, Any], key: str = "") -> None:
     headers = {"Content-Type": "application/json"}
+    if key:
+        headers["X-Cao-Hook-Key"] = key
     token = os.environ.get("CAO_API_TOKEN", "").strip()
     if not token and home:
         try:
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--terminal", required=True, help="the cao terminal id the CLI runs in")
     parser.add_argument("--server", required=True, help="cao-server's URL")
     parser.add_argument("--home", default="", help="cao-server's CAO_HOME (where its API token is)")
+    parser.add_argument("--key", default="", help="this terminal's hook key (cao passes it at launch)")
     parser.add_argument("source", choices=SOURCES, help="the CLI that runs it")
     parser.add_argument("rest", nargs="*", help="[EVENT] [JSON] (codex appends its JSON here)")
     args = parser.parse_args(argv)
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def send() -> None:
         try:
-            post(args.server, args.terminal, args.home, body)
+            post(args.server, args.terminal, args.home, body, args.key)
         except Exception as exc:  # any failure (refused, reset, garbage, a 4xx/5xx): say so, never raise
             failed.append(exc)
 

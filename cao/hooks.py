@@ -40,11 +40,16 @@ lines are kept, a bounded number per terminal, forgotten with the terminal.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import re
+import secrets
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from cao.states import HookPhase as Phase
 from providers.base import Reading, TerminalStatus
@@ -218,3 +223,38 @@ def combine(
             True,
         )
     return reading, False
+
+
+# -- who may report for a terminal -------------------------------------------------------------------
+HOOK_KEY_HEADER = "X-Cao-Hook-Key"
+SECRET_FILE = "hook-secret"
+
+
+def load_secret(home: Path) -> bytes:
+    """This home's secret for hook keys (``$CAO_HOME/hook-secret``, 0600), made on first use."""
+    path = home / SECRET_FILE
+    try:
+        secret = path.read_bytes().strip()
+    except FileNotFoundError:
+        secret = b""
+    if len(secret) >= 32:
+        return secret
+    home.mkdir(parents=True, exist_ok=True)
+    fresh = secrets.token_hex(32).encode()
+    tmp = path.with_name(f".{SECRET_FILE}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(fresh)
+    try:
+        os.link(tmp, path)  # first writer wins; a second reads the winner's
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.read_bytes().strip()
+
+
+def hook_key(secret: bytes, terminal_id: str) -> str:
+    """The key a terminal's hook program sends (cao passes it to the CLI at launch): one agent's
+    key can't be used to report for another, even by a holder of the API token."""
+    return hmac.new(secret, terminal_id.encode(), hashlib.sha256).hexdigest()[:32]

@@ -11,6 +11,7 @@ path the OS can look up; a ``message`` that is empty once whitespace and invisib
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -120,6 +121,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # a full disk under a file write (a create's config files, a pane log): not a crash
+            logger.error("disk full", extra={"method": request.method, "path": request.url.path[:200]})
+            return JSONResponse(
+                {
+                    "detail": "the disk is full; nothing was written (what was half-made is undone). Free "
+                    "some space, then retry the same request",
+                    "error": "DiskFull",
+                },
+                status_code=507,
+            )
         logger.error(
             "request crashed",
             exc_info=exc,

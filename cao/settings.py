@@ -84,6 +84,7 @@ class Settings:
     # tmux / logs
     log_cap_bytes: int = 8 * 1024 * 1024
     log_cap_interval: float = 2.0  # how often pane logs are checked against the cap
+    pipe_check_interval: float = 5.0  # how often closed pane log pipes are looked for and reopened
     pane_width: int = 200
     pane_height: int = 50
     history_limit: int = 50000
@@ -164,6 +165,7 @@ class Settings:
             input_wait_timeout=_number(env, "CAO_INPUT_WAIT_TIMEOUT", 10.0),
             log_cap_bytes=int(_number(env, "CAO_LOG_CAP_BYTES", 8 * 1024 * 1024, minimum=4096)),
             log_cap_interval=_number(env, "CAO_LOG_CAP_INTERVAL", 2.0, minimum=0.05),
+            pipe_check_interval=_number(env, "CAO_PIPE_CHECK_INTERVAL", 5.0, minimum=0.05),
             retry_delay=_number(env, "CAO_DELIVERY_RETRY_DELAY", 1.0, minimum=0.0),
             busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
             fault_point=env.get("CAO_FAULT_POINT") or None,

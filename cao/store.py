@@ -18,8 +18,11 @@ Concurrency model (see docs/inbox-delivery.md):
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import queue
 import secrets
+import shutil
 import sqlite3
 import threading
 import time
@@ -33,15 +36,20 @@ from typing import Any, Literal, TypeVar
 from sqlmodel import Field, SQLModel
 
 from cao.errors import (
+    CaoError,
     Conflict,
+    DiskFull,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
     ReceiverGone,
     SchemaTooNew,
     StoreBusy,
+    StoreGone,
 )
 from cao.states import RECEIVER_GONE, MessageStatus, TerminalState
+
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 6
 
@@ -289,6 +297,21 @@ def _row(model: type[M], row: Any) -> M:
     return model.model_construct(**row)
 
 
+def disk_error(where: Path, detail: str) -> CaoError:
+    """A write that failed for want of space (507), or a disk that failed otherwise (503); either
+    way nothing was written and the same request may be retried."""
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = 0
+    if "full" in detail or free < 1024 * 1024:
+        return DiskFull(
+            f"the disk holding {where} is full ({free // 1024} KiB free); nothing was written. Free some "
+            "space, then retry the same request"
+        )
+    return StoreBusy(f"the database could not be written ({detail}); nothing was written, retry")
+
+
 def body_digest(receiver_id: str, body: str) -> str:
     """The *intent* of a send, for idempotency: receiver and body."""
     return hashlib.sha256(f"{receiver_id}\n{body}".encode()).hexdigest()
@@ -306,7 +329,12 @@ class Store:
         self._pool_lock = threading.Lock()
         self._opened = 0
         self._write_lock = threading.Lock()
+        self._gone: str | None = None  # why this store stopped (its file deleted or replaced)
+        self._identity: tuple[int, int] | None = None
         self.migrate()
+        self._identity = self._file_identity()
+        with self._read() as conn:  # the newest message id: ids only grow in the file we opened
+            self._high_water = int(conn.execute("SELECT coalesce(max(id), 0) FROM message").fetchone()[0])
 
     # -- connection plumbing -------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
@@ -320,11 +348,62 @@ class Store:
         conn.execute("PRAGMA cache_size = -512")
         return conn
 
+    def _file_identity(self) -> tuple[int, int]:
+        st = os.stat(self.path)
+        return st.st_dev, st.st_ino
+
+    def _lose(self, why: str) -> StoreGone:
+        """The file under us is not the one we opened: stop for good (every call raises from now)."""
+        if self._gone is None:
+            self._gone = (
+                f"{self.path} {why} while cao-server was running; nothing was written. Writes and "
+                "deliveries are stopped, so nothing is acknowledged that a restart would forget: put the "
+                "right file back (or let a new one start) and restart cao-server"
+            )
+            logger.error("database file lost; writes and deliveries stopped", extra={"reason": why})
+        return StoreGone(self._gone)
+
+    def check(self) -> None:
+        """Raise :class:`StoreGone` unless the database file is still the one this store opened
+        (a stat: cheap enough for every call). Deleted, or replaced by another file (an older
+        copy), a connection would go on writing into the unlinked or other file and every receipt
+        given from then on would be forgotten at the next start."""
+        if self._gone is not None:
+            raise StoreGone(self._gone)
+        if self._identity is None:
+            return  # opening: nothing to compare with yet
+        try:
+            identity = self._file_identity()
+        except FileNotFoundError:
+            raise self._lose("was deleted") from None
+        except OSError:
+            return  # can't tell (permissions): the next call looks again
+        if identity != self._identity:
+            raise self._lose("was replaced by another file")
+
+    def verify(self) -> None:
+        """The housekeeping check: also a file rewritten in place with an older copy (same inode)
+        shows, by message ids that went back."""
+        self.check()
+        with self._read() as conn:
+            seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'message'").fetchone()
+        reached = int(seq[0]) if seq is not None else 0  # no row: no message was ever stored there
+        if reached < self._high_water:
+            raise self._lose(
+                f"went back in time (message ids reach {reached}, this server wrote up to "
+                f"{self._high_water}): it was overwritten with an older copy"
+            )
+
+    @property
+    def gone(self) -> str | None:
+        return self._gone
+
     @contextmanager
     def _conn(self) -> Iterator[sqlite3.Connection]:
         """A pooled connection (stdlib sqlite3: each call is a handful of statements, and every
         Python layer in between would hold the GIL, and so the write lock, longer under load).
         At most ``POOL_SIZE`` connections, however many threads the server runs."""
+        self.check()
         try:
             conn = self._pool.get_nowait()
         except queue.Empty:
@@ -381,14 +460,15 @@ class Store:
         finally:
             self._write_lock.release()
 
-    @staticmethod
-    def _busy(exc: sqlite3.OperationalError) -> Exception:
+    def _busy(self, exc: sqlite3.OperationalError) -> Exception:
         text = str(exc)
         if "locked" in text or "busy" in text:
             return StoreBusy(
                 "the database stayed locked past the busy timeout; nothing was written, "
                 "retry the same request"
             )
+        if "full" in text or "disk I/O error" in text:
+            return disk_error(self.path.parent, text)
         return exc
 
     def close(self) -> None:
@@ -607,8 +687,14 @@ class Store:
                 (sender_id, receiver_id, body, digest, idempotency_key, now, nonce, waiting_reason),
             )
             msg_id = cur.lastrowid
+            if msg_id is not None and msg_id <= self._high_water:  # rolled back: nothing stored
+                raise self._lose(
+                    f"went back in time (new message id {msg_id}, this server wrote up to "
+                    f"{self._high_water}): it was overwritten with an older copy"
+                )
             if before_commit is not None:
                 before_commit()
+        self._high_water = max(self._high_water, msg_id or 0)  # committed (a failed commit reuses it)
         return (
             Message(
                 id=msg_id,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import logging
 import os
 import re
@@ -33,24 +34,28 @@ from cao import profiles
 from cao.errors import (
     BoxOccupied,
     CaoError,
+    DiskFull,
+    Forbidden,
     InvalidInput,
     NotFound,
     NotReady,
     PaneGone,
     PaneInMode,
+    PayloadTooLarge,
     ProviderError,
+    StoreBusy,
     TmuxError,
     TmuxServerDown,
 )
 from cao.events import EventBus
-from cao.hooks import Hooks, combine
+from cao.hooks import Hooks, combine, hook_key, load_secret
 from cao.paste import is_blank, neutralise
 from cao.profiles import Profile
 from cao.settings import Settings
 from cao.states import ENDED, HookPhase, TerminalState
-from cao.store import Store, Terminal
+from cao.store import MAX_BODY_BYTES, Store, Terminal
 from cao.timefmt import iso
-from cao.tmux import PaneInfo, PaneRef, Tmux, in_mode_error, session_name_for
+from cao.tmux import PaneInfo, PaneRef, TaggedPane, Tmux, in_mode_error, session_name_for
 from cao.workspace import Workspaces
 from cao.worktrees import Git
 from providers.base import LaunchContext, Provider, Reading, TerminalStatus
@@ -139,11 +144,26 @@ class Terminals:
         self.hooks = Hooks(clock)  # what the CLIs' own lifecycle hooks reported (cao/hooks.py)
         self._hooks_lock = threading.Lock()  # one hook report (memory + row) at a time
         self.home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
+        self._hook_secret = load_secret(settings.home)
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
+        self.orphans: list[TaggedPane] = []  # panes tagged as ours with no row (found at start)
         self.workspaces = workspaces or Workspaces(
             settings, store, Git(self.environ), events=self.events, clock=clock
         )
+
+    def hook_key(self, terminal_id: str) -> str:
+        """The key only this terminal's hook program is given (``POST /terminals/{id}/hooks``)."""
+        return hook_key(self._hook_secret, terminal_id)
+
+    def check_hook_key(self, terminal_id: str, key: str | None) -> None:
+        expected = self.hook_key(terminal_id).encode()
+        if not key or not hmac.compare_digest(key.encode("utf-8", "surrogateescape"), expected):
+            raise Forbidden(
+                f"a hook report for terminal {terminal_id} must carry that terminal's own hook key "
+                f"({'none was sent' if not key else 'this one is another'}); only the hook program cao "
+                "configured in that terminal's CLI has it"
+            )
 
     # -- lookup ----------------------------------------------------------------------------------
     def get(self, terminal_id: str) -> Terminal:
@@ -247,6 +267,7 @@ class Terminals:
             settings_env=settings_env,
             profile=loaded,
             hooks=self.settings.hooks,
+            hook_key=self.hook_key(terminal_id),
         )
         try:
             spec = prov.launch(ctx)
@@ -580,6 +601,11 @@ class Terminals:
         """
         if not text or is_blank(text):
             raise InvalidInput("message is empty (only whitespace or invisible characters); send some text")
+        if (size := len(text.encode("utf-8", "surrogatepass"))) > MAX_BODY_BYTES:
+            raise PayloadTooLarge(
+                f"input is {size} bytes, over the {MAX_BODY_BYTES}-byte (256 KiB) limit of what cao types "
+                "(the inbox's); nothing was typed; send it in parts, or point the agent at a file"
+            )
         self.wait_ready(
             terminal, self.settings.input_ready_timeout if ready_timeout is None else ready_timeout
         )
@@ -612,7 +638,8 @@ class Terminals:
                 )
             self.sleep(delay)
             delay = min(delay * 2, 0.25)
-        self.store.update_terminal(terminal.id, last_active=self.clock())
+        with contextlib.suppress(StoreBusy, DiskFull):  # typed already: a note must not turn it into an error
+            self.store.update_terminal(terminal.id, last_active=self.clock())
         return confirmed
 
     def send_key(self, terminal: Terminal, key: str) -> None:
@@ -725,11 +752,10 @@ class Terminals:
                 return False
 
     def exit(self, terminal: Terminal) -> bool:
-        """Type the provider's exit command; a pane that closes (or dies) meanwhile has exited."""
-        try:
-            return self.send_input(terminal, self.provider(terminal).exit_command)
-        except (PaneGone, TmuxServerDown):
-            return True
+        """Type the provider's exit command; a pane that closes (or dies) once it is typed has
+        exited (confirmed). A terminal that is gone already raises :class:`PaneGone` (410):
+        nothing was there to exit."""
+        return self.send_input(terminal, self.provider(terminal).exit_command)
 
     # -- delete ----------------------------------------------------------------------------------
     def delete(self, terminal: Terminal) -> int:
@@ -759,6 +785,8 @@ class Terminals:
         self.workspaces.retire(terminal.id, label=f"{terminal.agent_profile} {terminal.id}")
         self.store.finish_delete(terminal.id)
         shutil.rmtree(self.settings.home / "terminals" / terminal.id, ignore_errors=True)
+        with contextlib.suppress(OSError):  # its pane is gone: nothing writes it any more
+            self.log_path(terminal.id).unlink()
 
     def finish_deletes(self) -> list[str]:
         """Finish deletes that were interrupted (rows left ``deleting``); called by the sweep."""
@@ -773,27 +801,70 @@ class Terminals:
         return done
 
     def delete_session(self, session_name: str) -> list[str]:
+        """Delete this server's terminals in the session. A tmux session is never killed by its
+        name: one called ``cao-<name>`` may hold another cao-server's agents (another CAO_HOME on
+        the same tmux server) or a person's windows; tmux removes the session itself when its last
+        pane goes."""
         session = session_name_for(session_name)
         terms = self.store.list_terminals(session_name=session)
-        if not terms and not self.tmux.has_session(session):
+        if not terms:
+            if self.tmux.has_session(session):
+                raise NotFound(
+                    f"session {session} has no terminals of this cao-server ({self.settings.home}); it "
+                    "belongs to another cao-server or a person, and nothing was touched"
+                )
             raise NotFound(f"session {session} not found; list sessions with `cao status`")
         for t in terms:
             self.delete(t)
-        self.tmux.kill_session(session)
         return [t.id for t in terms]
+
+    def restore_pipes(self) -> list[str]:
+        """Reopen the log pipe of every live terminal whose pipe closed (``cat`` exits when the disk
+        fills up): without it the watchdog trigger and the dashboard's live view of that pane stop
+        silently. One ``list-panes`` for all; each reopen checks the pane's identity."""
+        live = {t.id: t for t in self.store.list_terminals(state=TerminalState.LIVE.value)}
+        if not live:
+            return []
+        reopened = []
+        for pane in self.tmux.list_panes():
+            t = live.get(pane.terminal_id)
+            if t is None or pane.piped or pane.dead or pane.home_tag != self.home_tag:
+                continue
+            if (t.tmux_server_pid, t.pane_id, t.pane_pid) != (pane.server_pid, pane.pane_id, pane.pane_pid):
+                continue
+            try:
+                if self.tmux.reopen_pipe_checked(pane.ref, self.log_path(t.id)):
+                    reopened.append(t.id)
+                    logger.warning("pane log pipe was closed; reopened", extra={"terminal_id": t.id})
+            except TmuxError:
+                continue
+        return reopened
 
     # -- restart ---------------------------------------------------------------------------------
     def adopt(self) -> dict[str, list[str]]:
         """After a server restart: re-adopt terminals whose panes are still theirs (server pid, pane
         id and pid all match); mark the rest gone (for good); kill panes of creations that were
-        interrupted (rows still ``starting``, or no row at all) and finish interrupted deletes."""
+        interrupted (rows still ``starting``) or whose delete was, and finish interrupted deletes.
+
+        A pane tagged as this home's whose terminal has **no row at all** is never killed: the
+        database was deleted or replaced while its agent ran (a create writes its row before the
+        pane, so no crash leaves one). It is kept and listed (:attr:`orphans`) for the operator."""
         panes = self.tmux.list_panes()
         by_id = {p.pane_id: p for p in panes}
-        result: dict[str, list[str]] = {"adopted": [], "gone": [], "orphans_killed": []}
+        result: dict[str, list[str]] = {"adopted": [], "gone": [], "orphans_killed": [], "orphans_kept": []}
         rows = {t.id: t for t in self.store.list_terminals(include_deleted=True)}
+        self.orphans = []
         for pane in panes:
             row = rows.get(pane.terminal_id)
             if pane.home_tag != self.home_tag or not pane.terminal_id:
+                continue
+            if row is None and not pane.dead:
+                self.orphans.append(pane)
+                result["orphans_kept"].append(pane.terminal_id)
+                logger.warning(
+                    "a pane of this home has no row in the database; kept",
+                    extra={"terminal_id": pane.terminal_id, "pane_id": pane.pane_id},
+                )
                 continue
             if row is None or row.state in (TerminalState.STARTING, TerminalState.DELETED):
                 try:

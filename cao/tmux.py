@@ -107,6 +107,8 @@ class TaggedPane:
     dead: bool
     terminal_id: str
     home_tag: str
+    piped: bool = True  # its output goes to a pipe (cao's pane log)
+    session_name: str = ""
 
     @property
     def ref(self) -> PaneRef:
@@ -199,14 +201,15 @@ class Tmux:
                 "list-panes",
                 "-a",
                 "-F",
-                "#{pid} #{pane_id} #{pane_pid} #{pane_dead} #{@cao_terminal}. #{@cao_home}.",
+                "#{pid} #{pane_id} #{pane_pid} #{pane_dead} #{pane_pipe} #{@cao_terminal}. #{@cao_home}. "
+                "#{session_name}",
             )
         except TmuxServerDown:
             return []
         panes: list[TaggedPane] = []
         for line in out.splitlines():
-            parts = line.split(" ")
-            if len(parts) != 6 or not (parts[0].isdigit() and parts[2].isdigit()):
+            parts = line.split(" ", 7)
+            if len(parts) != 8 or not (parts[0].isdigit() and parts[2].isdigit()):
                 continue
             panes.append(
                 TaggedPane(
@@ -214,8 +217,10 @@ class Tmux:
                     pane_id=parts[1],
                     pane_pid=int(parts[2]),
                     dead=parts[3] == "1",
-                    terminal_id=parts[4][:-1],
-                    home_tag=parts[5][:-1],
+                    piped=parts[4] == "1",
+                    terminal_id=parts[5][:-1],
+                    home_tag=parts[6][:-1],
+                    session_name=parts[7],
                 )
             )
         return panes
@@ -322,6 +327,16 @@ class Tmux:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.run("pipe-pane", "-t", pane_id, f"exec cat >> {shlex.quote(str(log_path))}", target=pane_id)
         return True
+
+    def reopen_pipe_checked(self, ref: PaneRef, log_path: Path) -> bool:
+        """Reopen the log pipe of ``ref``'s pane if it closed (``cat`` dies on a full disk), in one
+        tmux call that checks the pane's identity and that no pipe is open (``pipe-pane`` would
+        close an open one). Returns True if it reopened one."""
+        cond = f"#{{&&:{ref.condition()},#{{==:#{{pane_pipe}},0}}}}"
+        cmd = f"pipe-pane -t {ref.pane_id} {shlex.quote('exec cat >> ' + shlex.quote(str(log_path)))}"
+        then = f"{cmd} ; display-message -p -t {ref.pane_id} cao-reopened"
+        out = self.run("if-shell", "-F", "-t", ref.pane_id, cond, then, target=ref.pane_id)
+        return "cao-reopened" in out
 
     # -- identity-checked pane I/O (what the terminal layer uses) --------------------------------
     def identity(self, pane_id: str) -> tuple[int, int, bool]:

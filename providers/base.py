@@ -61,6 +61,7 @@ class LaunchContext:
     # agent_profile names no profile (the scripted agent's rule-file names).
     profile: Profile | None = None
     hooks: bool = True  # wire the CLI's lifecycle hooks to cao-server (CAO_HOOKS)
+    hook_key: str = ""  # this terminal's own key for its hook reports (cao/hooks.py: hook_key)
 
     def hook_command(self, source: str, event: str | None = None) -> list[str]:
         """The program a CLI runs on a lifecycle event: ``cao/hook.py``, which posts the event to
@@ -76,6 +77,7 @@ class LaunchContext:
             self.server_url,
             "--home",
             str(self.cao_home),
+            *(["--key", self.hook_key] if self.hook_key else []),
             source,
             *([event] if event else []),
         ]

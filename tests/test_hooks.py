@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from cao.hook import report
-from cao.hooks import Hooks, HookState, combine
+from cao.hooks import HOOK_KEY_HEADER, Hooks, HookState, combine, hook_key, load_secret
 from cao.paste import header
 from cao.states import HookPhase
 from providers.base import Reading, TerminalStatus
@@ -187,6 +187,11 @@ def _close_clients() -> Iterator[None]:
         _clients.pop().close()
 
 
+def _key(srv: ServerProcess, tid: str) -> dict[str, str]:
+    """The header only that terminal's hook program carries (cao passes the key at launch)."""
+    return {HOOK_KEY_HEADER: hook_key(load_secret(srv.home), tid)}
+
+
 def _launch(http: httpx.Client, name: str, profile: str, cwd: Path) -> str:
     r = http.post(
         "/sessions",
@@ -320,13 +325,14 @@ def test_a_screen_that_stays_busy_after_the_cli_said_done_reads_unknown_with_bot
     the spinner past the settle time: the two disagree, and the operator sees both, not a guess."""
     home = tmp_path / "cao"
     write_rules(home, "slow", {"hooks": True, "default": {"reply": "done", "delay": 60}})
-    _srv, http = _server(make_server, CAO_HOOK_SETTLE="0.5")
+    srv, http = _server(make_server, CAO_HOOK_SETTLE="0.5")
     tid = _launch(http, "slow", "slow", tmp_path)
     wait_until(lambda: _term(http, tid)["status"] == "idle", timeout=15, what="idle")
     assert http.post(f"/terminals/{tid}/input", json={"message": "think for a minute"}).status_code == 200
     wait_until(lambda: _term(http, tid)["status"] == "processing", timeout=10, what="busy")
     stop = {"event": "Stop"}
-    assert http.post(f"/terminals/{tid}/hooks", json=stop).json() == {"success": True, "phase": "turn_end"}
+    posted = http.post(f"/terminals/{tid}/hooks", json=stop, headers=_key(srv, tid))
+    assert posted.json() == {"success": True, "phase": "turn_end"}
     wait_until(lambda: _term(http, tid)["status"] == "unknown", timeout=10, what="disagreement")
     reason = _term(http, tid)["status_reason"]
     assert "processing" in reason and "Stop hook" in reason, reason
@@ -351,8 +357,27 @@ def test_the_hooks_route_checks_what_it_is_given(make_server: Callable[..., Serv
         assert r.status_code == 422 and words in r.json()["detail"], (body, r.text)
     assert http.post("/terminals/0badf00d/hooks", json={"event": "Stop"}).status_code == 404
     assert _term(http, tid)["hook"] is None  # nothing half-recorded
-    ok = http.post(url, json={"event": "Unheard-of", "sent_at": 10**400, "extra": [1]})
+    ok = http.post(
+        url, json={"event": "Unheard-of", "sent_at": 10**400, "extra": [1]}, headers=_key(srv, tid)
+    )
     assert ok.json() == {"success": True, "phase": None}  # an event cao doesn't use: accepted, ignored
+
+
+def test_a_holder_of_the_token_cannot_report_hooks_for_another_terminal(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+):
+    """Each terminal's hook program has its own key: a forged turn start every few seconds used to
+    hold an idle agent at processing for good (and showed a reason nobody gave)."""
+    srv, http = _server(make_server)
+    tid = _launch(http, "forge", "developer", tmp_path)
+    other = _launch(http, "forge2", "developer", tmp_path)
+    url = f"/terminals/{tid}/hooks"
+    start = {"event": "UserPromptSubmit", "prompts": ["pretend"]}
+    for headers in ({}, _key(srv, other), {HOOK_KEY_HEADER: "0" * 32}, {HOOK_KEY_HEADER: b"\xe9" * 10}):
+        r = http.post(url, json=start, headers=headers)
+        assert r.status_code == 403 and "own hook key" in r.json()["detail"], (headers, r.text)
+    assert _term(http, tid)["hook"] is None and _term(http, tid)["status"] == "idle"
+    assert http.post(url, json=start, headers=_key(srv, tid)).json()["phase"] == "turn_start"
 
 
 def test_the_hook_program_reports_through_the_token_file(
@@ -368,7 +393,7 @@ def test_the_hook_program_reports_through_the_token_file(
             "message": "Claude needs your permission to use Bash",
         }
     )
-    done = _hook(srv.url, tid, srv.home, "claude", stdin=payload)
+    done = _hook(srv.url, tid, srv.home, "--key", *_key(srv, tid).values(), "claude", stdin=payload)
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
     hook = _term(http, tid)["hook"]
     assert hook["event"] == "Notification" and hook["phase"] == "asking"
@@ -402,7 +427,16 @@ def test_a_cli_that_never_closes_the_hooks_stdin_is_not_held_up(
     """The event's name comes with the command line, so it is reported even without the payload."""
     srv, http = _server(make_server)
     tid = _launch(http, "open", "developer", tmp_path)
-    where = ["--terminal", tid, "--server", srv.url, "--home", str(srv.home)]
+    where = [
+        "--terminal",
+        tid,
+        "--server",
+        srv.url,
+        "--home",
+        str(srv.home),
+        "--key",
+        *_key(srv, tid).values(),
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "cao.hook", *where, "claude", "Stop"],
         stdin=subprocess.PIPE,
@@ -443,7 +477,9 @@ def test_eager_delivery_never_pastes_into_a_screen_it_cannot_read_on_a_turn_star
     assert http.post(f"/terminals/{tid}/input", json={"message": "deploy now"}).status_code == 200
     wait_until(lambda: _term(http, tid)["status"] == "unknown", timeout=10, what="an unknown question")
     report = http.post(
-        f"/terminals/{tid}/hooks", json={"event": "UserPromptSubmit", "prompts": ["deploy now"]}
+        f"/terminals/{tid}/hooks",
+        json={"event": "UserPromptSubmit", "prompts": ["deploy now"]},
+        headers=_key(_srv, tid),
     )
     assert report.json()["phase"] == "turn_start" and _term(http, tid)["status"] == "processing"
     mid = http.post(
