@@ -5,8 +5,10 @@ request. The rows are in the store (``worktree`` table), the git work in :mod:`c
     create ──► plan()      422 before anything exists: not a repository, no commit, bad setup file
            ──► make()      after the terminal's row: git worktree add, copy/link setup files;
                            returns the agent's command wrapped so the setup commands run in its pane
-    delete ──► retire()    wip-commit uncommitted work, remove the clean worktree, keep an
-                           unmerged branch (never raises: a failure leaves the row ``active``)
+    delete ──► retire()    every commit onto a named ref, uncommitted work as wip commits, the
+                           worktree removed — or ``kept`` untouched when something would be lost
+                           or it is not cao's any more; an unmerged branch kept (never raises:
+                           a failure leaves the row ``active``)
     start  ──► adopt()     worktrees of live terminals are adopted; the rest are listed as orphans
     review ──► diff(), merge()
 """
@@ -106,6 +108,9 @@ class Workspaces:
                 created_at=self.clock(),
             )
         )
+        # the files the setup will copy or link are cao's, not the worker's, from the start: a
+        # copy that fails half-way is not kept as if it were the worker's ignored files
+        self.store.update_worktree_paths(terminal_id, dumps(plan.setup.copy + plan.setup.link))
         try:
             prepared = self.git.prepare(repo, plan.path, plan.setup)
         except WorktreeError:
@@ -149,6 +154,7 @@ class Workspaces:
                 branch=wt.branch,
                 skip=loads(wt.setup_paths),
                 label=label,
+                since=wt.created_at,
             )
         except (CaoError, OSError) as exc:
             why = exc.message if isinstance(exc, CaoError) else str(exc)
