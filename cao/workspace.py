@@ -191,7 +191,7 @@ class Workspaces:
                 adopted.append(wt.terminal_id)
                 continue
             why = (
-                "kept at delete"
+                f"kept at delete: {wt.note}"
                 if wt.state == "kept"
                 else f"its terminal is {term.state if term else 'unknown'}"
             )
@@ -299,7 +299,7 @@ class Workspaces:
             base = self.git.fork_point(common, target, wt.branch)
         except WorktreeError:
             base = wt.base_commit
-        path = Path(wt.path) if wt.state == "active" else None
+        path = self._tree(wt)
         text = self.git.diff(
             common_dir=common, path=path, base=base, branch=wt.branch, skip=loads(wt.setup_paths), stat=stat
         )
@@ -313,11 +313,30 @@ class Workspaces:
             "diff": text,
         }
 
+    def _tree(self, wt: Worktree) -> Path | None:
+        """The worker's worktree while it holds work cao can read: active, or kept at delete
+        (its uncommitted work is still only there) and still the worktree cao made."""
+        path = Path(wt.path)
+        if wt.state not in ("active", "kept") or not path.is_dir():
+            return None
+        if wt.state == "kept":
+            try:
+                self.git.identify(Path(wt.common_dir), path)
+            except CaoError:
+                return None
+        return path
+
     def merge(self, terminal_id: str, *, into: str | None, label: str) -> dict[str, object]:
         wt = self.get(terminal_id)
         target = self.target(wt, into)
-        if wt.state == "active" and Path(wt.path).is_dir():
-            dirty = self.git.dirty(Path(wt.path), loads(wt.setup_paths))
+        path = self._tree(wt)
+        if wt.state == "kept" and path is None and Path(wt.path).is_dir():
+            raise NotMergeable(
+                f"worker {terminal_id}'s worktree was kept at delete and cao can't tell what it holds "
+                f"({wt.note}); merge its branch {wt.branch} with git yourself once you have reviewed it"
+            )
+        if path is not None:
+            dirty = self.git.dirty(path, loads(wt.setup_paths))
             if dirty:
                 raise NotMergeable(
                     f"worker {terminal_id} has uncommitted changes in {wt.path} ({len(dirty)} file(s): "

@@ -313,8 +313,17 @@ def test_ignored_files_keep_the_worktree_as_it_is(
         assert words in note, note
     # kept as it is: nothing committed, the branch and the worker's index untouched
     assert git(path, "rev-parse", "HEAD") == head and git(path, "status", "--porcelain") == "M app.py"
+    # its uncommitted work is still only there: review shows it, a merge would leave it out
+    assert core.diff(term["id"])["includes_uncommitted"] is True and "app.py" in core.diff(term["id"])["diff"]
+    with pytest.raises(NotMergeable, match="uncommitted changes"):
+        core.merge(term["id"])
     listing = {w["path"]: w for w in TestClient(create_app(core)).get("/worktrees").json()}
     assert listing[str(path)]["state"] == "kept" and ".env" in listing[str(path)]["note"]
+    # after a restart it is an orphan, and the reason still says why it was kept
+    core.stop()
+    again = make_core(settings)
+    [row] = [w for w in again.worktrees() if w["path"] == str(path)]
+    assert row["orphan"] is True and ".env" in str(row["reason"]) and "kept at delete" in str(row["reason"])
 
 
 def test_a_repository_nested_in_the_worktree_keeps_it(wt_core: Cao, repo: Path):
@@ -423,6 +432,9 @@ def test_a_worktree_whose_git_link_was_rewritten_is_not_touched(
     assert state == "kept" and path.is_dir() and "the worker's" in (path / "app.py").read_text()
     assert "not touched" in note and case.words in note, note
     assert git(repo, "rev-parse", branch) == git(repo, "rev-parse", "main")
+    assert wt_core.diff(term["id"])["includes_uncommitted"] is False  # cao reads nothing in there
+    with pytest.raises(NotMergeable, match="can't tell what it holds"):
+        wt_core.merge(term["id"])
 
 
 def _conflicting(path: Path, branch: str) -> None:
