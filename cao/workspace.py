@@ -148,12 +148,18 @@ class Workspaces:
         if wt is None or wt.state != "active":
             return wt
         try:
+            # `discard:` is read now, from the checkout (the operator's), not from the worktree
+            discard = load_plan(Path(wt.repo_dir)).discard if Path(wt.repo_dir).is_dir() else ()
+        except WorktreeError:
+            discard = ()  # an unreadable file lets nothing go
+        try:
             state, note = self.git.retire(
                 common_dir=Path(wt.common_dir),
                 path=Path(wt.path),
                 branch=wt.branch,
                 skip=loads(wt.setup_paths),
                 label=label,
+                discard=discard,
                 since=wt.created_at,
             )
         except (CaoError, OSError) as exc:

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 GIT_TIMEOUT = 300.0
 CONFIG_FILE = Path(".cao") / "worktree.yaml"
-CONFIG_KEYS = ("copy", "link", "setup")
+CONFIG_KEYS = ("copy", "link", "setup", "discard")
 # What a user's config could change under cao's own git calls.
 OVERRIDES = (
     "color.ui=false",
@@ -120,6 +120,7 @@ class SetupPlan:
     copy: tuple[str, ...] = ()
     link: tuple[str, ...] = ()
     setup: tuple[str, ...] = ()
+    discard: tuple[str, ...] = ()  # gitignore patterns of ignored files a delete may remove
     source: str = ""  # the config file it came from ('' = none)
 
 
@@ -275,6 +276,7 @@ def load_plan(toplevel: Path) -> SetupPlan:
         copy=tuple(_rel(p, "copy", str(path)) for p in lists["copy"]),
         link=tuple(_rel(p, "link", str(path)) for p in lists["link"]),
         setup=lists["setup"],
+        discard=lists["discard"],
         source=str(path),
     )
 
@@ -575,9 +577,9 @@ class Git:
         out = self.run(p.where, *args, env=env or p.env()).stdout
         return [x for x in out.split("\0") if x]
 
-    def holds(self, p: Pinned, skip: Sequence[str]) -> list[str]:
-        """Why the worktree can't go without losing something (empty: it can). Reads only:
-        nothing in the worktree or the repository is written."""
+    def holds(self, p: Pinned, skip: Sequence[str], discard: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Why the worktree can't go without losing something (empty: it can), and notes. Reads
+        only: nothing in the worktree or the repository is written."""
         assert p.path is not None
         why: list[str] = []
         locked = p.admin / "locked"
@@ -599,9 +601,19 @@ class Git:
             if mode.startswith("160000") and (p.path / rel / ".git").exists():
                 why += self._submodule_holds(p, rel)
         mine = [x for x in mine if not x.endswith("/")]
+        notes = []
+        if mine and discard:
+            let_go = set(
+                self._lines(
+                    p, "ls-files", "-z", "--others", "--ignored", *(f"--exclude={d}" for d in discard)
+                )
+            )
+            mine, gone = [x for x in mine if x not in let_go], len([x for x in mine if x in let_go])
+            if gone:
+                notes.append(f"discarded {gone} ignored file(s) matching .cao/worktree.yaml's discard: list")
         if mine:
             why.append(f"{len(mine)} ignored file(s) would be deleted with it: {_groups(mine)}")
-        return why
+        return why, notes
 
     def _submodule_holds(self, p: Pinned, rel: str) -> list[str]:
         """Why a checked-out submodule (or a committed nested repository) holds work: changes,
@@ -790,6 +802,7 @@ class Git:
         branch: str,
         skip: Sequence[str],
         label: str,
+        discard: Sequence[str] = (),
         since: float = 0.0,
     ) -> tuple[str, str]:
         """A worker is deleted: keep its work, drop what holds none. Returns (state, note).
@@ -817,7 +830,7 @@ class Git:
         except WorktreeError as exc:
             return "kept", f"worktree kept at {path}, not touched: {exc.message}"
         try:
-            why, notes = self.holds(p, skip), []
+            why, notes = self.holds(p, skip, discard)
             if why:
                 return "kept", self._kept_note(p, why)
             if (p.admin / "index.lock").exists():

@@ -326,6 +326,21 @@ def test_ignored_files_keep_the_worktree_as_it_is(
     assert row["orphan"] is True and ".env" in str(row["reason"]) and "kept at delete" in str(row["reason"])
 
 
+def test_ignored_files_the_operator_lets_go_are_discarded(wt_core: Cao, repo: Path):
+    (repo / ".gitignore").write_text(".env\n__pycache__/\n")
+    (repo / ".cao").mkdir()
+    (repo / ".cao" / "worktree.yaml").write_text("discard: ['__pycache__/']\n")
+    commit_all(repo, "discard caches")
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    (path / "pkg" / "__pycache__").mkdir(parents=True)
+    (path / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0cache")
+    (path / "pkg" / "mod.py").write_text("x = 1\n")
+    state, note = retired(wt_core, term)
+    assert state == "removed" and not path.exists()
+    assert "discarded 1 ignored file" in note and git(repo, "show", f"{branch}:pkg/mod.py") == "x = 1"
+
+
 def test_a_repository_nested_in_the_worktree_keeps_it(wt_core: Cao, repo: Path):
     term = make_worker(wt_core, repo)
     path = tree(term)
