@@ -4,12 +4,15 @@ The only module that runs ``git``. Every call goes through :meth:`Git.run`: the 
 explicit ``cwd``, a clean environment (no ``GIT_*`` variable of the host leaks in, prompts off,
 ``LC_ALL=C`` so messages read the same everywhere) and ``-c`` overrides for what a user's config
 could change under us (colours, signing, the committer of cao's own commits). Hooks are skipped
-for cao's commits and merges (``--no-verify``): they are the operator's, not cao's, to run.
+for cao's commits and merges (``--no-verify``): they are the operator's, not cao's, to run. At
+delete, the repository's own config runs nothing at all (:data:`GUARD`, :meth:`Git.guard`).
 
     create    Repo.inspect(dir) → git worktree add -b cao/<profile>-<id> <worktrees>/<repo>/<…> HEAD
               then the setup: files copied/linked from the checkout, commands run in the pane
-    retire    on delete: uncommitted work becomes a "wip" commit on the branch; the (now clean)
-              worktree is removed; the branch is deleted only if another ref contains its tip
+    retire    on delete: identify (is it still cao's worktree?) → holds (would anything be lost?
+              then it is kept as it is) → save (every commit onto a named ref, uncommitted work
+              as wip commits) → git worktree remove; the branch is deleted only if another
+              branch, tag or remote branch contains its tip
     diff      the branch against its fork point, plus what is not committed yet (stat or full)
     merge     ``git merge-tree`` first (no side effects): a conflict stops there and is shown;
               else the target is updated (``git merge`` in the checkout that has it, or
