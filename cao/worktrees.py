@@ -502,6 +502,10 @@ class Git:
         done = self.run(
             cwd, "config", "--show-scope", "--null", "--get-regexp", r"^filter\.", env=env, check=False
         )
+        if done.returncode not in (0, 1):  # 1: no filter settings at all
+            raise WorktreeError(
+                f"could not read the repository's filter settings: {done.stderr.strip()[:300]}"
+            )
         parts = done.stdout.split("\0")
         trusted: dict[str, str] = {}
         theirs: list[str] = []  # filter.<name>.<leaf> keys the repository sets
@@ -601,8 +605,13 @@ class Git:
         why += [f"a git repository is nested at {n}/ (its commits and files live only there)" for n in nested]
         for entry in self._lines(p, "ls-files", "-s", "-z"):
             mode, _, rel = entry.partition("\t")
-            if mode.startswith("160000") and (p.path / rel / ".git").exists():
+            here = p.path / rel
+            if not mode.startswith("160000") or here.is_symlink() or not here.is_dir():
+                continue
+            if (here / ".git").exists():
                 why += self._submodule_holds(p, rel)
+            elif any(here.iterdir()):  # git doesn't look inside a submodule that is not checked out
+                why.append(f"{rel}/ is a submodule's path with files in it but no .git: git can't see them")
         mine = [x for x in mine if not x.endswith("/")]
         notes = []
         if mine and discard:
@@ -918,10 +927,11 @@ class Git:
         n = sum(1 for t in done.stdout.split() if t.isdigit() and int(t) >= int(since))
         if not n:
             return []
-        entries = (
-            "stash entry made while it worked stays" if n == 1 else "stash entries made while it worked stay"
-        )
-        return [f"{n} {entries} in the repository (stashes are shared by all worktrees; `git stash list`)"]
+        entries = "1 stash entry was" if n == 1 else f"{n} stash entries were"
+        return [
+            f"{entries} made in the repository while it worked; stashes are shared by all worktrees "
+            "and stay (`git stash list`)"
+        ]
 
     def _branch_fate(self, common: Path, branch: str) -> str:
         """cao's branch is deleted only when another branch, tag or remote branch has its tip (and

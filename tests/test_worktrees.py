@@ -363,15 +363,23 @@ class Sub(NamedTuple):
     words: str
 
 
+SUB_COMMIT = "a commit only this submodule checkout has"
+
+
 def _sub_commit(sub: Path) -> None:
     (sub / "lib.py").write_text("changed in the submodule\n")
-    commit_all(sub, "a commit only this submodule checkout has")
+    commit_all(sub, SUB_COMMIT)
 
 
 SUBS = {
     "a submodule with a commit of its own": Sub(_sub_commit, "kept", "submodule"),
     "a submodule with an uncommitted change": Sub(
         lambda sub: (sub / "lib.py").write_text("uncommitted\n"), "kept", "submodule"
+    ),
+    "a submodule whose .git was deleted, with a file in it": Sub(
+        lambda sub: ((sub / ".git").unlink(), (sub / "mine.txt").write_text("git can't see me\n")),
+        "kept",
+        "no .git",
     ),
     "an untouched submodule": Sub(lambda sub: None, "removed", "worktree removed"),
 }
@@ -390,11 +398,13 @@ def test_submodules_at_delete(wt_core: Cao, repo: Path, tmp_path: Path, case: Su
     path = tree(term)
     git(path, "-c", "protocol.file.allow=always", "submodule", "update", "--init", "-q")
     case.work(path / "lib")
-    mine = git(path / "lib", "rev-parse", "HEAD")
+    files = sorted(p.name for p in (path / "lib").iterdir())
     state, note = retired(wt_core, term)
     assert state == case.state and case.words in note, note
-    if state == "kept":
-        assert git(path / "lib", "cat-file", "-t", mine) == "commit"
+    if state == "kept":  # as the worker left it: its commit, its change, its file
+        assert sorted(p.name for p in (path / "lib").iterdir()) == files
+        if (path / "lib" / ".git").exists():
+            assert git(path / "lib", "log", "-1", "--format=%s") in ("library", SUB_COMMIT)
 
 
 def test_a_worker_that_switched_branches_is_told_where_its_work_went(wt_core: Cao, repo: Path):
