@@ -344,10 +344,15 @@ class Workspaces:
         if path is not None:
             dirty = self.git.dirty(path, loads(wt.setup_paths))
             if dirty:
+                todo = (
+                    "The worker is gone and its worktree was kept at delete: commit them there yourself"
+                    if wt.state == "kept"
+                    else "Ask it to commit, or delete the worker (its work is committed as a wip commit)"
+                )
                 raise NotMergeable(
                     f"worker {terminal_id} has uncommitted changes in {wt.path} ({len(dirty)} file(s): "
-                    f"{', '.join(line[3:] for line in dirty[:5])}); they would not be merged. Ask it to "
-                    "commit, or delete the worker (its work is committed as a wip commit), then merge"
+                    f"{', '.join(line[3:] for line in dirty[:5])}); they would not be merged. {todo}, "
+                    "then merge"
                 )
         result = self.git.merge(common_dir=Path(wt.common_dir), branch=wt.branch, target=target, label=label)
         self._stats.pop(terminal_id, None)
