@@ -5,8 +5,10 @@ request. The rows are in the store (``worktree`` table), the git work in :mod:`c
     create ──► plan()      422 before anything exists: not a repository, no commit, bad setup file
            ──► make()      after the terminal's row: git worktree add, copy/link setup files;
                            returns the agent's command wrapped so the setup commands run in its pane
-    delete ──► retire()    wip-commit uncommitted work, remove the clean worktree, keep an
-                           unmerged branch (never raises: a failure leaves the row ``active``)
+    delete ──► retire()    every commit onto a named ref, uncommitted work as wip commits, the
+                           worktree removed — or ``kept`` untouched when something would be lost
+                           or it is not cao's any more; an unmerged branch kept (never raises:
+                           a failure leaves the row ``active``)
     start  ──► adopt()     worktrees of live terminals are adopted; the rest are listed as orphans
     review ──► diff(), merge()
 """
@@ -106,6 +108,9 @@ class Workspaces:
                 created_at=self.clock(),
             )
         )
+        # the files the setup will copy or link are cao's, not the worker's, from the start: a
+        # copy that fails half-way is not kept as if it were the worker's ignored files
+        self.store.update_worktree_paths(terminal_id, dumps(plan.setup.copy + plan.setup.link))
         try:
             prepared = self.git.prepare(repo, plan.path, plan.setup)
         except WorktreeError:
@@ -143,12 +148,19 @@ class Workspaces:
         if wt is None or wt.state != "active":
             return wt
         try:
+            # `discard:` is read now, from the checkout (the operator's), not from the worktree
+            discard = load_plan(Path(wt.repo_dir)).discard if Path(wt.repo_dir).is_dir() else ()
+        except WorktreeError:
+            discard = ()  # an unreadable file lets nothing go
+        try:
             state, note = self.git.retire(
                 common_dir=Path(wt.common_dir),
                 path=Path(wt.path),
                 branch=wt.branch,
                 skip=loads(wt.setup_paths),
                 label=label,
+                discard=discard,
+                since=wt.created_at,
             )
         except (CaoError, OSError) as exc:
             why = exc.message if isinstance(exc, CaoError) else str(exc)
@@ -185,7 +197,7 @@ class Workspaces:
                 adopted.append(wt.terminal_id)
                 continue
             why = (
-                "kept at delete"
+                f"kept at delete: {wt.note}"
                 if wt.state == "kept"
                 else f"its terminal is {term.state if term else 'unknown'}"
             )
@@ -293,7 +305,7 @@ class Workspaces:
             base = self.git.fork_point(common, target, wt.branch)
         except WorktreeError:
             base = wt.base_commit
-        path = Path(wt.path) if wt.state == "active" else None
+        path = self._tree(wt)
         text = self.git.diff(
             common_dir=common, path=path, base=base, branch=wt.branch, skip=loads(wt.setup_paths), stat=stat
         )
@@ -307,16 +319,40 @@ class Workspaces:
             "diff": text,
         }
 
+    def _tree(self, wt: Worktree) -> Path | None:
+        """The worker's worktree while it holds work cao can read: active, or kept at delete
+        (its uncommitted work is still only there) and still the worktree cao made."""
+        path = Path(wt.path)
+        if wt.state not in ("active", "kept") or not path.is_dir():
+            return None
+        if wt.state == "kept":
+            try:
+                self.git.identify(Path(wt.common_dir), path)
+            except CaoError:
+                return None
+        return path
+
     def merge(self, terminal_id: str, *, into: str | None, label: str) -> dict[str, object]:
         wt = self.get(terminal_id)
         target = self.target(wt, into)
-        if wt.state == "active" and Path(wt.path).is_dir():
-            dirty = self.git.dirty(Path(wt.path), loads(wt.setup_paths))
+        path = self._tree(wt)
+        if wt.state == "kept" and path is None and Path(wt.path).is_dir():
+            raise NotMergeable(
+                f"worker {terminal_id}'s worktree was kept at delete and cao can't tell what it holds "
+                f"({wt.note}); merge its branch {wt.branch} with git yourself once you have reviewed it"
+            )
+        if path is not None:
+            dirty = self.git.dirty(path, loads(wt.setup_paths))
             if dirty:
+                todo = (
+                    "The worker is gone and its worktree was kept at delete: commit them there yourself"
+                    if wt.state == "kept"
+                    else "Ask it to commit, or delete the worker (its work is committed as a wip commit)"
+                )
                 raise NotMergeable(
                     f"worker {terminal_id} has uncommitted changes in {wt.path} ({len(dirty)} file(s): "
-                    f"{', '.join(line[3:] for line in dirty[:5])}); they would not be merged. Ask it to "
-                    "commit, or delete the worker (its work is committed as a wip commit), then merge"
+                    f"{', '.join(line[3:] for line in dirty[:5])}); they would not be merged. {todo}, "
+                    "then merge"
                 )
         result = self.git.merge(common_dir=Path(wt.common_dir), branch=wt.branch, target=target, label=label)
         self._stats.pop(terminal_id, None)

@@ -4,12 +4,15 @@ The only module that runs ``git``. Every call goes through :meth:`Git.run`: the 
 explicit ``cwd``, a clean environment (no ``GIT_*`` variable of the host leaks in, prompts off,
 ``LC_ALL=C`` so messages read the same everywhere) and ``-c`` overrides for what a user's config
 could change under us (colours, signing, the committer of cao's own commits). Hooks are skipped
-for cao's commits and merges (``--no-verify``): they are the operator's, not cao's, to run.
+for cao's commits and merges (``--no-verify``): they are the operator's, not cao's, to run. At
+delete, the repository's own config runs nothing at all (:data:`GUARD`, :meth:`Git.guard`).
 
     create    Repo.inspect(dir) → git worktree add -b cao/<profile>-<id> <worktrees>/<repo>/<…> HEAD
               then the setup: files copied/linked from the checkout, commands run in the pane
-    retire    on delete: uncommitted work becomes a "wip" commit on the branch; the (now clean)
-              worktree is removed; the branch is deleted only if another ref contains its tip
+    retire    on delete: identify (is it still cao's worktree?) → holds (would anything be lost?
+              then it is kept as it is) → save (every commit onto a named ref, uncommitted work
+              as wip commits) → git worktree remove; the branch is deleted only if another
+              branch, tag or remote branch contains its tip
     diff      the branch against its fork point, plus what is not committed yet (stat or full)
     merge     ``git merge-tree`` first (no side effects): a conflict stops there and is shown;
               else the target is updated (``git merge`` in the checkout that has it, or
@@ -45,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 GIT_TIMEOUT = 300.0
 CONFIG_FILE = Path(".cao") / "worktree.yaml"
-CONFIG_KEYS = ("copy", "link", "setup")
+CONFIG_KEYS = ("copy", "link", "setup", "discard")
 # What a user's config could change under cao's own git calls.
 OVERRIDES = (
     "color.ui=false",
@@ -59,6 +62,32 @@ OVERRIDES = (
 ENV_KEEP = ("PATH", "HOME", "TMPDIR", "USER", "LOGNAME")
 MAX_DIFF_BYTES = 2 * 1024 * 1024
 MAX_CONFLICT_TEXT = 8000
+# What a repository's own config (which a worker can write) could run, or change, in cao's git
+# calls on a worker's tree at delete: hooks (commit-msg, reference-transaction, post-index-change:
+# the wip commit is plumbing, so none of those would run anyway, but no hook at all is the rule),
+# the fsmonitor, lazy fetches of a partial clone. Filter drivers: see :meth:`Git.guard`.
+GUARD = (
+    ("core.hooksPath", "/dev/null"),
+    ("core.fsmonitor", "false"),
+    ("core.splitIndex", "false"),
+    ("core.untrackedCache", "false"),
+    ("submodule.recurse", "false"),
+    ("gc.auto", "0"),
+    ("protocol.allow", "never"),
+    *((f"protocol.{name}.allow", "never") for name in ("file", "git", "ssh", "http", "https", "ext")),
+)
+TRUSTED_SCOPES = ("system", "global")  # the operator's config; local and worktree are the repository's
+FILTER_KEYS = ("clean", "smudge", "process", "required")
+NAMED_REFS = ("refs/heads", "refs/tags", "refs/remotes")  # where work is kept (not refs/stash)
+IN_PROGRESS = (  # marker in the worktree's git dir → what is going on
+    ("rebase-merge", "a rebase"),
+    ("rebase-apply", "a rebase (or `git am`)"),
+    ("MERGE_HEAD", "a merge"),
+    ("CHERRY_PICK_HEAD", "a cherry-pick"),
+    ("REVERT_HEAD", "a revert"),
+    ("sequencer", "a cherry-pick or revert sequence"),
+    ("BISECT_LOG", "a bisect"),
+)
 
 
 class WorktreeError(InvalidInput):
@@ -94,7 +123,41 @@ class SetupPlan:
     copy: tuple[str, ...] = ()
     link: tuple[str, ...] = ()
     setup: tuple[str, ...] = ()
+    discard: tuple[str, ...] = ()  # gitignore patterns of ignored files a delete may remove
     source: str = ""  # the config file it came from ('' = none)
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A worktree whose identity :meth:`Git.identify` checked. Every git call on it names its
+    directories (``GIT_DIR``, ``GIT_WORK_TREE``), so a ``.git`` file rewritten since can't
+    redirect them, and carries ``config`` (:meth:`Git.guard`). ``path`` is None when the
+    worktree's folder is gone and only its entry in the repository is left."""
+
+    path: Path | None
+    admin: Path  # its entry in the repository, <common>/worktrees/<name>
+    common: Path
+    config: Mapping[str, str]
+
+    @property
+    def where(self) -> Path:
+        return self.path or self.admin
+
+    def env(self, **more: str) -> dict[str, str]:
+        env = {**self.config, "GIT_DIR": str(self.admin), "GIT_OPTIONAL_LOCKS": "0", **more}
+        if self.path is not None:
+            env["GIT_WORK_TREE"] = str(self.path)
+        return env
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A worktree's state as trees (:meth:`Git.snapshot`)."""
+
+    head: str | None  # HEAD's commit (None: an unborn branch)
+    base: str  # HEAD's tree (the empty tree on an unborn branch)
+    staged: str  # the worker's index as a tree
+    work: str  # everything in the worktree as a tree
 
 
 @dataclass(frozen=True)
@@ -154,6 +217,36 @@ def _through_symlink(root: Path, rel: str) -> bool:
     return False
 
 
+def _under(path: str, roots: Sequence[str]) -> bool:
+    """Is ``path`` (relative, '/'-separated) one of ``roots`` or inside one?"""
+    return any(path.rstrip("/") == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _some(items: Sequence[str], limit: int = 5) -> str:
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _groups(paths: Sequence[str], limit: int = 8) -> str:
+    """Paths summed up by their first directory: ``.env, build/ (2 files), run.log``."""
+    groups: dict[str, int] = {}
+    for path in paths:
+        top, sep, _ = path.partition("/")
+        groups[top + sep] = groups.get(top + sep, 0) + 1
+    return _some(
+        [f"{g} ({n} file{'s' * (n != 1)})" if g.endswith("/") else g for g, n in groups.items()], limit
+    )
+
+
+def config_env(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``-c key=value`` for each pair, as environment (no quoting or '=' in a key can break it,
+    and git passes it on to the git processes it starts)."""
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for i, (key, value) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    return env
+
+
 def _rel(path: str, what: str, source: str) -> str:
     """A path inside the checkout: relative, no '..', no '.git'."""
     p = PurePosixPath(path)
@@ -186,6 +279,7 @@ def load_plan(toplevel: Path) -> SetupPlan:
         copy=tuple(_rel(p, "copy", str(path)) for p in lists["copy"]),
         link=tuple(_rel(p, "link", str(path)) for p in lists["link"]),
         setup=lists["setup"],
+        discard=lists["discard"],
         source=str(path),
     )
 
@@ -235,6 +329,7 @@ class Git:
         check: bool = True,
         env: Mapping[str, str] | None = None,
         commit: bool = False,
+        input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         argv = ["git", *(f for o in OVERRIDES for f in ("-c", o))]
         if commit:
@@ -245,6 +340,7 @@ class Git:
                 argv,
                 cwd=cwd,
                 env={**self.env, **(env or {})},
+                input=input,
                 capture_output=True,
                 text=True,
                 errors="replace",
@@ -261,8 +357,8 @@ class Git:
             )
         return done
 
-    def out(self, cwd: Path, *args: str) -> str:
-        return self.run(cwd, *args).stdout.strip()
+    def out(self, cwd: Path, *args: str, env: Mapping[str, str] | None = None, commit: bool = False) -> str:
+        return self.run(cwd, *args, env=env, commit=commit).stdout.strip()
 
     # -- the source checkout ---------------------------------------------------------------------
     def inspect(self, directory: Path) -> Repo:
@@ -363,12 +459,12 @@ class Git:
         return done.stdout.strip() or None
 
     # -- state of a worker's tree ------------------------------------------------------------------
-    def _skip(self, cwd: Path, paths: Sequence[str]) -> list[str]:
+    def _skip(self, cwd: Path, paths: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
         """A pathspec for the whole tree minus the setup's files (git refuses to be handed
         ignored ones even to exclude them, and doesn't need to: it leaves those out itself)."""
         ignored: set[str] = set()
         if paths:
-            done = self.run(cwd, "check-ignore", "--", *paths, check=False)
+            done = self.run(cwd, "check-ignore", "--", *paths, env=env, check=False)
             ignored = set(done.stdout.splitlines())
         return ["--", ".", *(f":(exclude,top){p}" for p in paths if p not in ignored)]
 
@@ -377,25 +473,18 @@ class Git:
         out = self.run(path, "status", "--porcelain", "--untracked-files=all", *self._skip(path, skip)).stdout
         return [line for line in out.splitlines() if line.strip()]
 
-    def commit_wip(self, path: Path, skip: Sequence[str], message: str) -> str | None:
-        """Commit every uncommitted change (tracked and untracked, not ignored, not the setup's
-        files) to the worktree's branch; the new commit, or None when there was nothing."""
-        if not self.dirty(path, skip):
-            return None
-        self.run(path, "add", "-A", *self._skip(path, skip))
-        self.run(path, "commit", "--no-verify", "-q", "-m", message, commit=True)
-        return self.out(path, "rev-parse", "HEAD")
+    def contained_elsewhere(self, cwd: Path, branch: str, env: Mapping[str, str] | None = None) -> str | None:
+        """A named ref other than the branch (branch, tag, remote branch) that contains its tip.
+        ``refs/stash`` and other bookkeeping refs don't count: they are no place to keep work."""
+        ref = f"refs/heads/{branch}"
+        refs = self.run(cwd, "for-each-ref", "--format=%(refname)", "--contains", ref, *NAMED_REFS, env=env)
+        return next((r for r in refs.stdout.splitlines() if r and r != ref), None)
 
-    def contained_elsewhere(self, cwd: Path, branch: str) -> bool:
-        """Is the branch's tip reachable from some other ref (branch, tag, remote branch)?"""
-        refs = self.out(cwd, "for-each-ref", "--format=%(refname)", "--contains", f"refs/heads/{branch}")
-        return any(r and r != f"refs/heads/{branch}" for r in refs.splitlines())
-
-    def registered(self, cwd: Path) -> dict[str, str | None]:
+    def registered(self, cwd: Path, env: Mapping[str, str] | None = None) -> dict[str, str | None]:
         """Worktrees git knows of: path → branch (None when detached)."""
         out: dict[str, str | None] = {}
         current: str | None = None
-        for line in self.run(cwd, "worktree", "list", "--porcelain").stdout.splitlines():
+        for line in self.run(cwd, "worktree", "list", "--porcelain", env=env).stdout.splitlines():
             if line.startswith("worktree "):
                 current = line[9:]
                 out[current] = None
@@ -403,41 +492,464 @@ class Git:
                 out[current] = line[len("branch refs/heads/") :]
         return out
 
+    # -- retire: a worker is deleted -----------------------------------------------------------------
+    def guard(self, cwd: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment that keeps a repository's own config from running code in cao's git calls:
+        :data:`GUARD`, and every filter driver setting the repository's config (local or worktree
+        scope, which a worker can write) makes is replaced by the operator's (system or global
+        scope, e.g. git-lfs's) or, when the operator has none, emptied (the driver is off and
+        the file is committed as it is)."""
+        done = self.run(
+            cwd, "config", "--show-scope", "--null", "--get-regexp", r"^filter\.", env=env, check=False
+        )
+        if done.returncode not in (0, 1):  # 1: no filter settings at all
+            raise WorktreeError(
+                f"could not read the repository's filter settings: {done.stderr.strip()[:300]}"
+            )
+        parts = done.stdout.split("\0")
+        trusted: dict[str, str] = {}
+        theirs: list[str] = []  # filter.<name>.<leaf> keys the repository sets
+        for scope, entry in zip(parts[0::2], parts[1::2], strict=False):
+            key, _, value = entry.partition("\n")
+            if key.rpartition(".")[2] not in FILTER_KEYS:
+                continue
+            if scope in TRUSTED_SCOPES:
+                trusted[key] = value
+            elif key not in theirs:
+                theirs.append(key)
+        # Per key: an empty `process` would switch off the operator's `clean` too (git prefers a
+        # defined process), so only what the repository sets is replaced.
+        pairs = [*GUARD, *((k, trusted.get(k, "false" if k.endswith(".required") else "")) for k in theirs)]
+        return config_env(pairs)
+
+    def admin_of(self, common_dir: Path, path: Path) -> Path | None:
+        """The worktree's entry in the repository (``<common>/worktrees/<name>``): the one whose
+        ``gitdir`` file names ``<path>/.git``. None when git knows no worktree at ``path``."""
+        want = (path / ".git").resolve()
+        root = common_dir / "worktrees"
+        for entry in sorted(root.iterdir()) if root.is_dir() else []:
+            try:
+                named = (entry / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+            except OSError:
+                continue
+            if named and (entry / named).resolve() == want:
+                return entry
+        return None
+
+    def identify(self, common_dir: Path, path: Path) -> Pinned:
+        """The worktree cao made at ``path`` in the repository ``common_dir``, verified: git's
+        entry for it exists, its ``.git`` file points at that entry, and git run there resolves to
+        that entry, that repository and that directory. Raises :class:`WorktreeError` saying
+        what is wrong otherwise (a worker rewrote ``.git``, made a repository of its own...)."""
+        common = common_dir.resolve()
+        admin = self.admin_of(common, path)
+        if admin is None:
+            raise WorktreeError(f"the repository {common} has no worktree entry pointing at {path} any more")
+        link = path / ".git"
+        if link.is_symlink() or not link.is_file():
+            what = "a symlink" if link.is_symlink() else "a directory" if link.is_dir() else "missing"
+            raise WorktreeError(
+                f"its .git is {what} now, not the file git made: it belongs to another repository "
+                f"than {common}"
+            )
+        text = link.read_text(encoding="utf-8", errors="replace").strip()
+        target = text.removeprefix("gitdir:").strip()
+        if not text.startswith("gitdir:") or (path / target).resolve() != admin.resolve():
+            raise WorktreeError(
+                f"its .git points at {target[:300]!r}, not at its entry {admin}: another repository"
+            )
+        probe = self.run(
+            path,
+            "rev-parse",
+            "--path-format=absolute",
+            "--git-dir",
+            "--git-common-dir",
+            "--show-toplevel",
+            env=config_env(GUARD),
+            check=False,
+        )
+        got = [Path(p).resolve() for p in probe.stdout.splitlines()]
+        want = [admin.resolve(), common, path.resolve()]
+        if probe.returncode != 0 or got != want:
+            seen = ", ".join(map(str, got)) or (probe.stderr.strip()[:300] or "nothing")
+            raise WorktreeError(
+                f"git run there resolves to {seen} instead of {', '.join(map(str, want))}: another "
+                "repository or work tree (core.worktree?)"
+            )
+        pinned = Pinned(path, admin, common, {})
+        return Pinned(path, admin, common, self.guard(path, pinned.env()))
+
+    def _lines(self, p: Pinned, *args: str, env: Mapping[str, str] | None = None) -> list[str]:
+        """NUL-separated output of a git call on the pinned worktree."""
+        out = self.run(p.where, *args, env=env or p.env()).stdout
+        return [x for x in out.split("\0") if x]
+
+    def holds(self, p: Pinned, skip: Sequence[str], discard: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Why the worktree can't go without losing something (empty: it can), and notes. Reads
+        only: nothing in the worktree or the repository is written."""
+        assert p.path is not None
+        why: list[str] = []
+        locked = p.admin / "locked"
+        if locked.exists():
+            reason = locked.read_text(encoding="utf-8", errors="replace").strip()[:200]
+            why.append(f"it is locked (`git worktree lock`{': ' + reason if reason else ''})")
+        doing = [what for marker, what in IN_PROGRESS if (p.admin / marker).exists()]
+        why += [f"{what} is in progress (finish or abort it there first)" for what in doing[:1]]
+        unmerged = sorted({e.split("\t", 1)[-1] for e in self._lines(p, "ls-files", "-u", "-z")})
+        if unmerged:
+            why.append(f"its index has unresolved conflicts ({_some(unmerged)})")
+        untracked = self._lines(p, "ls-files", "-z", "--others", "--exclude-standard")
+        ignored = self._lines(p, "ls-files", "-z", "--others", "--ignored", "--exclude-standard")
+        mine = [x for x in ignored if not _under(x, skip)]
+        nested = sorted(x.rstrip("/") for x in untracked + mine if x.endswith("/") and not _under(x, skip))
+        why += [f"a git repository is nested at {n}/ (its commits and files live only there)" for n in nested]
+        for entry in self._lines(p, "ls-files", "-s", "-z"):
+            mode, _, rel = entry.partition("\t")
+            here = p.path / rel
+            if not mode.startswith("160000") or here.is_symlink() or not here.is_dir():
+                continue
+            if (here / ".git").exists():
+                why += self._submodule_holds(p, rel)
+            elif any(here.iterdir()):  # git doesn't look inside a submodule that is not checked out
+                why.append(f"{rel}/ is a submodule's path with files in it but no .git: git can't see them")
+        mine = [x for x in mine if not x.endswith("/")]
+        notes = []
+        if mine and discard:
+            let_go = set(
+                self._lines(
+                    p, "ls-files", "-z", "--others", "--ignored", *(f"--exclude={d}" for d in discard)
+                )
+            )
+            mine, gone = [x for x in mine if x not in let_go], len([x for x in mine if x in let_go])
+            if gone:
+                notes.append(f"discarded {gone} ignored file(s) matching .cao/worktree.yaml's discard: list")
+        if mine:
+            why.append(f"{len(mine)} ignored file(s) would be deleted with it: {_groups(mine)}")
+        return why, notes
+
+    def _submodule_holds(self, p: Pinned, rel: str) -> list[str]:
+        """Why a checked-out submodule (or a committed nested repository) holds work: changes,
+        untracked or ignored files, its own submodules, or — when its git directory goes with the
+        worktree (a submodule checked out in a linked worktree keeps it in the worktree's entry)
+        — a commit that none of its remote-tracking branches has."""
+        assert p.path is not None
+        sub = p.path / rel
+        env = {**self.guard(sub), "GIT_OPTIONAL_LOCKS": "0"}
+        probe = self.run(sub, "rev-parse", "--path-format=absolute", "--git-dir", env=env, check=False)
+        if probe.returncode != 0:
+            return [f"submodule {rel}: git can't read it ({probe.stderr.strip()[:200]})"]
+        status = self.run(
+            sub,
+            "status",
+            "--porcelain",
+            "--ignored",
+            "--untracked-files=all",
+            "--ignore-submodules=all",
+            env=env,
+            check=False,
+        )
+        if status.returncode != 0 or status.stdout.strip():
+            return [f"submodule {rel} has uncommitted changes, untracked or ignored files"]
+        inner = self.run(sub, "ls-files", "-s", env=env).stdout
+        if any(line.startswith("160000") for line in inner.splitlines()):
+            return [f"submodule {rel} has submodules of its own"]
+        gitdir = Path(probe.stdout.strip()).resolve()
+        if _inside(gitdir, p.path.resolve()) or _inside(gitdir, p.admin.resolve()):
+            only = self.run(sub, "rev-list", "-n1", "--all", "--not", "--remotes", env=env, check=False)
+            if only.returncode != 0 or only.stdout.strip():
+                return [
+                    f"submodule {rel} has commits none of its remotes has "
+                    f"({only.stdout.strip()[:10] or 'unreadable'}); they live only in this worktree"
+                ]
+        return []
+
+    def snapshot(self, p: Pinned, skip: Sequence[str], tmp: Path) -> Snapshot:
+        """The worktree's state as trees, through a scratch copy of the worker's index (a
+        leftover ``index.lock`` doesn't block it, the worker's index is never written): what is
+        staged, and everything in the tree (tracked and new files, not ignored, not the setup's;
+        files hidden by assume-unchanged or skip-worktree that exist on disk included)."""
+        assert p.path is not None
+        index = tmp / "index"
+        env = p.env(GIT_INDEX_FILE=str(index))
+        head = self.run(p.where, "rev-parse", "-q", "--verify", "HEAD^{commit}", env=env, check=False)
+        commit = head.stdout.strip() or None
+        if (p.admin / "index").is_file():
+            shutil.copyfile(p.admin / "index", index)
+        elif commit:
+            self.run(p.where, "read-tree", commit, env=env)
+        staged = self.out(p.where, "write-tree", env=env)
+        entries = [
+            e for e in self._lines(p, "ls-files", "-v", "-z", env=env) if os.path.lexists(p.path / e[2:])
+        ]
+        # one flag per call: update-index applies only the first of --no-assume-unchanged and
+        # --no-skip-worktree to a path
+        for flag, hidden in (
+            ("--no-assume-unchanged", str.islower),
+            ("--no-skip-worktree", lambda t: t in "Ss"),
+        ):
+            paths = [e[2:] for e in entries if hidden(e[0])]
+            if paths:
+                self.run(
+                    p.where, "update-index", flag, "-z", "--stdin", env=env, input="\0".join(paths) + "\0"
+                )
+        self.run(p.where, "add", "-A", *self._skip(p.where, skip, env), env=env)
+        work = self.out(p.where, "write-tree", env=env)
+        if commit:
+            base = self.out(p.where, "rev-parse", f"{commit}^{{tree}}", env=env)
+        else:  # an unborn branch: nothing committed yet
+            base = self.run(p.where, "mktree", env=env, input="").stdout.strip()
+        return Snapshot(commit, base, staged, work)
+
+    def _commit(self, p: Pinned, tree: str, parent: str | None, message: str) -> str:
+        parents = ["-p", parent] if parent else []
+        return self.out(p.where, "commit-tree", tree, *parents, "-m", message, env=p.env(), commit=True)
+
+    def _named(self, p: Pinned, commit: str) -> bool:
+        """Is the commit on a branch, a tag or a remote branch?"""
+        args = ("for-each-ref", "--count=1", "--contains", commit, *NAMED_REFS)
+        return bool(self.run(p.where, *args, env=p.env()).stdout.strip())
+
+    def _side(self, p: Pinned, prefix: str, commit: str) -> str:
+        """A new branch ``<prefix>-<short sha>`` at ``commit`` (created only if it doesn't exist)."""
+        for name in (f"{prefix}-{commit[:10]}", f"{prefix}-{commit}"):
+            made = self.run(
+                p.where,
+                "update-ref",
+                "-m",
+                "cao: work saved at delete",
+                f"refs/heads/{name}",
+                commit,
+                "",
+                env=p.env(),
+                check=False,
+            )
+            if made.returncode == 0:
+                return name
+        raise WorktreeError(f"could not make a branch {prefix}-{commit[:10]} for commit {commit[:10]}")
+
+    def _stranded(self, p: Pinned) -> list[tuple[str, str, str]]:
+        """Commits only the worktree's own things hold, which go with it, and no branch, tag or
+        remote branch has: those the worker left behind on a detached HEAD (``checkout: moving
+        from <sha> to ...`` in its HEAD reflog), newest first, and those only a per-worktree
+        ref (``refs/worktree/*``) holds. Each as (commit, branch suffix, what it was)."""
+        found: dict[str, tuple[str, str]] = {}
+        try:
+            lines = (p.admin / "logs" / "HEAD").read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            lines = []
+        for line in reversed(lines):
+            old, _, rest = line.partition(" ")
+            if rest.partition("\t")[2].startswith(f"checkout: moving from {old} "):
+                found.setdefault(old, ("detached", "left behind on a detached HEAD"))
+        refs = self.run(
+            p.where,
+            "for-each-ref",
+            "--format=%(objecttype) %(objectname) %(refname)",
+            "refs/worktree/",
+            env=p.env(),
+        )
+        for kind, _, rest in (line.partition(" ") for line in refs.stdout.splitlines()):
+            commit, _, ref = rest.partition(" ")
+            if kind == "commit":
+                found.setdefault(commit, ("saved", f"held only by {ref}, which goes with the worktree"))
+        if not found:
+            return []
+        args = ("rev-list", "--ignore-missing", "--stdin", "--not", "--branches", "--tags", "--remotes")
+        unnamed = set(self.run(p.where, *args, env=p.env(), input="\n".join(found) + "\n").stdout.split())
+        return [(c, *found[c]) for c in found if c in unnamed]
+
+    def save(self, p: Pinned, snap: Snapshot | None, *, branch: str, label: str) -> list[str]:
+        """Put the worker's work where a named ref holds it (see :meth:`retire`); notes."""
+        notes: list[str] = []
+        env = p.env()
+        head_ref = self.run(p.where, "symbolic-ref", "-q", "HEAD", env=env, check=False).stdout.strip()
+        if snap is None:  # the folder is gone: only HEAD is left to save
+            found = self.run(p.where, "rev-parse", "-q", "--verify", "HEAD^{commit}", env=env, check=False)
+            head = found.stdout.strip() or None
+        else:
+            head = snap.head
+        tip, made = head, None
+        if snap and snap.staged not in (snap.base, snap.work):
+            tip = self._commit(p, snap.staged, tip, f"wip: staged changes of {label}, saved by cao at delete")
+            notes.append(f"staged changes committed as {tip[:10]}")
+        if snap and snap.work != (snap.staged if tip != head else snap.base):
+            tip = self._commit(p, snap.work, tip, f"wip: uncommitted work of {label}, saved by cao at delete")
+        if tip != head:
+            made = tip
+        ours = f"refs/heads/{branch}"
+        if head_ref == ours:
+            if made:
+                self.run(
+                    p.where, "update-ref", "-m", "cao: work saved at delete", ours, made, head or "", env=env
+                )
+                notes.append(f"uncommitted work committed as {made[:10]} on {branch}")
+        elif head_ref:
+            name = head_ref.removeprefix("refs/heads/")
+            if made:
+                side = self._side(p, f"{branch}-wip", made)
+                base = f"on top of {name}, which cao did not move" if head else f"{name} has no commit yet"
+                notes.append(
+                    f"the worker had switched to branch {name}: its uncommitted work committed as "
+                    f"{made[:10]} on new branch {side} ({base})"
+                )
+            else:
+                notes.append(f"the worker had switched to branch {name}; its commits are there")
+        elif tip and not self._named(p, tip):
+            side = self._side(p, f"{branch}-detached", tip)
+            what = f"uncommitted work committed as {made[:10]} and" if made else "its commits"
+            notes.append(f"HEAD was detached at {(head or '?')[:10]}: {what} saved as new branch {side}")
+        elif tip:
+            notes.append(f"HEAD was detached at {tip[:10]}, a commit a branch has already")
+        for commit, suffix, what in self._stranded(p):
+            if not self._named(p, commit):  # a branch made just now may have it by now
+                side = self._side(p, f"{branch}-{suffix}", commit)
+                notes.append(f"commit {commit[:10]}, {what}, saved as new branch {side}")
+        return notes
+
     def retire(
-        self, *, common_dir: Path, path: Path, branch: str, skip: Sequence[str], label: str
+        self,
+        *,
+        common_dir: Path,
+        path: Path,
+        branch: str,
+        skip: Sequence[str],
+        label: str,
+        discard: Sequence[str] = (),
+        since: float = 0.0,
     ) -> tuple[str, str]:
         """A worker is deleted: keep its work, drop what holds none. Returns (state, note).
 
-        Uncommitted work becomes a "wip" commit on the branch; the worktree, clean by then, is
-        removed; the branch is deleted only when another ref contains its tip (nothing unmerged).
-        When the commit fails the worktree is kept as it is (state ``kept``).
+        First the worktree's identity is checked (:meth:`identify`): if it is not the one cao
+        made, nothing is touched and it is ``kept``. Then what would be lost with it
+        (:meth:`holds`: an operation in progress, unresolved conflicts, a lock, ignored files,
+        nested repositories, submodules with work of their own): any of those keeps it ``kept``
+        exactly as it is, nothing committed. Else every commit is put on a named ref: the
+        uncommitted work (staged, then the rest) as "wip" commits on the worker's branch, or on a
+        new branch ``<branch>-wip-<sha>`` when HEAD is on another branch (which is not moved),
+        or ``<branch>-detached-<sha>`` when HEAD is detached; commits left behind on a detached
+        HEAD get such a branch too, and those only a ``refs/worktree/*`` ref holds get
+        ``<branch>-saved-<sha>``. Then the worktree is removed, and cao's branch is deleted only
+        when another branch, tag or remote branch contains its tip. All of it without the
+        repository's hooks, fsmonitor or filters (:meth:`guard`), through the checked
+        directories (``GIT_DIR``, ``GIT_WORK_TREE``).
         """
-        notes = []
-        if path.is_dir():
-            try:
-                wip = self.commit_wip(path, skip, f"wip: uncommitted work of {label}, saved by cao at delete")
-            except WorktreeError as exc:
-                return (
-                    "kept",
-                    f"worktree kept at {path}: its uncommitted work could not be committed ({exc.message})",
+        if path.exists() and not path.is_dir():
+            return "kept", f"worktree kept: {path} is not a directory any more; nothing was touched"
+        if not path.is_dir():
+            return self._retire_gone(common_dir, path, branch)
+        try:
+            p = self.identify(common_dir, path)
+        except WorktreeError as exc:
+            return "kept", f"worktree kept at {path}, not touched: {exc.message}"
+        try:
+            why, notes = self.holds(p, skip, discard)
+            if why:
+                return "kept", self._kept_note(p, why)
+            if (p.admin / "index.lock").exists():
+                notes.append(
+                    "an index.lock was left in it (a git command crashed or was killed): the work was "
+                    "saved without the worker's index"
                 )
-            if wip:
-                notes.append(f"uncommitted work committed as {wip[:10]} on {branch}")
-            if self.dirty(path, skip):  # something appeared meanwhile: never remove unsaved work
-                return "kept", f"worktree kept at {path}: it still has uncommitted changes"
-            self.run(common_dir, "worktree", "remove", "--force", str(path))
-            notes.append("worktree removed")
-        else:
-            self.run(common_dir, "worktree", "prune", check=False)
-        exists = self.run(common_dir, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False)
-        if exists.returncode != 0:
-            notes.append(f"branch {branch} no longer exists")
-        elif self.contained_elsewhere(common_dir, branch):
-            self.run(common_dir, "branch", "-D", branch)
-            notes.append(f"branch {branch} deleted (merged: no commit of its own left)")
-        else:
-            notes.append(f"branch {branch} kept: it has commits not merged anywhere")
+            with tempfile.TemporaryDirectory(prefix="cao-retire-") as tmp:
+                (Path(tmp) / "a").mkdir()
+                (Path(tmp) / "b").mkdir()
+                snap = self.snapshot(p, skip, Path(tmp) / "a")
+                if self.snapshot(p, skip, Path(tmp) / "b") != snap:  # something still writes there
+                    return "kept", f"worktree kept at {path}: it changed while cao was saving it"
+            notes = self.save(p, snap, branch=branch, label=label) + notes
+        except WorktreeError as exc:
+            return "kept", f"worktree kept at {path}: its work could not be committed ({exc.message})"
+        notes += self._stashes(p, since)
+        self.run(p.common, "worktree", "remove", "--force", str(path), env=config_env(GUARD))
+        notes.append("worktree removed")
+        notes.append(self._branch_fate(p.common, branch))
         return "removed", "; ".join(notes)
+
+    def _retire_gone(self, common_dir: Path, path: Path, branch: str) -> tuple[str, str]:
+        """The worktree's folder is gone: what its entry in the repository still holds (a
+        detached HEAD, commits left behind) goes on named refs, then that entry is removed (only
+        it: ``git worktree prune`` would drop other workers' entries too)."""
+        common = common_dir.resolve()
+        admin = self.admin_of(common, path)
+        notes = []
+        if admin is None:
+            notes.append(f"its folder {path} was already gone and git knows no worktree there (moved?)")
+        elif (admin / "locked").exists():
+            return "kept", f"worktree {path} kept: its folder is gone but it is locked (`git worktree lock`)"
+        else:
+            p = Pinned(None, admin, common, {})
+            probe = self.run(
+                admin, "rev-parse", "--path-format=absolute", "--git-common-dir", env=p.env(), check=False
+            )
+            if probe.returncode != 0 or Path(probe.stdout.strip()).resolve() != common:
+                seen = (probe.stdout or probe.stderr).strip()[:300]
+                return "kept", (
+                    f"worktree entry {admin} kept, not touched: its folder {path} is gone and the entry "
+                    f"points at another repository ({seen})"
+                )
+            p = Pinned(None, admin, common, self.guard(admin, p.env()))
+            try:
+                notes += self.save(p, None, branch=branch, label="")
+            except WorktreeError as exc:
+                return "kept", f"worktree entry {admin} kept: its commits could not be saved ({exc.message})"
+            self.run(common, "worktree", "remove", "--force", str(path), env=config_env(GUARD))
+            notes.append("its folder was already gone; git's entry for it removed")
+        notes.append(self._branch_fate(common, branch))
+        return "removed", "; ".join(notes)
+
+    def _kept_note(self, p: Pinned, why: Sequence[str]) -> str:
+        """What a kept worktree holds, and why it was kept."""
+        assert p.path is not None
+        env = p.env()
+        head = self.run(p.where, "rev-parse", "-q", "--verify", "HEAD", env=env, check=False).stdout.strip()
+        on = self.run(p.where, "symbolic-ref", "-q", "--short", "HEAD", env=env, check=False).stdout.strip()
+        changed = self.run(
+            p.where,
+            "status",
+            "--porcelain",
+            "--untracked-files=all",
+            "--ignore-submodules=all",
+            env=env,
+            check=False,
+        ).stdout.splitlines()
+        where = f"it is on branch {on}" if on else f"its HEAD is detached at {head[:10]}"
+        if head and not on and not self._named(p, head):
+            where += f" (on no branch: `git branch <name> {head[:10]}` keeps it)"
+        return (
+            f"worktree kept at {p.path} as it was, nothing committed or removed: {'; '.join(why)}. "
+            f"{where[0].upper()}{where[1:]}, with {len(changed)} uncommitted change(s). Keep what you "
+            f"need, then `git worktree remove --force {p.path}`"
+        )
+
+    def _stashes(self, p: Pinned, since: float) -> list[str]:
+        """Stashes live in the repository, shared by every worktree: they stay. Say so."""
+        done = self.run(p.where, "log", "-g", "--format=%ct", "refs/stash", env=p.env(), check=False)
+        n = sum(1 for t in done.stdout.split() if t.isdigit() and int(t) >= int(since))
+        if not n:
+            return []
+        entries = "1 stash entry was" if n == 1 else f"{n} stash entries were"
+        return [
+            f"{entries} made in the repository while it worked; stashes are shared by all worktrees "
+            "and stay (`git stash list`)"
+        ]
+
+    def _branch_fate(self, common: Path, branch: str) -> str:
+        """cao's branch is deleted only when another branch, tag or remote branch has its tip (and
+        no worktree has it checked out); never when only the stash has it."""
+        env = config_env(GUARD)
+        ref = f"refs/heads/{branch}"
+        tip = self.run(common, "rev-parse", "-q", "--verify", ref, env=env, check=False).stdout.strip()
+        if not tip:
+            return f"branch {branch} no longer exists"
+        where = next((w for w, b in self.registered(common, env).items() if b == branch), None)
+        if where is not None:
+            return f"branch {branch} kept: it is checked out at {where}"
+        other = self.contained_elsewhere(common, branch, env)
+        if other is None:
+            return f"branch {branch} kept: it has commits not merged anywhere"
+        self.run(common, "update-ref", "-m", "cao: worker deleted", "-d", ref, tip, env=env)
+        short = other.removeprefix("refs/heads/")
+        return f"branch {branch} deleted (merged: no commit of its own left, {short} has them)"
 
     # -- review ------------------------------------------------------------------------------------
     def fork_point(self, common_dir: Path, target: str, branch: str) -> str:

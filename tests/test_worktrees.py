@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -219,6 +220,417 @@ def test_delete_keeps_uncommitted_work_and_unmerged_commits(wt_core: Cao, repo: 
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
     # the main checkout was never touched
     assert git(repo, "status", "--porcelain") == "" and (repo / "app.py").read_text().count("line") == 3
+
+
+# -- nothing is ever lost: what a hostile review tried at delete -------------------------------------
+def git_may_fail(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    argv = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost", "-c", "commit.gpgsign=false"]
+    return subprocess.run([*argv, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+
+
+def retired(core: Cao, term: dict[str, Any]) -> tuple[str, str]:
+    """Delete the worker; its worktree row's (state, note)."""
+    core.delete_terminal(term["id"])
+    row = core.store.get_worktree(term["id"])
+    assert row is not None
+    return row.state, row.note or ""
+
+
+def heads(repo: Path, pattern: str) -> dict[str, str]:
+    """Branches matching ``pattern`` → their commits."""
+    out = git(repo, "for-each-ref", "--format=%(refname:short) %(objectname)", f"refs/heads/{pattern}")
+    return dict(line.split() for line in out.splitlines())
+
+
+def on_a_branch(repo: Path, commit: str) -> bool:
+    return bool(git(repo, "for-each-ref", "--contains", commit, "refs/heads"))
+
+
+def test_commits_on_a_detached_head_stay_on_a_named_branch(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    git(path, "checkout", "-q", "--detach")
+    (path / "left.txt").write_text("left behind\n")
+    left = commit_all(path, "left behind on a detached HEAD")
+    git(path, "checkout", "-q", branch)  # git warns that one commit is left behind, on no branch
+    git(path, "checkout", "-q", "--detach")
+    (path / "app.py").write_text("line 1\ndetached\nline 3\n")
+    last = commit_all(path, "detached work")
+    (path / "app.py").write_text("line 1\ndetached\nline 3\nuncommitted\n")
+    # a per-worktree ref lives in the worktree's entry, which goes with it
+    loose = git(path, "commit-tree", f"{left}^{{tree}}", "-m", "only a worktree ref has it")
+    git(path, "update-ref", "refs/worktree/mine", loose)
+    state, note = retired(wt_core, term)
+    assert state == "removed" and not path.exists()
+    assert on_a_branch(repo, left) and on_a_branch(repo, last)
+    assert list(heads(repo, f"{branch}-saved-*").values()) == [loose] and "refs/worktree/mine" in note
+    saved = heads(repo, f"{branch}-detached-*")
+    assert len(saved) == 2 and all(name in note for name in saved), (saved, note)
+    [wip] = [c for c in saved.values() if git(repo, "rev-parse", f"{c}~1") == last]
+    assert "uncommitted" in git(repo, "show", f"{wip}:app.py")
+    assert left in saved.values()  # named after the commit it points at
+    assert "detached" in note
+
+
+def test_a_detached_head_is_saved_even_when_the_worktree_folder_is_already_gone(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    git(path, "checkout", "-q", "--detach")
+    (path / "lost.txt").write_text("only on a detached HEAD\n")
+    commit = commit_all(path, "detached")
+    shutil.rmtree(path)
+    state, note = retired(wt_core, term)
+    assert (
+        state == "removed"
+        and on_a_branch(repo, commit)
+        and list(heads(repo, f"{branch}-detached-*").values()) == [commit]
+    )
+    assert "already gone" in note and git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_ignored_files_keep_the_worktree_as_it_is(
+    make_core: Callable[..., Cao], settings: Settings, repo: Path
+):
+    (repo / ".gitignore").write_text(".env\nbuild/\n*.log\n")
+    commit_all(repo, "ignore more")
+    core = make_core(settings)
+    write_rules(settings.home, "dev", ECHO)
+    term = make_worker(core, repo)
+    path = tree(term)
+    (path / ".env").write_text("TOKEN=made-by-the-worker\n")
+    (path / "build").mkdir()
+    (path / "build" / "out.bin").write_text("artifact")
+    (path / "build" / "more.bin").write_text("artifact")
+    (path / "run.log").write_text("log\n")
+    (path / "app.py").write_text("line 1\nchanged\nline 3\n")
+    head = git(path, "rev-parse", "HEAD")
+    state, note = retired(core, term)
+    assert state == "kept" and path.is_dir()
+    assert (path / ".env").read_text() == "TOKEN=made-by-the-worker\n"
+    assert (path / "build" / "out.bin").read_text() == "artifact" and (path / "run.log").exists()
+    for words in ("ignored", ".env", "build/ (2 files)", "run.log", "kept"):
+        assert words in note, note
+    # kept as it is: nothing committed, the branch and the worker's index untouched
+    assert git(path, "rev-parse", "HEAD") == head and git(path, "status", "--porcelain") == "M app.py"
+    # its uncommitted work is still only there: review shows it, a merge would leave it out
+    assert core.diff(term["id"])["includes_uncommitted"] is True and "app.py" in core.diff(term["id"])["diff"]
+    with pytest.raises(NotMergeable, match="uncommitted changes"):
+        core.merge(term["id"])
+    listing = {w["path"]: w for w in TestClient(create_app(core)).get("/worktrees").json()}
+    assert listing[str(path)]["state"] == "kept" and ".env" in listing[str(path)]["note"]
+    # after a restart it is an orphan, and the reason still says why it was kept
+    core.stop()
+    again = make_core(settings)
+    [row] = [w for w in again.worktrees() if w["path"] == str(path)]
+    assert row["orphan"] is True and ".env" in str(row["reason"]) and "kept at delete" in str(row["reason"])
+
+
+def test_ignored_files_the_operator_lets_go_are_discarded(wt_core: Cao, repo: Path):
+    (repo / ".gitignore").write_text(".env\n__pycache__/\n")
+    (repo / ".cao").mkdir()
+    (repo / ".cao" / "worktree.yaml").write_text("discard: ['__pycache__/']\n")
+    commit_all(repo, "discard caches")
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    (path / "pkg" / "__pycache__").mkdir(parents=True)
+    (path / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0cache")
+    (path / "pkg" / "mod.py").write_text("x = 1\n")
+    state, note = retired(wt_core, term)
+    assert state == "removed" and not path.exists()
+    assert "discarded 1 ignored file" in note and git(repo, "show", f"{branch}:pkg/mod.py") == "x = 1"
+
+
+def test_a_repository_nested_in_the_worktree_keeps_it(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    nested = path / "vendor" / "lib"
+    nested.mkdir(parents=True)
+    git(nested, "init", "-q", "-b", "main")
+    (nested / "lib.py").write_text("def f(): pass\n")
+    commit = commit_all(nested, "the nested repository's own commit")
+    (path / "app.py").write_text("line 1\nchanged\nline 3\n")
+    state, note = retired(wt_core, term)
+    assert state == "kept" and nested.is_dir(), note
+    assert git(nested, "cat-file", "-t", commit) == "commit"
+    assert "vendor/lib" in note and "nested" in note
+    assert git(repo, "rev-parse", term["worktree"]["branch"]) == git(repo, "rev-parse", "main")
+
+
+class Sub(NamedTuple):
+    work: Callable[[Path], None]  # what the worker does in its checked-out submodule
+    state: str
+    words: str
+
+
+SUB_COMMIT = "a commit only this submodule checkout has"
+
+
+def _sub_commit(sub: Path) -> None:
+    (sub / "lib.py").write_text("changed in the submodule\n")
+    commit_all(sub, SUB_COMMIT)
+
+
+SUBS = {
+    "a submodule with a commit of its own": Sub(_sub_commit, "kept", "submodule"),
+    "a submodule with an uncommitted change": Sub(
+        lambda sub: (sub / "lib.py").write_text("uncommitted\n"), "kept", "submodule"
+    ),
+    "a submodule whose .git was deleted, with a file in it": Sub(
+        lambda sub: ((sub / ".git").unlink(), (sub / "mine.txt").write_text("git can't see me\n")),
+        "kept",
+        "no .git",
+    ),
+    "an untouched submodule": Sub(lambda sub: None, "removed", "worktree removed"),
+}
+
+
+@pytest.mark.parametrize("case", SUBS.values(), ids=SUBS.keys())
+def test_submodules_at_delete(wt_core: Cao, repo: Path, tmp_path: Path, case: Sub):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    git(lib, "init", "-q", "-b", "main")
+    (lib / "lib.py").write_text("library\n")
+    commit_all(lib, "library")
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
+    commit_all(repo, "a submodule")
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    git(path, "-c", "protocol.file.allow=always", "submodule", "update", "--init", "-q")
+    case.work(path / "lib")
+    files = sorted(p.name for p in (path / "lib").iterdir())
+    state, note = retired(wt_core, term)
+    assert state == case.state and case.words in note, note
+    if state == "kept":  # as the worker left it: its commit, its change, its file
+        assert sorted(p.name for p in (path / "lib").iterdir()) == files
+        if (path / "lib" / ".git").exists():
+            assert git(path / "lib", "log", "-1", "--format=%s") in ("library", SUB_COMMIT)
+
+
+def test_a_worker_that_switched_branches_is_told_where_its_work_went(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    git(path, "switch", "-q", "-c", "feature")
+    (path / "feature.py").write_text("feature\n")
+    feature = commit_all(path, "on the worker's own branch")
+    (path / "app.py").write_text("line 1\nuncommitted on feature\nline 3\n")
+    state, note = retired(wt_core, term)
+    assert state == "removed"
+    assert git(repo, "rev-parse", "feature") == feature  # cao does not move a branch it did not make
+    [(saved, wip)] = heads(repo, f"{branch}-wip-*").items()
+    assert git(repo, "rev-parse", f"{wip}~1") == feature
+    assert "uncommitted on feature" in git(repo, "show", f"{wip}:app.py")
+    assert "switched to branch feature" in note and f"on new branch {saved}" in note, note
+    assert f"on {branch};" not in note  # the old note said the work went on cao's branch
+
+
+class Foreign(NamedTuple):
+    rewrite: Callable[[Path, Path], object]  # (worktree, another repository)
+    words: str
+
+
+FOREIGN = {
+    "its .git points at another repository": Foreign(
+        lambda path, other: (path / ".git").write_text(f"gitdir: {other / '.git'}\n"), "another"
+    ),
+    "its .git replaced by a repository of its own": Foreign(
+        lambda path, other: ((path / ".git").unlink(), git(path, "init", "-q")), "another"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FOREIGN.values(), ids=FOREIGN.keys())
+def test_a_worktree_whose_git_link_was_rewritten_is_not_touched(
+    wt_core: Cao, repo: Path, tmp_path: Path, case: Foreign
+):
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q", "-b", "main")
+    (other / "theirs.txt").write_text("not cao's\n")
+    theirs = commit_all(other, "another repository")
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    (path / "app.py").write_text("line 1\nthe worker's\nline 3\n")
+    case.rewrite(path, other)
+    state, note = retired(wt_core, term)
+    assert git(other, "rev-parse", "HEAD") == theirs and git(other, "for-each-ref").count("\n") == 0
+    assert state == "kept" and path.is_dir() and "the worker's" in (path / "app.py").read_text()
+    assert "not touched" in note and case.words in note, note
+    assert git(repo, "rev-parse", branch) == git(repo, "rev-parse", "main")
+    assert wt_core.diff(term["id"])["includes_uncommitted"] is False  # cao reads nothing in there
+    with pytest.raises(NotMergeable, match="can't tell what it holds"):
+        wt_core.merge(term["id"])
+
+
+def _conflicting(path: Path, branch: str) -> None:
+    """A branch ``other`` whose change to app.py conflicts with one on the worker's branch."""
+    git(path, "switch", "-q", "-c", "other")
+    (path / "app.py").write_text("line 1\nother\nline 3\n")
+    commit_all(path, "other")
+    git(path, "switch", "-q", branch)
+    (path / "app.py").write_text("line 1\nmine\nline 3\n")
+    commit_all(path, "mine")
+
+
+def _stash_pop_conflict(path: Path, branch: str) -> None:
+    (path / "app.py").write_text("line 1\nstashed\nline 3\n")
+    git(path, "stash", "-q")
+    (path / "app.py").write_text("line 1\ncommitted\nline 3\n")
+    commit_all(path, "committed")
+    git_may_fail(path, "stash", "pop")
+
+
+class Stuck(NamedTuple):
+    make: Callable[[Path, str], object]  # (worktree, its branch)
+    words: str
+
+
+STUCK = {
+    "merge in progress": Stuck(
+        lambda p, b: (_conflicting(p, b), git_may_fail(p, "merge", "other")), "a merge is in progress"
+    ),
+    "rebase in progress": Stuck(
+        lambda p, b: (_conflicting(p, b), git_may_fail(p, "rebase", "other")), "a rebase is in progress"
+    ),
+    "cherry-pick in progress": Stuck(
+        lambda p, b: (_conflicting(p, b), git_may_fail(p, "cherry-pick", "other")),
+        "a cherry-pick is in progress",
+    ),
+    "bisect in progress": Stuck(
+        lambda p, b: (_conflicting(p, b), git(p, "bisect", "start", "HEAD", "HEAD~1")),
+        "a bisect is in progress",
+    ),
+    "unresolved conflicts after a stash pop": Stuck(_stash_pop_conflict, "unresolved conflicts"),
+    "worktree locked": Stuck(
+        lambda p, b: git(p, "worktree", "lock", "--reason", "usb stick", str(p)), "locked"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", STUCK.values(), ids=STUCK.keys())
+def test_an_operation_in_progress_keeps_the_worktree_untouched(wt_core: Cao, repo: Path, case: Stuck):
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    case.make(path, branch)
+    before = (git(path, "rev-parse", "HEAD"), git(path, "status", "--porcelain"), git(repo, "for-each-ref"))
+    state, note = retired(wt_core, term)
+    assert state == "kept" and case.words in note, note
+    after = (git(path, "rev-parse", "HEAD"), git(path, "status", "--porcelain"), git(repo, "for-each-ref"))
+    assert after == before
+
+
+def test_the_repositorys_hooks_and_config_run_nothing_at_delete(wt_core: Cao, repo: Path, tmp_path: Path):
+    """cao's wip commit is not blocked, altered or used to run code by the repository's hooks,
+    fsmonitor or filter drivers (a worker can write them all into the repository's config)."""
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    names = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "reference-transaction")
+    for name in (*names, "post-index-change", "fsmonitor"):
+        (hooks / name).write_text(f'#!/bin/sh\ntouch {marks / name}\necho altered >> "$1"\nexit 1\n')
+        (hooks / name).chmod(0o755)
+    (path / "data.dat").write_text("raw data\n")
+    (path / "big.lfs").write_text("large\n")
+    (path / ".gitattributes").write_text("*.dat filter=evil\n*.lfs filter=lfs\n")
+    (path / "app.py").write_text("line 1\nwork\nline 3\n")
+    # the operator's own (global) filter is honoured; the repository's can't replace it
+    git(repo, "config", "--global", "filter.lfs.clean", "tr a-z A-Z")
+    for key, value in {
+        "core.hooksPath": str(hooks),
+        "core.fsmonitor": str(hooks / "fsmonitor"),
+        "filter.evil.clean": f"touch {marks / 'filter'}; cat",
+        "filter.evil.required": "true",
+        "filter.lfs.clean": f"touch {marks / 'lfs'}; cat",
+    }.items():
+        git(repo, "config", key, value)
+    state, note = retired(wt_core, term)
+    assert sorted(p.name for p in marks.iterdir()) == []
+    assert state == "removed", note
+    assert (
+        git(repo, "log", "-1", "--format=%B", branch)
+        == f"wip: uncommitted work of dev {term['id']}, saved by cao at delete"
+    )
+    assert (
+        git(repo, "show", f"{branch}:data.dat") == "raw data"
+        and git(repo, "show", f"{branch}:big.lfs") == "LARGE"
+    )
+
+
+def test_a_filter_that_cannot_run_keeps_the_worktree(wt_core: Cao, repo: Path):
+    """An LFS file with git-lfs missing (the filter is required): nothing is committed raw instead."""
+    git(repo, "config", "--global", "filter.lfs.clean", "cao-test-no-such-git-lfs clean -- %f")
+    git(repo, "config", "--global", "filter.lfs.required", "true")
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    (path / ".gitattributes").write_text("*.bin filter=lfs\n")
+    (path / "model.bin").write_text("weights\n")
+    state, note = retired(wt_core, term)
+    assert state == "kept" and (path / "model.bin").read_text() == "weights\n"
+    assert "could not be committed" in note and "model.bin" in note, note
+
+
+class Index(NamedTuple):
+    make: Callable[[Path], object]  # what the worker leaves in its worktree
+    want: dict[str, str]  # file → its text on the branch after delete
+    words: str
+
+
+def _lock(path: Path) -> None:
+    (path / "app.py").write_text("line 1\nlocked index\nline 3\n")
+    Path(git(path, "rev-parse", "--path-format=absolute", "--git-dir"), "index.lock").write_text("")
+
+
+def _hide(flag: str) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        git(path, "update-index", flag, "app.py")
+        (path / "app.py").write_text("line 1\nhidden from git status\nline 3\n")
+
+    return make
+
+
+def _staged_then_changed(path: Path) -> None:
+    (path / "app.py").write_text("line 1\nstaged\nline 3\n")
+    git(path, "add", "app.py")
+    (path / "app.py").write_text("line 1\nchanged after staging\nline 3\n")
+
+
+INDEX = {
+    "index.lock left behind": Index(_lock, {"app.py": "locked index"}, "index.lock"),
+    "assume-unchanged": Index(
+        _hide("--assume-unchanged"), {"app.py": "hidden from git status"}, "committed as"
+    ),
+    "skip-worktree": Index(_hide("--skip-worktree"), {"app.py": "hidden from git status"}, "committed as"),
+    "staged, then changed": Index(_staged_then_changed, {"app.py": "changed after staging"}, "staged"),
+}
+
+
+@pytest.mark.parametrize("case", INDEX.values(), ids=INDEX.keys())
+def test_the_workers_index_state_is_saved(wt_core: Cao, repo: Path, case: Index):
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    case.make(path)
+    state, note = retired(wt_core, term)
+    assert state == "removed" and case.words in note, note
+    for name, text in case.want.items():
+        assert text in git(repo, "show", f"{branch}:{name}")
+    if case is INDEX["staged, then changed"]:  # the staged version is a commit of its own, below
+        assert "staged" in git(repo, "show", f"{branch}~1:app.py")
+
+
+def test_stashes_stay_and_a_branch_only_a_stash_contains_is_kept(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    (path / "app.py").write_text("line 1\ncommitted\nline 3\n")
+    committed = commit_all(path, "the worker's commit")
+    (path / "app.py").write_text("line 1\nstashed\nline 3\n")
+    git(path, "stash", "-q")
+    state, note = retired(wt_core, term)
+    assert state == "removed" and not path.exists()
+    assert git(repo, "rev-parse", branch) == committed  # refs/stash is not a branch: kept
+    assert "stash" in git(repo, "stash", "list") and "1 stash" in note, note
 
 
 # -- review and merge ------------------------------------------------------------------------------
