@@ -385,13 +385,16 @@ class Store:
         """The housekeeping check: also a file rewritten in place with an older copy (same inode)
         shows, by message ids that went back."""
         self.check()
+        # read the high-water mark *before* the snapshot: every id it counts was committed before
+        # the read begins (read after, a send committed meanwhile would look like a rewind)
+        high_water = self._high_water
         with self._read() as conn:
             seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'message'").fetchone()
         reached = int(seq[0]) if seq is not None else 0  # no row: no message was ever stored there
-        if reached < self._high_water:
+        if reached < high_water:
             raise self._lose(
                 f"went back in time (message ids reach {reached}, this server wrote up to "
-                f"{self._high_water}): it was overwritten with an older copy"
+                f"{high_water}): it was overwritten with an older copy"
             )
 
     @property

@@ -371,6 +371,7 @@ def test_a_holder_of_the_token_cannot_report_hooks_for_another_terminal(
     srv, http = _server(make_server)
     tid = _launch(http, "forge", "developer", tmp_path)
     other = _launch(http, "forge2", "developer", tmp_path)
+    wait_until(lambda: _term(http, tid)["status"] == "idle", timeout=15, what="idle")
     url = f"/terminals/{tid}/hooks"
     start = {"event": "UserPromptSubmit", "prompts": ["pretend"]}
     for headers in ({}, _key(srv, other), {HOOK_KEY_HEADER: "0" * 32}, {HOOK_KEY_HEADER: b"\xe9" * 10}):

@@ -426,3 +426,54 @@ def test_housekeeping_reopens_a_closed_pane_log_pipe(make_core: Callable[..., Ca
         timeout=5,
         what="the pipe reopened by housekeeping",
     )
+
+
+def test_the_rewind_check_never_fires_on_sends_committed_during_it(tmp_path):
+    """The housekeeping check raced concurrent sends (a CI run of 10,000 messages was stopped by it):
+    the high-water mark must be read before the snapshot it is compared with."""
+    import time as _time
+
+    from cao.store import Store, Terminal
+
+    store = Store(tmp_path / "cao.db")
+    now = _time.time()
+    store.add_terminal(
+        Terminal(
+            id="abcd1234",
+            name="w",
+            session_name="cao-s",
+            provider="scripted",
+            agent_profile="developer",
+            working_directory=str(tmp_path),
+            state="live",
+            status="idle",
+            created_at=now,
+            last_active=now,
+        )
+    )
+    stop = threading.Event()
+    seen: list[BaseException] = []
+
+    def verify() -> None:
+        while not stop.is_set():
+            try:
+                store.verify()
+            except BaseException as exc:
+                seen.append(exc)
+                return
+
+    def send(k: int) -> None:
+        for i in range(300):
+            store.add_message(sender_id=f"s{k}", receiver_id="abcd1234", body=f"m{k}-{i}")
+
+    checker = threading.Thread(target=verify)
+    checker.start()
+    senders = [threading.Thread(target=send, args=(k,)) for k in range(4)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    stop.set()
+    checker.join()
+    assert seen == [] and store.gone is None
+    store.close()
