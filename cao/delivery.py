@@ -28,9 +28,10 @@ from cao.errors import CaoError, FenceLost, PaneGone, PaneInMode, StoreBusy, Tmu
 from cao.events import EventBus
 from cao.paste import arrived, format_batch, header, is_ours
 from cao.settings import Settings
-from cao.states import ENDED, RECEIVER_GONE, HookPhase, TerminalState, WaitReason
+from cao.states import ENDED, RECEIVER_GONE, Blocked, HookPhase, TerminalState, WaitReason
 from cao.store import Claim, Message, Store, Terminal
 from cao.terminals import Terminals
+from cao.tmux import blocked_reason
 from providers.base import Provider, TerminalStatus
 
 logger = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ class Delivery:
             mcp_ready=self.terminals.mcp_ready(terminal),
         )
         if mode:  # a person scrolls (copy mode) or a chooser is open: tmux would paste unbracketed
-            return screen, status, f"{WaitReason.IN_MODE} (tmux {mode})"
+            return screen, status, blocked_reason(mode)
         raw_box = provider.input_text(screen)
         box = (raw_box or "").strip()
         if (
@@ -288,7 +289,7 @@ class Delivery:
                 )
         except PaneInMode as exc:  # the mode began after the look: nothing was typed
             self.store.unclaim(claim.token)
-            return self._hold(terminal, newest, f"{WaitReason.IN_MODE} (tmux {exc.mode})")
+            return self._hold(terminal, newest, blocked_reason(exc.mode))
         except FenceLost as exc:
             logger.warning(
                 "delivery lost its claim; not acknowledged",
@@ -376,7 +377,7 @@ class Delivery:
         now = self.clock()
         if why.startswith(WaitReason.UNREADABLE):
             return self.settings.retry_delay
-        if why.startswith(WaitReason.IN_MODE):  # leaving a mode writes nothing to the pane's log
+        if why in set(Blocked):  # leaving a mode (or turning input on) writes nothing to the log
             return MODE_POLL
         if why == WaitReason.MCP:
             return max(0.0, terminal.created_at + self.settings.mcp_ready_timeout - now) + 0.05

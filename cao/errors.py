@@ -8,6 +8,7 @@
     ├── Conflict                 409: idempotency key reused with another intent, bad state change
     ├── PayloadTooLarge          413: message body over the limit (nothing stored)
     ├── StoreBusy                503: SQLite stayed locked past the busy timeout (nothing written, retry)
+    │   └── StoreUnwritable      503: the database file could not be written (an I/O error; retry)
     ├── SchemaTooNew             the database was written by a newer cao
     ├── TmuxError                tmux failed or is missing
     │   ├── PaneGone             the terminal's pane no longer exists
@@ -64,6 +65,11 @@ class PayloadTooLarge(CaoError):
 
 class StoreBusy(CaoError):
     status_code = 503
+
+
+class StoreUnwritable(StoreBusy):
+    """The database file could not be written (a disk I/O error, an immutable file): nothing was
+    written; the same request may be retried once the cause is fixed."""
 
 
 class SchemaTooNew(CaoError):

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cao.errors import InvalidInput
 from cao.states import HookPhase as Phase
 from providers.base import Reading, TerminalStatus
 
@@ -231,27 +232,41 @@ SECRET_FILE = "hook-secret"
 
 
 def load_secret(home: Path) -> bytes:
-    """This home's secret for hook keys (``$CAO_HOME/hook-secret``, 0600), made on first use."""
+    """This home's secret for hook keys (``$CAO_HOME/hook-secret``, 0600), made on first use and
+    made anew when the file is too short to be one (an empty or truncated file would make every
+    key guessable)."""
     path = home / SECRET_FILE
     try:
         secret = path.read_bytes().strip()
     except FileNotFoundError:
         secret = b""
+    except IsADirectoryError:
+        raise InvalidInput(f"{path} is a directory; remove it (cao-server makes the file itself)") from None
     if len(secret) >= 32:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)  # readable by others: not a secret
         return secret
     home.mkdir(parents=True, exist_ok=True)
     fresh = secrets.token_hex(32).encode()
-    tmp = path.with_name(f".{SECRET_FILE}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(fresh)
+    if secret:  # too short: replace it
+        os.replace(tmp, path)
+        return fresh
     try:
         os.link(tmp, path)  # first writer wins; a second reads the winner's
     except FileExistsError:
         pass
     finally:
         tmp.unlink(missing_ok=True)
-    return path.read_bytes().strip()
+    found = path.read_bytes().strip()
+    if len(found) < 32:  # an empty file was there: ours replaces it
+        path.write_bytes(fresh)
+        path.chmod(0o600)
+        return fresh
+    return found
 
 
 def hook_key(secret: bytes, terminal_id: str) -> str:

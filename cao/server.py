@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import json
@@ -43,23 +44,48 @@ MCP servers find it.
 """
 
 
-def _lock(home: Path) -> IO[str]:
-    """One server per CAO_HOME: a second one would race the first for the same panes."""
-    home.mkdir(parents=True, exist_ok=True)
-    fh = (home / "server.lock").open("a+")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        pid = fh.read().strip() or "?"
-        raise click.ClickException(
-            f"another cao-server (pid {pid}) is already using {home}; stop it first or set CAO_HOME"
-        ) from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(str(os.getpid()))
-    fh.flush()
-    return fh
+class _Lock:
+    """One server per CAO_HOME: a second one would race the first for the same panes. The lock is
+    held on the home directory itself (a deleted ``server.lock`` can't break it) and on
+    ``server.lock``, which names the holder's pid."""
+
+    def __init__(self, home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.dir_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+        self.file: IO[str] | None = None
+        try:
+            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.file = (home / "server.lock").open("a+")
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = "?"
+            with contextlib.suppress(OSError):
+                pid = (home / "server.lock").read_text().strip() or "?"
+            self.close()
+            raise click.ClickException(
+                f"another cao-server (pid {pid}) is already using {home}; stop it first or set CAO_HOME"
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        with contextlib.suppress(OSError):
+            os.close(self.dir_fd)
+
+
+def _file_problem(exc: OSError) -> str:
+    where = exc.filename2 or exc.filename or "a file under CAO_HOME"  # a rename: the target
+    if isinstance(exc, IsADirectoryError):
+        return f"{where} is a directory; remove it (cao-server makes that file itself)"
+    return f"cannot use {where}: {exc.strerror or exc}; fix its permissions or remove it, then start again"
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -180,7 +206,10 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
         check_exposure(settings)
     except CaoError as exc:
         raise click.ClickException(exc.message) from None
-    lock = _lock(settings.home)
+    try:
+        lock = _Lock(settings.home)
+    except OSError as exc:
+        raise click.ClickException(_file_problem(exc)) from None
     if not _port_free(host, port):
         raise click.ClickException(
             f"{host}:{port} is already in use; pick another with --port or CAO_API_PORT"
@@ -192,11 +221,13 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
     sys.setswitchinterval(float(os.environ.get("CAO_GIL_SWITCH_INTERVAL", "0.0005")))
     try:
         core = Cao(settings)
+        apitoken.publish(settings)
+        adopted = core.start()
+        runfile.write(settings.home, url=settings.server_url, tmux_socket=settings.tmux_socket)
     except CaoError as exc:
         raise click.ClickException(exc.message) from None
-    apitoken.publish(settings)
-    adopted = core.start()
-    runfile.write(settings.home, url=settings.server_url, tmux_socket=settings.tmux_socket)
+    except OSError as exc:  # a file under CAO_HOME that is a directory, unreadable, on a full disk
+        raise click.ClickException(_file_problem(exc)) from None
     logger.info(
         "cao-server listening on %s:%s (home %s, tmux socket %s, adopted %d, gone %d)",
         host,

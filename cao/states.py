@@ -48,9 +48,22 @@ class WaitReason(StrEnum):
     BOX_UNREADABLE = "receiver's input box not found (its screen matches nothing its provider knows)"
     MCP = "receiver's MCP tools not connected yet"
     UNREADABLE = "receiver's screen could not be read"
-    IN_MODE = "a person is scrolling this pane"  # any tmux mode: copy (scrolling), view, a chooser
+    IN_MODE = "a person is scrolling this pane (tmux copy mode)"  # the others: Blocked below
     UNKNOWN = "receiver status unknown (its screen matches nothing its provider knows)"
     RETRY = "retrying after a failed attempt"
+
+
+class Blocked(StrEnum):
+    """Why nothing may be typed into a pane a person is using (read in the same tmux call as each
+    paste and key; a message waits with this as its reason)."""
+
+    COPY_MODE = WaitReason.IN_MODE.value  # scrolling, with the keys or the mouse wheel
+    VIEW_MODE = "a person has this pane in tmux view mode"
+    TREE_MODE = "a person has a tmux chooser open in this pane"
+    CLOCK_MODE = "a person has the tmux clock open in this pane"
+    OTHER_MODE = "a person has this pane in a tmux mode"
+    INPUT_OFF = "input to this pane is turned off (tmux select-pane -d)"
+    SYNCHRONIZED = "this pane's window has synchronize-panes on (cao's keys would reach a person's panes)"
 
 
 class HookPhase(StrEnum):

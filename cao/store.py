@@ -46,15 +46,17 @@ from cao.errors import (
     SchemaTooNew,
     StoreBusy,
     StoreGone,
+    StoreUnwritable,
 )
 from cao.states import RECEIVER_GONE, MessageStatus, TerminalState
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
+WAL_SUFFIX = "-wal"
 POOL_SIZE = 8
 
 
@@ -286,6 +288,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE terminal ADD COLUMN hook_at REAL",
         "ALTER TABLE terminal ADD COLUMN hook_starts INTEGER NOT NULL DEFAULT 0",
     ),
+    # 7: every write transaction counts itself, so a file rewound under a running server (an older
+    # copy restored in place) shows: the count it finds is lower than the one this server wrote
+    7: (
+        "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+        "INSERT INTO store_meta (key, value) VALUES ('writes', 0)",
+    ),
 }
 
 M = TypeVar("M", Terminal, Message, HandoffJob, Worktree)
@@ -309,7 +317,10 @@ def disk_error(where: Path, detail: str) -> CaoError:
             f"the disk holding {where} is full ({free // 1024} KiB free); nothing was written. Free some "
             "space, then retry the same request"
         )
-    return StoreBusy(f"the database could not be written ({detail}); nothing was written, retry")
+    return StoreUnwritable(
+        f"the database could not be written ({detail}); nothing was written: check the disk and the "
+        "file's permissions, then retry"
+    )
 
 
 def body_digest(receiver_id: str, body: str) -> str:
@@ -330,11 +341,16 @@ class Store:
         self._opened = 0
         self._write_lock = threading.Lock()
         self._gone: str | None = None  # why this store stopped (its file deleted or replaced)
-        self._identity: tuple[int, int] | None = None
+        self._identity: tuple[int, int] | None = None  # the database file's (device, inode)
+        self._wal_identity: tuple[int, int] | None = None  # and its write-ahead log's
+        self._writes_seen = -1  # the write count this store last committed (-1: not counting yet)
         self.migrate()
         self._identity = self._file_identity()
-        with self._read() as conn:  # the newest message id: ids only grow in the file we opened
-            self._high_water = int(conn.execute("SELECT coalesce(max(id), 0) FROM message").fetchone()[0])
+        with self._read() as conn:
+            self._writes_seen = int(
+                conn.execute("SELECT value FROM store_meta WHERE key = 'writes'").fetchone()[0]
+            )
+        self._wal_identity = self._file_identity(WAL_SUFFIX)
 
     # -- connection plumbing -------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
@@ -348,8 +364,13 @@ class Store:
         conn.execute("PRAGMA cache_size = -512")
         return conn
 
-    def _file_identity(self) -> tuple[int, int]:
-        st = os.stat(self.path)
+    def _file_identity(self, suffix: str = "") -> tuple[int, int] | None:
+        try:
+            st = os.stat(f"{self.path}{suffix}")
+        except FileNotFoundError:
+            if suffix:
+                return None  # no log (yet): nothing to compare
+            raise
         return st.st_dev, st.st_ino
 
     def _lose(self, why: str) -> StoreGone:
@@ -374,27 +395,39 @@ class Store:
             return  # opening: nothing to compare with yet
         try:
             identity = self._file_identity()
+            wal = self._file_identity(WAL_SUFFIX) if self._wal_identity is not None else None
         except FileNotFoundError:
             raise self._lose("was deleted") from None
         except OSError:
             return  # can't tell (permissions): the next call looks again
         if identity != self._identity:
             raise self._lose("was replaced by another file")
+        if wal != self._wal_identity:
+            # the log holds every write since the last checkpoint: deleted, those live on only in
+            # an unlinked file, and a crash would lose them for good
+            raise self._lose(
+                f"lost its write-ahead log ({self.path.name}{WAL_SUFFIX} was deleted or replaced)"
+            )
 
     def verify(self) -> None:
-        """The housekeeping check: also a file rewritten in place with an older copy (same inode)
-        shows, by message ids that went back."""
+        """The housekeeping check: also a file rewound in place (an older copy restored through
+        SQLite, e.g. ``sqlite3 cao.db ".restore old.db"``) shows, by a write count lower than the
+        one this store committed."""
         self.check()
-        # read the high-water mark *before* the snapshot: every id it counts was committed before
-        # the read begins (read after, a send committed meanwhile would look like a rewind)
-        high_water = self._high_water
+        # read what we committed *before* the snapshot: every write it counts was committed before
+        # the read begins (read after, a write committed meanwhile would look like a rewind)
+        seen = self._writes_seen
         with self._read() as conn:
-            seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'message'").fetchone()
-        reached = int(seq[0]) if seq is not None else 0  # no row: no message was ever stored there
-        if reached < high_water:
+            row = conn.execute("SELECT value FROM store_meta WHERE key = 'writes'").fetchone()
+        self._check_count(None if row is None else int(row[0]), seen)
+
+    def _check_count(self, found: int | None, seen: int) -> None:
+        if found is None:
+            raise self._lose("was replaced by another database (it has no write count)")
+        if found < seen:
             raise self._lose(
-                f"went back in time (message ids reach {reached}, this server wrote up to "
-                f"{high_water}): it was overwritten with an older copy"
+                f"went back in time (it counts {found} writes, this server committed its "
+                f"{seen}th): an older copy was restored over it"
             )
 
     @property
@@ -452,12 +485,21 @@ class Store:
         try:
             with self._conn() as conn:
                 conn.execute("BEGIN IMMEDIATE")
+                count = None
                 try:
+                    if self._writes_seen >= 0:  # counting (after the migrations)
+                        row = conn.execute(
+                            "UPDATE store_meta SET value = value + 1 WHERE key = 'writes' RETURNING value"
+                        ).fetchone()
+                        count = None if row is None else int(row[0])
+                        self._check_count(None if count is None else count - 1, self._writes_seen)
                     yield conn
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
                 conn.execute("COMMIT")
+                if count is not None:
+                    self._writes_seen = max(self._writes_seen, count)
         except sqlite3.OperationalError as exc:
             raise self._busy(exc) from exc
         finally:
@@ -482,6 +524,7 @@ class Store:
                 break
         with self._pool_lock:
             self._opened = 0
+        self._wal_identity = None  # the last connection gone, SQLite removes the log
 
     # -- schema ----------------------------------------------------------------------------------
     def schema_version(self) -> int:
@@ -690,14 +733,8 @@ class Store:
                 (sender_id, receiver_id, body, digest, idempotency_key, now, nonce, waiting_reason),
             )
             msg_id = cur.lastrowid
-            if msg_id is not None and msg_id <= self._high_water:  # rolled back: nothing stored
-                raise self._lose(
-                    f"went back in time (new message id {msg_id}, this server wrote up to "
-                    f"{self._high_water}): it was overwritten with an older copy"
-                )
             if before_commit is not None:
                 before_commit()
-        self._high_water = max(self._high_water, msg_id or 0)  # committed (a failed commit reuses it)
         return (
             Message(
                 id=msg_id,

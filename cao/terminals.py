@@ -69,6 +69,9 @@ TERMINAL_ID_RE = re.compile(r"^[0-9a-f]{8}$")
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 GONE = "gone"
 READY = (TerminalStatus.IDLE, TerminalStatus.COMPLETED, TerminalStatus.ERROR)
+# statuses whose screen shows an input box (the contract test checks every provider's): none seen
+# there, or a screen matching nothing, means the box can't be proven empty
+UNBOXED = (*READY, TerminalStatus.UNKNOWN)
 
 
 def validate_terminal_id(value: str) -> str:
@@ -389,7 +392,7 @@ class Terminals:
             )
         if terminal.pane_id is None or terminal.pane_pid is None or terminal.tmux_server_pid is None:
             raise PaneGone(f"terminal {terminal.id} has no pane yet (state {terminal.state})")
-        return PaneRef(terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid)
+        return PaneRef(terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid, self.home_tag)
 
     @contextmanager
     def _pane(self, terminal: Terminal) -> Iterator[PaneRef]:
@@ -448,7 +451,14 @@ class Terminals:
         """The terminal's pane is gone for good: never live again; its undelivered mail fails."""
         if terminal.state in ENDED:
             return
-        failed = self.store.mark_gone(terminal.id, reason)
+        try:
+            failed = self.store.mark_gone(terminal.id, reason)
+        except (StoreBusy, DiskFull) as exc:  # known in memory now; the next read records it
+            logger.warning(
+                "terminal gone, not yet recorded", extra={"terminal_id": terminal.id, "error": exc.message}
+            )
+            terminal.state, terminal.status, terminal.gone_reason = TerminalState.GONE.value, GONE, reason
+            return
         terminal.state = TerminalState.GONE.value
         terminal.status = GONE
         terminal.gone_reason = reason
@@ -546,7 +556,10 @@ class Terminals:
         if terminal.ready_at is None and status in READY:
             fields["ready_at"] = self.clock()
         if fields and terminal.state == TerminalState.LIVE:
-            self.store.update_terminal(terminal.id, **fields)
+            try:
+                self.store.update_terminal(terminal.id, **fields)
+            except (StoreBusy, DiskFull):  # a note made while reading: the read must still answer
+                return
             for key, value in fields.items():
                 setattr(terminal, key, value)
 
@@ -615,14 +628,18 @@ class Terminals:
             with self.lock(terminal.id):
                 screen, mode = self.look(terminal)
                 box = self.provider(terminal).input_text(screen)
-                if not mode and not (box or "").strip():
+                # no box on a screen that should show one (ready, or matching nothing): a person's
+                # text may run past it (a wrapped line), so it can't be proven empty
+                hidden = box is None and self.read(terminal, screen).status in UNBOXED
+                if not mode and not (box or "").strip() and not hidden:
                     try:
-                        confirmed = self.submit(terminal, neutralise(text), before=screen)
+                        left = max(0.5, deadline - time.monotonic())
+                        confirmed = self.submit(terminal, neutralise(text), before=screen, mode_wait=left)
                     except PaneInMode as exc:
-                        if exc.typed:  # in the box, its Enter held back by a mode that began meanwhile
+                        if exc.typed:  # in the box, its Enter held back by a mode that didn't end
                             raise PaneInMode(
                                 f"{exc.message}; the text is in terminal {terminal.id}'s input box, not "
-                                "submitted",
+                                "submitted (press Enter there, or clear it)",
                                 mode=exc.mode,
                                 typed=True,
                             ) from None
@@ -631,6 +648,13 @@ class Terminals:
             if time.monotonic() > deadline:
                 if mode:
                     raise in_mode_error(mode)
+                if hidden:
+                    raise BoxOccupied(
+                        f"terminal {terminal.id}'s input box isn't where its provider looks (its screen "
+                        "matches nothing it knows, or someone's text runs past the box), so it can't be "
+                        "proven empty; nothing was typed. Look at it with "
+                        f"`tmux attach -t {terminal.session_name}`, then retry"
+                    )
                 raise BoxOccupied(
                     f"terminal {terminal.id}'s input box holds someone's text; nothing was typed (typing "
                     "would append to it and submit both as one turn). Clear the box or let them submit "
@@ -682,9 +706,15 @@ class Terminals:
         fence: int | None = None,
         renew: Callable[[], None] | None = None,
         evidence: Callable[[], bool] | None = None,
+        mode_wait: float = 0.0,
     ) -> bool:
         """Paste ``text``, press Enter, and confirm the agent took it (the one paste path; the
         caller holds :meth:`lock` and has neutralised ``text``).
+
+        A tmux mode that begins between a paste and its delayed Enter holds the Enter back: with
+        ``mode_wait`` the Enter is pressed once the mode ends (within that many seconds, else
+        :class:`PaneInMode` with ``typed`` set: the text sits in the box, unsubmitted); without,
+        the submit goes unconfirmed (a delivery's retry looks for its own text in the box).
 
         ``before`` is the screen before the paste (captured when not given). The provider judges
         fresh screens (``submit_confirmed``); if the text still sits in the input box halfway
@@ -706,7 +736,9 @@ class Terminals:
             except PaneInMode as exc:
                 if not exc.typed:
                     raise  # nothing reached the pane
-                # the text is in, its delayed Enter was held back by a mode: confirming looks again
+                # the text is in, its delayed Enter held back by the mode
+                if mode_wait > 0 and not self._enter_after_mode(terminal, fence, mode_wait):
+                    raise
         if after_paste is not None:
             after_paste()
         try:
@@ -715,6 +747,20 @@ class Terminals:
             # The agent took the input and its pane went away (an exit command, a crash) while we
             # looked: the input did reach it. (Its undelivered mail was failed by lose().)
             return True
+
+    def _enter_after_mode(self, terminal: Terminal, fence: int | None, wait: float) -> bool:
+        """Press the held-back Enter once the person leaves the mode (within ``wait`` seconds)."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            self.sleep(0.1)
+            if self.look(terminal)[1]:
+                continue
+            try:
+                self.keys(terminal, "Enter", fence=fence)
+            except PaneInMode:
+                continue  # back in a mode already
+            return True
+        return False
 
     def _confirm(
         self,
@@ -780,7 +826,8 @@ class Terminals:
         if terminal.pane_id and terminal.pane_pid and terminal.tmux_server_pid:
             # a pane that is not the terminal's (or none at all) is never touched
             with contextlib.suppress(PaneGone, TmuxServerDown):
-                self.tmux.kill_checked(PaneRef(terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid))
+                ref = PaneRef(terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid, self.home_tag)
+                self.tmux.kill_checked(ref)
         # the agent is stopped: its worktree's work is committed and the clean tree removed
         self.workspaces.retire(terminal.id, label=f"{terminal.agent_profile} {terminal.id}")
         self.store.finish_delete(terminal.id)
@@ -821,22 +868,32 @@ class Terminals:
     def restore_pipes(self) -> list[str]:
         """Reopen the log pipe of every live terminal whose pipe closed (``cat`` exits when the disk
         fills up): without it the watchdog trigger and the dashboard's live view of that pane stop
-        silently. One ``list-panes`` for all; each reopen checks the pane's identity."""
+        silently; and of one whose log file was deleted under it. One ``list-panes`` for all; each
+        reopen checks the pane's identity."""
         live = {t.id: t for t in self.store.list_terminals(state=TerminalState.LIVE.value)}
         if not live:
             return []
         reopened = []
         for pane in self.tmux.list_panes():
             t = live.get(pane.terminal_id)
-            if t is None or pane.piped or pane.dead or pane.home_tag != self.home_tag:
+            if t is None or pane.dead or pane.home_tag != self.home_tag:
                 continue
             if (t.tmux_server_pid, t.pane_id, t.pane_pid) != (pane.server_pid, pane.pane_id, pane.pane_pid):
                 continue
+            log = self.log_path(t.id)
+            lost = pane.piped and not log.exists()  # deleted under the open pipe: it writes nowhere
+            if pane.piped and not lost:
+                continue
             try:
-                if self.tmux.reopen_pipe_checked(pane.ref, self.log_path(t.id)):
+                if self.tmux.reopen_pipe_checked(pane.ref, log, replace=lost):
                     reopened.append(t.id)
-                    logger.warning("pane log pipe was closed; reopened", extra={"terminal_id": t.id})
-            except TmuxError:
+                    logger.warning(
+                        "pane log was deleted; a new one opened"
+                        if lost
+                        else "pane log pipe was closed; reopened",
+                        extra={"terminal_id": t.id},
+                    )
+            except (TmuxError, OSError):
                 continue
         return reopened
 
@@ -886,6 +943,7 @@ class Terminals:
                 and found.pane_pid == t.pane_pid
                 and not found.dead
                 and t.tmux_server_pid in (None, found.server_pid)
+                and found.home_tag == self.home_tag  # a copy of another home's database: not ours
             )
             if same and found is not None:
                 if t.tmux_server_pid is None:  # a row from before schema 3
@@ -901,6 +959,8 @@ class Terminals:
                     self.hooks.restore(t.id, phase, event, t.hook_at, bool(t.hook_starts))
             else:
                 why = "its pane is dead" if found is not None and found.dead else "its pane is gone"
+                if found is not None and not found.dead and found.home_tag != self.home_tag:
+                    why = "its pane belongs to another cao home (this database is a copy of another's)"
                 self.lose(t, f"{why} (found at server start)")
                 result["gone"].append(t.id)
         result["finished_deletes"] = self.finish_deletes()

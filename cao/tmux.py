@@ -24,6 +24,7 @@ from pathlib import Path
 import libtmux
 
 from cao.errors import FenceLost, PaneGone, PaneInMode, PaneMismatch, TmuxError, TmuxServerDown
+from cao.states import Blocked
 
 SESSION_PREFIX = "cao-"
 _PLACEHOLDER = "__cao_init"
@@ -31,24 +32,48 @@ _SERVER_DOWN_WORDS = ("no server running", "error connecting to", "server exited
 
 
 _ID_FMT = "#{pid}/#{pane_pid}/#{pane_dead}"
-_MODE_FMT = "#{pane_in_mode}:#{pane_mode}"  # "0:", or how many modes are stacked: "1:copy-mode"
+# What keeps cao's input out of a pane a person is using, read in the same call as each action:
+# the tmux modes stacked on it and their name ("0:" or "1:copy-mode"), input turned off
+# (select-pane -d), and synchronize-panes (cao's keys would reach a person's other panes too).
+_MODE_FMT = "#{pane_in_mode}:#{pane_mode}:#{pane_input_off}:#{pane_synchronized}"
 _REFUSED = "cao-refused"
-_NOT_IN_MODE = "#{==:#{pane_in_mode},0}"
-_REFUSED_FMT = f"{_REFUSED} {_ID_FMT} #{{@cao_fence}} {_MODE_FMT}"
+_NOT_IN_MODE = "#{&&:#{==:#{pane_in_mode},0},#{&&:#{==:#{pane_input_off},0},#{==:#{pane_synchronized},0}}}"
+INPUT_OFF = "input-off"
+SYNCHRONIZED = "synchronize-panes"
+
+
+def _blocker(fields: str) -> str:
+    """``""`` when cao may type into the pane, else what stops it: a mode's name, ``input-off`` or
+    ``synchronize-panes`` (from the ``_MODE_FMT`` fields)."""
+    in_mode, name, input_off, synced = ([*fields.split(":"), "", "", "", ""])[:4]
+    if in_mode not in ("", "0"):  # the number of modes stacked on the pane
+        return name or "unknown"
+    if input_off == "1":
+        return INPUT_OFF
+    if synced == "1":
+        return SYNCHRONIZED
+    return ""
+
+
+def blocked_reason(mode: str) -> Blocked:
+    """Why nothing is typed into a pane (``mode`` from :func:`_blocker`), as a person reads it."""
+    return {
+        "copy-mode": Blocked.COPY_MODE,
+        "view-mode": Blocked.VIEW_MODE,
+        "tree-mode": Blocked.TREE_MODE,
+        "clock-mode": Blocked.CLOCK_MODE,
+        INPUT_OFF: Blocked.INPUT_OFF,
+        SYNCHRONIZED: Blocked.SYNCHRONIZED,
+    }.get(mode, Blocked.OTHER_MODE)
 
 
 def in_mode_error(mode: str, *, typed: bool = False) -> PaneInMode:
-    what = {
-        "copy-mode": "a person is scrolling this pane (tmux copy mode)",
-        "view-mode": "the pane shows tmux view mode",
-        "tree-mode": "the pane shows a tmux chooser (choose-tree)",
-        "clock-mode": "the pane shows the tmux clock",
-    }.get(mode, f"the pane is in a tmux mode ({mode or 'unknown'})")
-    return PaneInMode(
-        f"{what}: nothing is typed into it until the mode ends (q or Escape leaves it)",
-        mode=mode,
-        typed=typed,
-    )
+    way_out = {
+        INPUT_OFF: "until input is turned back on (select-pane -e)",
+        SYNCHRONIZED: "until synchronize-panes is off",
+    }.get(mode, "until the mode ends (q or Escape leaves it)")
+    what = blocked_reason(mode) + (f" ({mode})" if blocked_reason(mode) == Blocked.OTHER_MODE else "")
+    return PaneInMode(f"{what}: nothing is typed into it {way_out}", mode=mode, typed=typed)
 
 
 @dataclass(frozen=True)
@@ -60,10 +85,23 @@ class PaneRef:
     server_pid: int
     pane_id: str
     pane_pid: int
+    # the pane's @cao_home tag (which CAO_HOME created it), checked too when given: a copy of one
+    # home's database run by another server on the same tmux server must not reach its panes
+    home: str = ""
+
+    @property
+    def fmt(self) -> str:
+        """The tmux format that reads this identity back."""
+        return f"{_ID_FMT}/#{{@cao_home}}" if self.home else _ID_FMT
 
     @property
     def expected(self) -> str:
-        return f"{self.server_pid}/{self.pane_pid}/0"
+        return f"{self.server_pid}/{self.pane_pid}/0" + (f"/{self.home}" if self.home else "")
+
+    @property
+    def refused(self) -> str:
+        """What a refused conditional action prints instead (parsed by ``Tmux._raise_refused``)."""
+        return f"{_REFUSED} {self.fmt} #{{@cao_fence}} {_MODE_FMT}"
 
     def condition(
         self, fence: int | None = None, *, fence_op: str = "<", alive: bool = True, typing: bool = False
@@ -73,9 +111,11 @@ class PaneRef:
         ``typing``: also only while the pane is in no tmux mode (in copy mode tmux would send a
         paste without its bracket markers, every newline an Enter, and keys would drive the mode)."""
         if alive:
-            ident = f"#{{==:{_ID_FMT},{self.expected}}}"
+            ident = f"#{{==:{self.fmt},{self.expected}}}"
         else:
-            ident = f"#{{==:#{{pid}}/#{{pane_pid}},{self.server_pid}/{self.pane_pid}}}"
+            home = "/#{@cao_home}" if self.home else ""
+            want = f"{self.server_pid}/{self.pane_pid}" + (f"/{self.home}" if self.home else "")
+            ident = f"#{{==:#{{pid}}/#{{pane_pid}}{home},{want}}}"
         if typing:
             ident = f"#{{&&:{ident},{_NOT_IN_MODE}}}"
         if fence is None:
@@ -112,18 +152,24 @@ class TaggedPane:
 
     @property
     def ref(self) -> PaneRef:
-        return PaneRef(self.server_pid, self.pane_id, self.pane_pid)
+        return PaneRef(self.server_pid, self.pane_id, self.pane_pid, self.home_tag)
 
 
 def _mismatch(ref: PaneRef, seen: str) -> PaneMismatch:
     server, _, rest = seen.partition("/")
-    pid, _, dead = rest.partition("/")
-    if server != str(ref.server_pid):
+    pid, _, rest = rest.partition("/")
+    dead, _, home = rest.partition("/")
+    if not pid:
+        why = f"tmux pane {ref.pane_id} no longer exists"
+    elif server != str(ref.server_pid):
         why = f"a new tmux server (pid {server}, was {ref.server_pid}) reuses pane id {ref.pane_id}"
     elif pid != str(ref.pane_pid):
         why = f"pane {ref.pane_id} runs another process (pid {pid}, was {ref.pane_pid})"
     elif dead == "1":
         why = f"the program in pane {ref.pane_id} exited"
+    elif ref.home and home != ref.home:
+        owner = home or "untagged"
+        why = f"pane {ref.pane_id} belongs to another cao home ({owner}): another cao-server's agent"
     else:
         why = f"pane {ref.pane_id} is not the terminal's ({seen})"
     return PaneMismatch(why)
@@ -328,26 +374,35 @@ class Tmux:
         self.run("pipe-pane", "-t", pane_id, f"exec cat >> {shlex.quote(str(log_path))}", target=pane_id)
         return True
 
-    def reopen_pipe_checked(self, ref: PaneRef, log_path: Path) -> bool:
+    def reopen_pipe_checked(self, ref: PaneRef, log_path: Path, *, replace: bool = False) -> bool:
         """Reopen the log pipe of ``ref``'s pane if it closed (``cat`` dies on a full disk), in one
         tmux call that checks the pane's identity and that no pipe is open (``pipe-pane`` would
-        close an open one). Returns True if it reopened one."""
-        cond = f"#{{&&:{ref.condition()},#{{==:#{{pane_pipe}},0}}}}"
+        close an open one). ``replace``: the log file was deleted under an open pipe (which goes on
+        writing into the unlinked file): close that pipe and open a new one. Returns True if it did."""
         cmd = f"pipe-pane -t {ref.pane_id} {shlex.quote('exec cat >> ' + shlex.quote(str(log_path)))}"
+        if replace:
+            cond = ref.condition()
+            cmd = f"pipe-pane -t {ref.pane_id} ; {cmd}"  # no command: closes the open pipe
+        else:
+            cond = f"#{{&&:{ref.condition()},#{{==:#{{pane_pipe}},0}}}}"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         then = f"{cmd} ; display-message -p -t {ref.pane_id} cao-reopened"
         out = self.run("if-shell", "-F", "-t", ref.pane_id, cond, then, target=ref.pane_id)
         return "cao-reopened" in out
 
     # -- identity-checked pane I/O (what the terminal layer uses) --------------------------------
-    def identity(self, pane_id: str) -> tuple[int, int, bool]:
-        """``(server pid, pane pid, dead)`` of the pane answering at ``pane_id`` now."""
-        out = self.run("display-message", "-p", "-t", pane_id, _ID_FMT, target=pane_id).strip()
+    def identity(self, pane_id: str) -> tuple[int, int, bool, str]:
+        """``(server pid, pane pid, dead, @cao_home tag)`` of the pane answering at ``pane_id`` now."""
+        out = self.run(
+            "display-message", "-p", "-t", pane_id, f"{_ID_FMT}/#{{@cao_home}}", target=pane_id
+        ).strip()
         server, _, rest = out.partition("/")
-        pid, _, dead = rest.partition("/")
+        pid, _, rest = rest.partition("/")
+        dead, _, home = rest.partition("/")
         if not (server.isdigit() and pid.isdigit()):
             # tmux 3.3a answers a pane that closed with empty fields and exit code 0
             raise PaneGone(f"tmux pane {pane_id} no longer exists")
-        return int(server), int(pid), dead == "1"
+        return int(server), int(pid), dead == "1", home
 
     def capture_checked(self, ref: PaneRef, *, scrollback: bool = False, join: bool = False) -> str:
         """``capture-pane`` of ``ref``'s pane, in the same tmux call as a check of its identity.
@@ -365,7 +420,7 @@ class Tmux:
             "-p",
             "-t",
             ref.pane_id,
-            f"{_ID_FMT} {_MODE_FMT}",
+            f"{ref.fmt} {_MODE_FMT}",
             ";",
             "capture-pane",
             "-p",
@@ -381,13 +436,12 @@ class Tmux:
         seen, _, mode = first.partition(" ")
         if seen != ref.expected:
             raise _mismatch(ref, seen)
-        in_mode, _, name = mode.partition(":")
-        return screen, (name or "unknown") if in_mode not in ("", "0") else ""
+        return screen, _blocker(mode)
 
     def snapshot_checked(self, ref: PaneRef) -> tuple[str, int, int, int, int]:
         """The visible screen with its colours (``capture-pane -e``), the cursor and the pane size,
         for a viewer that then follows the pane log: ``(screen, cursor_x, cursor_y, cols, rows)``."""
-        fmt = f"{_ID_FMT} #{{cursor_x}} #{{cursor_y}} #{{pane_width}} #{{pane_height}}"
+        fmt = f"{ref.fmt} #{{cursor_x}} #{{cursor_y}} #{{pane_width}} #{{pane_height}}"
         out = self.run(
             "display-message",
             "-p",
@@ -432,7 +486,7 @@ class Tmux:
         immediate_enter = enter_delay <= 0 and enter_count > 0
         if immediate_enter:
             then += f" ; send-keys -t {pane} Enter" * enter_count
-        refused = f"delete-buffer -b {buf} ; display-message -p -t {pane} '{_REFUSED_FMT}'"
+        refused = f"delete-buffer -b {buf} ; display-message -p -t {pane} '{ref.refused}'"
         args = [
             "load-buffer",
             "-b",
@@ -469,7 +523,7 @@ class Tmux:
         then = " ".join(
             ["send-keys", "-t", ref.pane_id, *(["-l"] if literal else []), *(shlex.quote(k) for k in keys)]
         )
-        refused = f"display-message -p -t {ref.pane_id} '{_REFUSED_FMT}'"
+        refused = f"display-message -p -t {ref.pane_id} '{ref.refused}'"
         cond = ref.condition(fence, fence_op="==", typing=True)
         out = self.run("if-shell", "-F", "-t", ref.pane_id, cond, then, refused, target=ref.pane_id)
         self._raise_refused(ref, out, fence)
@@ -477,7 +531,7 @@ class Tmux:
     def fence_pane(self, ref: PaneRef, fence: int) -> None:
         """Raise the pane's fence (recovery takes over its input): older claims can't paste now."""
         then = f"set-option -p -t {ref.pane_id} @cao_fence {fence}"
-        refused = f"display-message -p -t {ref.pane_id} '{_REFUSED_FMT}'"
+        refused = f"display-message -p -t {ref.pane_id} '{ref.refused}'"
         out = self.run(
             "if-shell", "-F", "-t", ref.pane_id, ref.condition(fence), then, refused, target=ref.pane_id
         )
@@ -491,9 +545,8 @@ class Tmux:
         _, seen, pane_fence, mode = ([*line.split(" ", 3), "", "", ""])[:4]
         if seen != ref.expected:
             raise _mismatch(ref, seen)
-        in_mode, _, name = mode.partition(":")
-        if in_mode not in ("", "0"):  # the number of modes stacked on the pane
-            raise in_mode_error(name)
+        if blocker := _blocker(mode):
+            raise in_mode_error(blocker)
         raise FenceLost(
             f"pane {ref.pane_id}'s input belongs to a newer delivery (fence {pane_fence}, ours {fence}); "
             "this one lost its claim"
@@ -505,11 +558,11 @@ class Tmux:
 
         A pane that no longer exists is fine (nothing to kill)."""
         try:
-            server, pid, dead = self.identity(ref.pane_id)
+            server, pid, dead, home = self.identity(ref.pane_id)
         except (PaneGone, TmuxServerDown):
             return
-        if (server, pid) != (ref.server_pid, ref.pane_pid):
-            raise _mismatch(ref, f"{server}/{pid}/0")
+        if (server, pid) != (ref.server_pid, ref.pane_pid) or (ref.home and home != ref.home):
+            raise _mismatch(ref, f"{server}/{pid}/0/{home}")
         if dead:
             # the program exited: its pid may belong to an unrelated process by now, so nothing is
             # signalled; only the (dead) pane goes

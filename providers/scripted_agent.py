@@ -302,8 +302,11 @@ class Agent:
     def _append(self, entry: dict[str, Any]) -> None:
         if self.record_path is None:
             return
-        with self.record_path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        try:
+            with self.record_path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        except OSError as exc:  # a full disk: the agent goes on (the record is the tests' only)
+            sys.stderr.write(f"cao scripted agent: could not record: {exc}\n")
 
     def start_turn(self, text: str) -> None:
         self.hook("UserPromptSubmit", prompt=text)

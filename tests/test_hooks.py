@@ -231,7 +231,7 @@ def test_a_screen_cao_cannot_read_gets_its_status_from_the_hooks_but_no_paste(
     reply = {"reply": "ok: {first_line}", "delay": 0.3}
     write_rules(home, "hooked", {"hooks": True, "prompt_mark": "» ", "record": True, "default": reply})
     write_rules(home, "blind", {"prompt_mark": "» ", "record": True})
-    _srv, http = _server(make_server, **SWEEPING)
+    _srv, http = _server(make_server, CAO_INPUT_WAIT_TIMEOUT="0.5", **SWEEPING)
     hooked = _launch(http, "hooked", "hooked", tmp_path)
     blind = _launch(http, "blind", "blind", tmp_path)
 
@@ -258,11 +258,16 @@ def test_a_screen_cao_cannot_read_gets_its_status_from_the_hooks_but_no_paste(
     assert http.get(f"/messages/{sent.json()['message_id']}").json()["status"] == "pending"
     assert read_records(home, hooked) == [] and read_records(home, blind) == []
 
-    # the operator types (Enter submits the person's text too: that is the operator's call)
-    assert http.post(f"/terminals/{hooked}/input", json={"message": " now"}).status_code == 200
+    # typed input is held to the same rule: the box can't be proven empty, so nothing is typed
+    # (it used to be appended to the person's text and both submitted as one turn)
+    typed = http.post(f"/terminals/{hooked}/input", json={"message": " now"})
+    assert typed.status_code == 409 and "can't be proven empty" in typed.json()["detail"], typed.text
+    assert read_records(home, hooked) == []
+    # the person submits their own text: the CLI's Stop hook ends the turn
+    subprocess.run([*tmux, "send-keys", "-t", view["pane_id"], "Enter"], check=True)
     wait_until(lambda: _term(http, hooked)["hook"]["event"] == "Stop", timeout=15, what="the turn's Stop")
     wait_until(lambda: _term(http, hooked)["status"] == "completed", timeout=15, what="completed by Stop")
-    assert [r["text"] for r in read_records(home, hooked)] == ["rm -rf build now"]
+    assert [r["text"] for r in read_records(home, hooked)] == ["rm -rf build"]
 
 
 def test_a_busy_line_cao_cannot_read_is_busy_by_the_hooks_and_mail_waits_for_the_turn(

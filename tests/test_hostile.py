@@ -10,6 +10,7 @@ them (the commands their bindings run).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 
@@ -18,8 +19,7 @@ from fastapi.testclient import TestClient
 
 from cao.api import create_app
 from cao.core import Cao, StepFailed
-from cao.errors import BoxOccupied, NotFound, PaneInMode
-from cao.states import WaitReason
+from cao.errors import BoxOccupied, NotFound, PaneGone, PaneInMode
 from tests.conftest import read_records, wait_until, write_rules
 from tests.test_delivery import _idle, _new_terminal, _settle, _status_of
 
@@ -33,6 +33,14 @@ MODES = {
     "wheel": ("copy-mode", "-e"),  # the mouse wheel's WheelUpPane binding with `mouse on`
     "clock-mode": ("clock-mode",),  # prefix t
     "choose-tree": ("choose-tree",),  # prefix s / w
+}
+
+
+REASONS = {  # what a message waiting on each shows
+    "copy-mode": "a person is scrolling this pane (tmux copy mode)",
+    "wheel": "a person is scrolling this pane (tmux copy mode)",
+    "clock-mode": "a person has the tmux clock open in this pane",
+    "choose-tree": "a person has a tmux chooser open in this pane",
 }
 
 
@@ -66,10 +74,7 @@ def test_33_nothing_is_pasted_into_a_pane_in_a_tmux_mode_and_it_arrives_whole_af
     _enter_mode(core, tid, how)
     receipt = core.send_message(tid, HOSTILE, sender_id="s")
     mid = receipt.message.id or 0
-    wait_until(
-        lambda: (core.store.get_message(mid).waiting_reason or "").startswith(WaitReason.IN_MODE),
-        what="the reason shown",
-    )
+    wait_until(lambda: core.store.get_message(mid).waiting_reason == REASONS[how], what="the reason shown")
     core.engine.kick(tid, "sweep")  # every trigger goes through the same gate
     wait_until(core.engine.idle)
     assert _status_of(core, mid) == "pending" and core.store.get_message(mid).attempts == 0
@@ -90,7 +95,9 @@ def test_33b_a_mode_entered_after_the_look_refuses_the_paste_in_the_same_tmux_ca
     core.faults.hooks["after_claim"] = lambda: _enter_mode(core, tid, "copy-mode")
     mid = core.send_message(tid, HOSTILE, sender_id="s").message.id or 0
     wait_until(
-        lambda: (core.store.get_message(mid).waiting_reason or "").startswith(WaitReason.IN_MODE),
+        lambda: (
+            core.store.get_message(mid).waiting_reason == "a person is scrolling this pane (tmux copy mode)"
+        ),
         what="the reason shown",
     )
     del core.faults.hooks["after_claim"]
@@ -208,6 +215,32 @@ def test_35_a_session_of_another_cao_server_is_never_deleted_by_name(
     mine.stop()
     again = make_core(settings)
     assert again.info()["orphan_panes"] == [] and _idle(other, theirs)
+
+
+def test_35b_a_copy_of_another_homes_database_reaches_none_of_its_panes(
+    make_core: Callable[..., Cao], settings, tmp_path
+):
+    """Another home's cao.db copied and served by a second cao-server on the same tmux server: its
+    rows name the first server's panes exactly (server pid, pane id, pane pid), so the pane's
+    @cao_home tag is part of every identity check: not adopted, not pasted into, not killed."""
+    theirs = make_core(settings)
+    tid = _new_terminal(theirs)
+    copy_home = tmp_path / "copy-home"
+    copy_home.mkdir()
+    _backup(settings.db_path, copy_home / "cao.db")
+    mine = make_core(settings.with_(home=copy_home))
+    row = mine.store.get_terminal(tid, include_deleted=True)
+    assert row.state == "gone" and "another cao home" in (row.gone_reason or "")
+    with pytest.raises(NotFound):
+        mine.send_message(tid, "never to the other home's agent", sender_id="s")
+    mine.delete_terminal(tid)
+    assert _idle(theirs, tid) and read_records(settings.home, tid) == []
+    from cao.tmux import PaneRef
+
+    forged = PaneRef(row.tmux_server_pid or 0, row.pane_id or "", row.pane_pid or 0, mine.terminals.home_tag)
+    with pytest.raises(PaneGone, match="another cao home"):
+        mine.tmux.paste_checked(forged, "forged")
+    assert _idle(theirs, tid) and read_records(settings.home, tid) == []
 
 
 # -- 36: the database deleted or replaced under a running server ------------------------------------
@@ -376,6 +409,13 @@ def test_a_full_disk_is_507_nothing_written_and_the_same_request_works_after(
         assert r.status_code == 507 and "full" in r.json()["detail"], r.text
         assert core.store.counts_by_status() == before  # nothing half-written
         assert len(core.store.list_terminals()) == 1
+        assert client.post(f"/terminals/{tid}/input", json={"message": "a turn"}).status_code == 200
+        wait_until(
+            lambda: client.get(f"/terminals/{tid}").json().get("status") == "completed",
+            what=client.get(f"/terminals/{tid}").text,
+        )
+        for route in ("/terminals", f"/terminals/{tid}", "/info", "/messages"):  # the operator can look
+            assert client.get(route).status_code == 200, route
         filler.unlink()
         r = _pending_receipt(client, tid, "after the disk had room again")
         assert r.status_code == 201, r.text
@@ -477,3 +517,197 @@ def test_the_rewind_check_never_fires_on_sends_committed_during_it(tmp_path):
     checker.join()
     assert seen == [] and store.gone is None
     store.close()
+
+
+def test_36d_a_restore_that_only_rewinds_states_is_noticed_too(make_core: Callable[..., Cao], settings):
+    """An older copy restored in place with no message sent since it was taken: the ids don't go
+    back, but the write count does (a message cancelled after the copy came back 'pending')."""
+    core = make_core(settings)
+    tid = _new_terminal(core)
+    _enter_mode(core, tid, "copy-mode")  # holds the mail
+    mid = core.send_message(tid, "held", sender_id="s").message.id or 0
+    older = settings.home / "older.db"
+    _backup(settings.db_path, older)
+    core.cancel_message(mid)
+    _restore(older, settings.db_path)
+    with TestClient(create_app(core)) as client:
+        r = client.post(f"/messages/{mid}/cancel")
+        assert r.status_code == 503 and "older copy" in r.json()["detail"], r.text
+    assert core.store.gone is not None
+
+
+def test_36e_a_deleted_write_ahead_log_stops_writes_before_a_crash_could_lose_them(
+    make_core: Callable[..., Cao], settings
+):
+    core = make_core(settings)
+    tid = _new_terminal(core)
+    wal = settings.db_path.with_name(settings.db_path.name + "-wal")
+    assert wal.exists()
+    wal.unlink()
+    with TestClient(create_app(core)) as client:
+        r = _pending_receipt(client, tid, "after the log went")
+        assert r.status_code == 503 and "write-ahead log" in r.json()["detail"], r.text
+        assert client.get("/health").status_code == 503
+
+
+def _backup(live, copy) -> None:
+    import sqlite3
+
+    with sqlite3.connect(live) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)
+
+
+def test_34c_typed_input_never_joins_a_persons_text_that_runs_past_the_box(
+    make_core: Callable[..., Cao], settings
+):
+    """A person's line longer than the pane is wide: the box can't be read (the wrapped tail is
+    the last line), and typed input used to treat "no box" as "empty box"."""
+    core = make_core(settings.with_(input_wait_timeout=0.5, pane_width=60))
+    tid = _new_terminal(core)
+    core.tmux.send_keys(_pane(core, tid), "PERSON-" + "x" * 90 + "-END", literal=True)
+    term = core.store.get_terminal(tid)
+    wait_until(lambda: "-END" in core.terminals.screen(term))
+    with pytest.raises(BoxOccupied, match="can't be proven empty"):
+        core.send_input(tid, "from the api")
+    assert read_records(core.settings.home, tid) == []
+
+
+@pytest.mark.parametrize("leaves", [True, False], ids=["mode-ends", "mode-stays"])
+def test_33e_a_mode_between_typed_inputs_paste_and_its_enter(
+    make_core: Callable[..., Cao], settings, monkeypatch: pytest.MonkeyPatch, leaves: bool
+):
+    """Every real CLI's provider presses Enter a moment after the paste: a person who starts
+    scrolling in between holds that Enter back. Typed input presses it once the mode ends (within
+    its wait), else says the text sits unsubmitted in the box (it said 'confirmed: false')."""
+    from providers.scripted import ScriptedProvider
+
+    monkeypatch.setattr(ScriptedProvider, "paste_enter_delay", 0.6)
+    core = make_core(settings.with_(input_wait_timeout=2.0))
+    tid = _new_terminal(core)
+    term = core.store.get_terminal(tid)
+
+    def person() -> None:
+        wait_until(
+            lambda: (
+                "typed then scrolled"
+                in (core.terminals.provider(term).input_text(core.terminals.screen(term)) or "")
+            ),
+            timeout=5,
+        )
+        _enter_mode(core, tid, "copy-mode")
+        if leaves:
+            threading.Timer(0.8, _leave_mode, (core, tid)).start()
+
+    watcher = threading.Thread(target=person)
+    watcher.start()
+    if leaves:
+        assert core.send_input(tid, "typed then scrolled") is True
+        watcher.join()
+        _settle(core, tid)
+        assert [r["text"] for r in read_records(core.settings.home, tid)] == ["typed then scrolled"]
+    else:
+        with pytest.raises(PaneInMode, match="not submitted") as held:
+            core.send_input(tid, "typed then scrolled")
+        watcher.join()
+        assert held.value.typed and read_records(core.settings.home, tid) == []
+        _leave_mode(core, tid)
+
+
+def test_33f_input_turned_off_holds_the_mail_instead_of_failing_it(core: Cao):
+    """`select-pane -d`: the pane ignores input, so every submit went unconfirmed and the message
+    failed after its attempts; now it waits with the reason until input is back on."""
+    tid = _new_terminal(core)
+    core.tmux.run("select-pane", "-d", "-t", _pane(core, tid))
+    mid = core.send_message(tid, "while input is off", sender_id="s").message.id or 0
+    wait_until(
+        lambda: (
+            core.store.get_message(mid).waiting_reason == "input to this pane is turned off "
+            "(tmux select-pane -d)"
+        ),
+        what="the reason shown",
+    )
+    assert core.store.get_message(mid).attempts == 0
+    with pytest.raises(PaneInMode, match="select-pane -e"):
+        core.send_key(tid, "Enter")
+    core.tmux.run("select-pane", "-e", "-t", _pane(core, tid))
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
+
+
+def test_33g_synchronize_panes_never_mirrors_caos_keys_into_a_persons_pane(core: Cao, tmp_path):
+    """A person splits the agent's window, half-types a command in their own pane and turns on
+    synchronize-panes: the delivery's Enter used to run their command too."""
+    tid = _new_terminal(core)
+    pane = _pane(core, tid)
+    witness = tmp_path / "ran"
+    theirs = core.tmux.run("split-window", "-d", "-P", "-F", "#{pane_id}", "-t", pane, "sh").strip()
+    core.tmux.run("send-keys", "-t", theirs, "-l", f"touch {witness}")
+    core.tmux.run("set-option", "-w", "-t", pane, "synchronize-panes", "on")
+    mid = core.send_message(tid, "while synchronized", sender_id="s").message.id or 0
+    wait_until(lambda: "synchronize-panes" in (core.store.get_message(mid).waiting_reason or ""))
+    assert not witness.exists() and read_records(core.settings.home, tid) == []
+    core.tmux.run("set-option", "-w", "-t", pane, "synchronize-panes", "off")
+    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
+    assert not witness.exists()  # their half-typed command never got an Enter
+    core.tmux.run("kill-pane", "-t", theirs)
+
+
+def test_a_pane_log_deleted_under_a_running_agent_is_opened_anew(make_core: Callable[..., Cao], settings):
+    """`rm logs/terminal/<id>.log`: the pipe goes on writing into the unlinked file (the watchdog
+    trigger and the live view went dead, and the log cap couldn't reach it)."""
+    core = make_core(settings.with_(pipe_check_interval=0.1, log_cap_interval=0.05))
+    tid = _new_terminal(core)
+    log = core.terminals.log_path(tid)
+    log.unlink()
+    wait_until(log.exists, timeout=5, what="a new pane log")
+    core.send_input(tid, "output after the log was deleted")
+    wait_until(lambda: "output after" in log.read_text(errors="replace"), timeout=5, what="it is written")
+
+
+# -- operator mistakes on the files under CAO_HOME --------------------------------------------------
+def test_a_deleted_server_lock_does_not_let_a_second_server_onto_the_home(make_server, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import server_env
+
+    first = make_server()
+    (first.home / "server.lock").unlink()
+    env = server_env(first.home, first.socket_name, 0)
+    second = subprocess.run(
+        [sys.executable, "-m", "cao.server"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode != 0 and "already using" in second.stderr, second.stderr
+    assert f"pid {first.proc.pid}" in second.stderr or "pid ?" in second.stderr
+    assert json.loads((first.home / "server.json").read_text())["pid"] == first.proc.pid
+
+
+@pytest.mark.parametrize("name", ["hook-secret", "server.json", "api-token"])
+def test_a_file_under_cao_home_that_is_a_directory_is_a_clear_message(tmp_path, name: str):
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port, server_env
+
+    home = tmp_path / "cao"
+    (home / name).mkdir(parents=True)
+    env = server_env(home, "cao-test-dirs-unused", free_port(), CAO_API_TOKEN="t" * 32)
+    done = subprocess.run(
+        [sys.executable, "-m", "cao.server"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "is a directory" in done.stderr and name in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_empty_or_short_hook_secret_is_made_anew(tmp_path):
+    from cao.hooks import load_secret
+
+    home = tmp_path / "cao"
+    home.mkdir()
+    (home / "hook-secret").write_bytes(b"")
+    first = load_secret(home)
+    assert len(first) >= 32 and (home / "hook-secret").read_bytes().strip() == first
+    (home / "hook-secret").write_bytes(b"abc")
+    second = load_secret(home)
+    assert len(second) >= 32 and second != b"abc"
+    (home / "hook-secret").chmod(0o644)
+    assert load_secret(home) == second and (home / "hook-secret").stat().st_mode & 0o777 == 0o600
