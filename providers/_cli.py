@@ -9,10 +9,66 @@ import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from cao import knobs
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from providers.base import LaunchContext, Provider, TerminalStatus
 
 BUSY = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
+
+# Knobs more than one provider reads.
+MODEL_BASE_URL = knobs.text(
+    "CAO_MODEL_BASE_URL",
+    "a local model server speaking the CLIs' own APIs (the tests' `cao.testing.fakemodel`); a "
+    "placeholder API key is used unless a real one is set",
+)
+REALCLI_CACHE = knobs.path(
+    "CAO_REALCLI_CACHE",
+    "where the test bed installs the CLIs; the last place a provider looks for its CLI",
+    shown="`~/.cache/cao/realcli`",
+)
+ANTHROPIC_API_KEY = knobs.text(
+    "CAO_ANTHROPIC_API_KEY",
+    "an Anthropic API key, passed as `ANTHROPIC_API_KEY` (Claude Code: pre-approved, so no "
+    '"use this API key?" dialog)',
+)
+OPENAI_API_KEY = knobs.text(
+    "CAO_OPENAI_API_KEY",
+    "an OpenAI (or OpenAI-compatible) API key: Codex's model provider's, OpenCode's and Qwen Code's "
+    "`OPENAI_API_KEY`, Copilot CLI's own-key mode's",
+)
+
+
+def cli_knobs(
+    prefix: str,
+    command: str,
+    *,
+    cli: str,
+    bypass: str,
+    bypass_shown: str = "",
+    model: str = "the model; overrides the agent profile's",
+    model_shown: str = "the profile's `model`, else the CLI's default",
+    where: str = "node_modules/.bin",
+) -> tuple[Knob[str], Knob[str], Knob[bool]]:
+    """``CAO_<prefix>_BIN``, ``_MODEL`` and ``_BYPASS``: which ``command`` runs (a path or a name;
+    found on the pane's PATH, then in the real-CLI cache's ``where``), its model, and whether the
+    CLI's permission prompts are skipped (``bypass`` says how)."""
+    return (
+        knobs.text(
+            f"CAO_{prefix}_BIN",
+            f"the {cli} to run: a path, or a command looked up on `PATH`, then in "
+            f"`$CAO_REALCLI_CACHE/{where}`",
+            default=command,
+        ),
+        knobs.text(f"CAO_{prefix}_MODEL", model, shown=model_shown),
+        knobs.flag(
+            f"CAO_{prefix}_BYPASS",
+            True,
+            f"skip {cli}'s permission prompts ({bypass}); false makes tool use ask (the terminal "
+            "shows `waiting_user_answer`)",
+            shown=bypass_shown,
+        ),
+    )
 
 
 def command_hooks(
@@ -40,48 +96,43 @@ def command_hooks(
     return hooks
 
 
-def flag(ctx: LaunchContext, name: str, default: bool) -> bool:
-    raw = ctx.settings_env.get(name, "").strip().lower()
-    return default if not raw else raw in ("1", "true", "yes", "on")
-
-
-def find_cli(ctx: LaunchContext, knob: str, command: str, package: str) -> str:
-    """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache."""
+def _cache(ctx: LaunchContext) -> Path:
     home = Path(ctx.base_env.get("HOME") or "~").expanduser()
-    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
-    wanted = ctx.settings_env.get(knob) or command
-    for path in (ctx.base_env.get("PATH", ""), str(cache.expanduser() / "node_modules" / ".bin")):
-        if found := shutil.which(wanted, path=path):
+    return ctx.knob(REALCLI_CACHE) or home / ".cache" / "cao" / "realcli"
+
+
+def _which(ctx: LaunchContext, knob: Knob[str], last: Path) -> str | None:
+    """``$knob`` (a path or a name; its default is the command), on the pane's PATH, else in ``last``."""
+    for path in (ctx.base_env.get("PATH", ""), str(last)):
+        if found := shutil.which(ctx.knob(knob), path=path):
             return found
+    return None
+
+
+def find_cli(ctx: LaunchContext, knob: Knob[str], package: str) -> str:
+    """The npm CLI ``$knob`` names (a path or a name): on the pane's PATH, else in the real-CLI cache."""
+    bin_dir = _cache(ctx) / "node_modules" / ".bin"
+    if found := _which(ctx, knob, bin_dir):
+        return found
     raise ProviderError(
-        f"{wanted} not found (on PATH or in {cache}/node_modules/.bin); install it with "
-        f"`npm install -g {package}` or set {knob}=/path/to/{command} for cao-server"
+        f"{ctx.knob(knob)} not found (on PATH or in {bin_dir}); install it with `npm install -g {package}`"
+        f" or set {knob.name}=/path/to/{knob.default} for cao-server"
     )
 
 
 def find_venv_cli(
-    ctx: LaunchContext,
-    knob: str,
-    command: str,
-    package: str,
-    release: str,
-    extra: str = "",
-    note: str = "",
+    ctx: LaunchContext, knob: Knob[str], package: str, release: str, extra: str = "", note: str = ""
 ) -> str:
-    """``$knob`` (a path or a name), else ``command`` on the pane's PATH, else the real-CLI cache's
-    virtualenv for a Python CLI (``<cache>/venvs/<package>/bin``, tests/realcli/bed.py). ``extra``:
-    the package's extra the CLI needs, ``note``: a word on the release; both go in the install hint."""
-    home = Path(ctx.base_env.get("HOME") or "~").expanduser()
-    cache = Path(ctx.settings_env.get("CAO_REALCLI_CACHE") or home / ".cache" / "cao" / "realcli")
-    wanted = ctx.settings_env.get(knob) or command
-    venv = cache.expanduser() / "venvs" / package / "bin"
-    for path in (ctx.base_env.get("PATH", ""), str(venv)):
-        if found := shutil.which(wanted, path=path):
-            return found
+    """The Python CLI ``$knob`` names: on the pane's PATH, else in the real-CLI cache's virtualenv for
+    it (``<cache>/venvs/<package>/bin``, tests/realcli/bed.py). ``extra``: the package's extra the CLI
+    needs, ``note``: a word on the release; both go in the install hint."""
+    venv = _cache(ctx) / "venvs" / package / "bin"
+    if found := _which(ctx, knob, venv):
+        return found
     raise ProviderError(
-        f"{wanted} not found (on PATH or in {venv}); install it with "
+        f"{ctx.knob(knob)} not found (on PATH or in {venv}); install it with "
         f"`pip install '{package}{f'[{extra}]' if extra else ''}=={release}'`{f' ({note})' if note else ''} "
-        f"or set {knob}=/path/to/{command} for cao-server"
+        f"or set {knob.name}=/path/to/{knob.default} for cao-server"
     )
 
 

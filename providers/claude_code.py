@@ -31,22 +31,38 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from cao.states import HookPhase
 from providers._cli import (
+    ANTHROPIC_API_KEY,
+    MODEL_BASE_URL,
+    REALCLI_CACHE,
     bullet_blocks,
+    cli_knobs,
     command_hooks,
     exited,
     find_cli,
-    flag,
     head,
     judge_submit,
     npm_version,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
+BIN, MODEL, BYPASS = cli_knobs(
+    "CLAUDE",
+    "claude",
+    cli="Claude Code",
+    bypass="`--dangerously-skip-permissions`",
+    bypass_shown="true (false when the agent profile has `allowed_tools`)",
+)
+OAUTH_TOKEN = knobs.text(
+    "CAO_CLAUDE_CODE_OAUTH_TOKEN",
+    "a subscription token from `claude setup-token`, passed as `CLAUDE_CODE_OAUTH_TOKEN`",
+)
 FAKE_KEY = "sk-ant-api03-cao-local-model-server-key-0123456789abcdef"
 RULE_RE = re.compile(r"^─{10,}$")
 BOX_RE = re.compile(r"^[❯>]\u00a0")  # the input box: ❯ (">" before 2.0) + NO-BREAK SPACE
@@ -155,14 +171,23 @@ class ClaudeCodeProvider(Provider):
     submit_timeout: ClassVar[float] = 3.0
     exit_command: ClassVar[str] = "/exit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to interrupt)")
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (
+        BIN,
+        MODEL,
+        BYPASS,
+        MODEL_BASE_URL,
+        REALCLI_CACHE,
+        ANTHROPIC_API_KEY,
+        OAUTH_TOKEN,
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
+        home, profile = ctx.terminal_home, ctx.profile
         # A profile's tool allow-list means "ask before anything else", so it turns bypass off.
         allowed = (
             None if profile is None or profile.allowed_tools is None else [*profile.allowed_tools, "mcp__cao"]
         )
-        bypass = flag(ctx, "CAO_CLAUDE_BYPASS", allowed is None)
+        bypass = ctx.knob(BYPASS, allowed is None)
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(
@@ -173,12 +198,12 @@ class ClaudeCodeProvider(Provider):
             DISABLE_TELEMETRY="1",
             DISABLE_ERROR_REPORTING="1",
         )
-        key = knobs.get("CAO_ANTHROPIC_API_KEY", "")
-        if knobs.get("CAO_MODEL_BASE_URL"):
-            env["ANTHROPIC_BASE_URL"] = knobs["CAO_MODEL_BASE_URL"]
+        key = ctx.knob(ANTHROPIC_API_KEY)
+        if base_url := ctx.knob(MODEL_BASE_URL):
+            env["ANTHROPIC_BASE_URL"] = base_url
             key = key or FAKE_KEY
-        if knobs.get("CAO_CLAUDE_CODE_OAUTH_TOKEN"):
-            env["CLAUDE_CODE_OAUTH_TOKEN"] = knobs["CAO_CLAUDE_CODE_OAUTH_TOKEN"]
+        if token := ctx.knob(OAUTH_TOKEN):
+            env["CLAUDE_CODE_OAUTH_TOKEN"] = token
         elif not key:
             raise ProviderError(
                 "claude_code has no credentials: set CAO_ANTHROPIC_API_KEY (or CAO_CLAUDE_CODE_OAUTH_TOKEN "
@@ -194,7 +219,7 @@ class ClaudeCodeProvider(Provider):
             "bypassPermissionsModeAccepted": True,  # before 2.1: the bypass warning's answer
             "projects": {str(ctx.working_directory): PROJECT},
         }
-        binary = find_cli(ctx, "CAO_CLAUDE_BIN", "claude", "@anthropic-ai/claude-code")
+        binary = find_cli(ctx, BIN, "@anthropic-ai/claude-code")
         version = npm_version(binary, "@anthropic-ai/claude-code")
         settings: dict[str, object] = {
             "skipDangerousModePermissionPrompt": True,
@@ -222,7 +247,7 @@ class ClaudeCodeProvider(Provider):
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
         command = [binary, "--mcp-config", str(home / "mcp.json")]
-        if model := knobs.get("CAO_CLAUDE_MODEL") or (profile and profile.model):
+        if model := ctx.knob(MODEL) or (profile and profile.model):
             command += ["--model", model]
         if profile and profile.system_prompt:
             if version is not None and version < (2, 1):  # no --append-system-prompt-file yet

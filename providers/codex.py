@@ -31,19 +31,31 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from cao.states import HookPhase
 from providers._cli import (
+    MODEL_BASE_URL,
+    OPENAI_API_KEY,
+    REALCLI_CACHE,
     bullet_blocks,
+    cli_knobs,
     command_hooks,
     exited,
     find_cli,
-    flag,
     head,
     judge_submit,
     npm_version,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
+BIN, MODEL, BYPASS = cli_knobs(
+    "CODEX",
+    "codex",
+    cli="Codex",
+    bypass="`--dangerously-bypass-approvals-and-sandbox`; off: `on-request` approvals in a "
+    "`workspace-write` sandbox",
+    model_shown="the profile's `model`, else the CLI's default (`fake-model` against `CAO_MODEL_BASE_URL`)",
+)
 FAKE_KEY = "cao-local-model-server-key"
 PROMPT = "› "
 PLACEHOLDERS = ("Ask Codex to do anything", "Ask a follow-up question")
@@ -180,13 +192,21 @@ class CodexProvider(Provider):
     submit_timeout: ClassVar[float] = 3.0
     exit_command: ClassVar[str] = "/quit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to interrupt)")
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (
+        BIN,
+        MODEL,
+        BYPASS,
+        MODEL_BASE_URL,
+        REALCLI_CACHE,
+        OPENAI_API_KEY,
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, profile = ctx.settings_env, ctx.profile
+        profile = ctx.profile
         codex_home = ctx.terminal_home / ".codex"
-        bypass = flag(ctx, "CAO_CODEX_BYPASS", True)
-        base_url = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        key = knobs.get("CAO_OPENAI_API_KEY") or (FAKE_KEY if base_url else "")
+        bypass = ctx.knob(BYPASS)
+        base_url = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        key = ctx.knob(OPENAI_API_KEY) or (FAKE_KEY if base_url else "")
         if not key:
             raise ProviderError(
                 "codex has no credentials: set CAO_OPENAI_API_KEY (or CAO_MODEL_BASE_URL for a local "
@@ -194,9 +214,7 @@ class CodexProvider(Provider):
             )
         # A real model slug against a local server brings a "model changed" dialog; an unknown one
         # only a warning in the status line.
-        model = (
-            knobs.get("CAO_CODEX_MODEL") or (profile and profile.model) or ("fake-model" if base_url else "")
-        )
+        model = ctx.knob(MODEL) or (profile and profile.model) or ("fake-model" if base_url else "")
         approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
         model_line = f"model = {_toml(model)}\n" if model else ""
         url = f"{base_url}/v1" if base_url else "https://api.openai.com/v1"
@@ -215,7 +233,7 @@ class CodexProvider(Provider):
         # Lifecycle hooks (cao/hooks.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
         # (trusted with --dangerously-bypass-hook-trust: cao wrote them into the throwaway home);
         # before that, the `notify` program on each turn's end is all there is.
-        binary = find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex")
+        binary = find_cli(ctx, BIN, "@openai/codex")
         version = npm_version(binary, "@openai/codex")
         hooks_json = ctx.hooks and (version is None or version >= (0, 171))
         notify = ""

@@ -35,10 +35,37 @@ import re
 import sys
 from typing import Any, ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
+from cao.knobs import Knob
+from providers._cli import (
+    MODEL_BASE_URL,
+    OPENAI_API_KEY,
+    REALCLI_CACHE,
+    bullet_blocks,
+    cli_knobs,
+    find_cli,
+    head,
+    judge_submit,
+)
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
+BIN, MODEL, BYPASS = cli_knobs(
+    "COPILOT",
+    "copilot",
+    cli="Copilot CLI",
+    bypass="`--allow-all`",
+    bypass_shown="true (false when the agent profile has `allowed_tools`)",
+    model_shown="the profile's `model`, else the CLI's default (`fake-model` against `CAO_MODEL_BASE_URL`)",
+)
+GITHUB_TOKEN = knobs.text(
+    "CAO_COPILOT_GITHUB_TOKEN", "a GitHub token with Copilot access, passed as `COPILOT_GITHUB_TOKEN`"
+)
+PROVIDER_BASE_URL = knobs.text(
+    "CAO_COPILOT_PROVIDER_BASE_URL",
+    "an OpenAI-compatible endpoint for Copilot's own-key mode (no GitHub sign-in), with `CAO_OPENAI_API_KEY`",
+    shown="`$CAO_MODEL_BASE_URL/v1`",
+)
 FAKE_KEY = "cao-local-model-server-key"
 RULE_RE = re.compile(r"^─{10,}$")
 BOX = "❯"
@@ -98,24 +125,32 @@ class CopilotProvider(Provider):
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/exit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*Working)")
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (
+        BIN,
+        MODEL,
+        BYPASS,
+        MODEL_BASE_URL,
+        REALCLI_CACHE,
+        OPENAI_API_KEY,
+        GITHUB_TOKEN,
+        PROVIDER_BASE_URL,
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
+        home, profile = ctx.terminal_home, ctx.profile
         allowed = None if profile is None or profile.allowed_tools is None else list(profile.allowed_tools)
-        bypass = flag(ctx, "CAO_COPILOT_BYPASS", allowed is None)
+        bypass = ctx.knob(BYPASS, allowed is None)
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(HOME=str(home), COPILOT_AUTO_UPDATE="false")
-        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        base_url = knobs.get("CAO_COPILOT_PROVIDER_BASE_URL") or (f"{local}/v1" if local else "")
-        model = (
-            knobs.get("CAO_COPILOT_MODEL") or (profile and profile.model) or ("fake-model" if local else "")
-        )
+        local = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        base_url = ctx.knob(PROVIDER_BASE_URL) or (f"{local}/v1" if local else "")
+        model = ctx.knob(MODEL) or (profile and profile.model) or ("fake-model" if local else "")
         if base_url:  # own-key mode: no GitHub sign-in
             env.update(
                 COPILOT_PROVIDER_BASE_URL=base_url,
                 COPILOT_PROVIDER_TYPE="openai",
-                COPILOT_PROVIDER_API_KEY=knobs.get("CAO_OPENAI_API_KEY") or FAKE_KEY,
+                COPILOT_PROVIDER_API_KEY=ctx.knob(OPENAI_API_KEY) or FAKE_KEY,
             )
             if local:  # and limits, else a "not in the built-in catalog" warning at every start
                 env.update(
@@ -123,8 +158,8 @@ class CopilotProvider(Provider):
                     COPILOT_PROVIDER_MAX_PROMPT_TOKENS="128000",
                     COPILOT_PROVIDER_MAX_OUTPUT_TOKENS="16384",
                 )
-        elif knobs.get("CAO_COPILOT_GITHUB_TOKEN"):
-            env["COPILOT_GITHUB_TOKEN"] = knobs["CAO_COPILOT_GITHUB_TOKEN"]
+        elif token := ctx.knob(GITHUB_TOKEN):
+            env["COPILOT_GITHUB_TOKEN"] = token
         else:
             raise ProviderError(
                 "copilot has no credentials: set CAO_COPILOT_GITHUB_TOKEN (a token with Copilot access), "
@@ -157,7 +192,7 @@ class CopilotProvider(Provider):
         }
         if profile and profile.system_prompt:  # the user-level instructions, read at every start
             files[home / ".copilot" / "copilot-instructions.md"] = profile.system_prompt
-        command = [find_cli(ctx, "CAO_COPILOT_BIN", "copilot", "@github/copilot")]
+        command = [find_cli(ctx, BIN, "@github/copilot")]
         command += ["--additional-mcp-config", f"@{home / 'mcp.json'}"]
         for tool in [*allowed, "cao"] if allowed is not None else ():
             command += ["--allow-tool", tool]

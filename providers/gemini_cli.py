@@ -31,22 +31,28 @@ import re
 import sys
 from collections.abc import Mapping
 from itertools import takewhile
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from cao.states import HookPhase
 from providers._cli import (
+    MODEL_BASE_URL,
+    REALCLI_CACHE,
     bullet_blocks,
+    cli_knobs,
     command_hooks,
     exited,
     find_cli,
-    flag,
     head,
     judge_submit,
     npm_version,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
+BIN, MODEL, BYPASS = cli_knobs("GEMINI", "gemini", cli="Gemini CLI", bypass="`--yolo`")
+API_KEY = knobs.text("CAO_GEMINI_API_KEY", "a Gemini API key, passed as `GEMINI_API_KEY`")
 FAKE_KEY = "cao-local-model-server-key"
 # Lifecycle hooks (in ~/.gemini/settings.json; 0.24 and later). Notification: a tool permission.
 HOOK_PHASES = {
@@ -180,16 +186,17 @@ class GeminiCliProvider(Provider):
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/quit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (BIN, MODEL, BYPASS, MODEL_BASE_URL, REALCLI_CACHE, API_KEY)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = flag(ctx, "CAO_GEMINI_BYPASS", True)
+        home, profile = ctx.terminal_home, ctx.profile
+        bypass = ctx.knob(BYPASS)
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(HOME=str(home), GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
-        key = knobs.get("CAO_GEMINI_API_KEY", "")
-        if knobs.get("CAO_MODEL_BASE_URL"):
-            env["GOOGLE_GEMINI_BASE_URL"] = knobs["CAO_MODEL_BASE_URL"]
+        key = ctx.knob(API_KEY)
+        if base_url := ctx.knob(MODEL_BASE_URL):
+            env["GOOGLE_GEMINI_BASE_URL"] = base_url
             key = key or FAKE_KEY
         if not key:
             raise ProviderError(
@@ -219,7 +226,7 @@ class GeminiCliProvider(Provider):
             "ui": {"hideTips": True},
             "mcpServers": servers,
         }
-        binary = find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")
+        binary = find_cli(ctx, BIN, "@google/gemini-cli")
         command = [binary]
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
             hooks = command_hooks(ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao")  # ms
@@ -229,7 +236,7 @@ class GeminiCliProvider(Provider):
             else:  # on by default since; the switches moved to hooksConfig
                 settings["hooksConfig"] = {"enabled": True, "notifications": False}
             settings["hooks"] = hooks
-        if model := knobs.get("CAO_GEMINI_MODEL") or (profile and profile.model):
+        if model := ctx.knob(MODEL) or (profile and profile.model):
             command += ["--model", model]
         if bypass:
             command.append("--yolo")

@@ -45,11 +45,26 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import find_venv_cli, flag, head, judge_submit
+from providers._cli import MODEL_BASE_URL, REALCLI_CACHE, cli_knobs, find_venv_cli, head, judge_submit
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
+BIN, MODEL, BYPASS = cli_knobs(
+    "HERMES",
+    "hermes",
+    cli="Hermes",
+    bypass="`--yolo` and `approvals.mode: off`; off: `manual`",
+    model="the model; overrides the agent profile's, and one of them is required with `CAO_HERMES_API_KEY`",
+    model_shown="the profile's `model` (`fake-model` against `CAO_MODEL_BASE_URL`)",
+    where="venvs/hermes-agent/bin",
+)
+API_KEY = knobs.text("CAO_HERMES_API_KEY", "an OpenRouter (or OpenAI-compatible) API key; needs a model")
+BASE_URL = knobs.text(
+    "CAO_HERMES_BASE_URL", "the endpoint for `CAO_HERMES_API_KEY`", shown="`https://openrouter.ai/api/v1`"
+)
 FAKE_KEY = "cao-local-model-server-key"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 PASTE_FOLD_NEVER = 100_000_000
@@ -128,18 +143,27 @@ class HermesProvider(Provider):
     paste_enter_delay: ClassVar[float] = 0.2
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/exit"
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (
+        BIN,
+        MODEL,
+        BYPASS,
+        MODEL_BASE_URL,
+        REALCLI_CACHE,
+        API_KEY,
+        BASE_URL,
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = flag(ctx, "CAO_HERMES_BYPASS", True)
+        home, profile = ctx.terminal_home, ctx.profile
+        bypass = ctx.knob(BYPASS)
         share = home / ".hermes"
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(HOME=str(home), HERMES_HOME=str(share))
-        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        model = knobs.get("CAO_HERMES_MODEL") or (profile and profile.model) or ""
-        if knobs.get("CAO_HERMES_API_KEY"):  # OpenRouter (or any OpenAI-compatible API)
-            base_url, key = knobs.get("CAO_HERMES_BASE_URL") or OPENROUTER_URL, knobs["CAO_HERMES_API_KEY"]
+        local = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        model = ctx.knob(MODEL) or (profile and profile.model) or ""
+        if api_key := ctx.knob(API_KEY):  # OpenRouter (or any OpenAI-compatible API)
+            base_url, key = ctx.knob(BASE_URL) or OPENROUTER_URL, api_key
             if not model:
                 raise ProviderError(
                     "hermes needs a model for CAO_HERMES_API_KEY: set CAO_HERMES_MODEL or the agent "
@@ -174,7 +198,7 @@ class HermesProvider(Provider):
             }
             config["hooks_auto_accept"] = True
         files = {share / "config.yaml": json.dumps(config, indent=2) + "\n"}  # YAML reads JSON
-        binary = find_venv_cli(ctx, "CAO_HERMES_BIN", "hermes", "hermes-agent", "0.19.0", "mcp")
+        binary = find_venv_cli(ctx, BIN, "hermes-agent", "0.19.0", "mcp")
         command = [binary, *(["--yolo"] if bypass else [])]
         return LaunchSpec(command=command, env=env, files=files)
 

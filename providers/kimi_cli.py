@@ -40,11 +40,35 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import bullet_blocks, exited, find_venv_cli, flag, head, judge_submit
+from providers._cli import (
+    MODEL_BASE_URL,
+    REALCLI_CACHE,
+    bullet_blocks,
+    cli_knobs,
+    exited,
+    find_venv_cli,
+    head,
+    judge_submit,
+)
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
+BIN, MODEL, BYPASS = cli_knobs(
+    "KIMI",
+    "kimi",
+    cli="Kimi CLI",
+    bypass="`--yolo`",
+    model="the model; overrides the agent profile's, and one of them is required with `CAO_KIMI_API_KEY`",
+    model_shown="the profile's `model` (`fake-model` against `CAO_MODEL_BASE_URL`)",
+    where="venvs/kimi-cli/bin",
+)
+API_KEY = knobs.text("CAO_KIMI_API_KEY", "a Moonshot (or compatible) API key; needs a model")
+BASE_URL = knobs.text(
+    "CAO_KIMI_BASE_URL", "the endpoint for `CAO_KIMI_API_KEY`", shown="`https://api.moonshot.ai/v1`"
+)
 FAKE_KEY = "cao-local-model-server-key"
 MOONSHOT_URL = "https://api.moonshot.ai/v1"
 CONTEXT_SIZE = 131072  # tokens; Kimi needs one per model (it decides when to compact)
@@ -108,10 +132,19 @@ class KimiCliProvider(Provider):
     paste_enter_delay: ClassVar[float] = 0.2
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/exit"
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (
+        BIN,
+        MODEL,
+        BYPASS,
+        MODEL_BASE_URL,
+        REALCLI_CACHE,
+        API_KEY,
+        BASE_URL,
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = flag(ctx, "CAO_KIMI_BYPASS", True)
+        home, profile = ctx.terminal_home, ctx.profile
+        bypass = ctx.knob(BYPASS)
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(
@@ -123,14 +156,10 @@ class KimiCliProvider(Provider):
             KIMI_CLI_PASTE_CHAR_THRESHOLD=PASTE_FOLD_NEVER,
             KIMI_CLI_PASTE_LINE_THRESHOLD=PASTE_FOLD_NEVER,
         )
-        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        model = knobs.get("CAO_KIMI_MODEL") or (profile and profile.model) or ""
-        if knobs.get("CAO_KIMI_API_KEY"):  # Moonshot's own API (or a compatible one)
-            base_url, key, kind = (
-                knobs.get("CAO_KIMI_BASE_URL") or MOONSHOT_URL,
-                knobs["CAO_KIMI_API_KEY"],
-                "kimi",
-            )
+        local = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        model = ctx.knob(MODEL) or (profile and profile.model) or ""
+        if api_key := ctx.knob(API_KEY):  # Moonshot's own API (or a compatible one)
+            base_url, key, kind = ctx.knob(BASE_URL) or MOONSHOT_URL, api_key, "kimi"
             if not model:
                 raise ProviderError(
                     "kimi_cli needs a model for CAO_KIMI_API_KEY: set CAO_KIMI_MODEL (e.g. the one your "
@@ -170,14 +199,7 @@ class KimiCliProvider(Provider):
             share / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
         command = [
-            find_venv_cli(
-                ctx,
-                "CAO_KIMI_BIN",
-                "kimi",
-                "kimi-cli",
-                "1.51.0",
-                note="1.52.0 is an installer stub, not the CLI",
-            ),
+            find_venv_cli(ctx, BIN, "kimi-cli", "1.51.0", note="1.52.0 is an installer stub, not the CLI"),
             "--mcp-config-file",
             str(share / "mcp.json"),
         ]

@@ -37,9 +37,27 @@ import sys
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
-from providers._cli import find_cli, flag, head, judge_submit
+from cao.knobs import Knob
+from providers._cli import (
+    ANTHROPIC_API_KEY,
+    MODEL_BASE_URL,
+    OPENAI_API_KEY,
+    REALCLI_CACHE,
+    cli_knobs,
+    find_cli,
+    head,
+    judge_submit,
+)
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
+BIN, MODEL, BYPASS = cli_knobs(
+    "OPENCODE",
+    "opencode",
+    cli="OpenCode",
+    bypass="`permission` `allow` for edit, bash and webfetch; off: `ask`",
+    bypass_shown="true (false when the agent profile has `allowed_tools`)",
+    model="the model as `provider/model`, e.g. `anthropic/claude-sonnet-4-5`; overrides the agent profile's",
+)
 FAKE_KEY = "cao-local-model-server-key"
 BOTTOM_RE = re.compile(r"^\s*╹▀{10,}")
 BAR = "┃"
@@ -169,11 +187,20 @@ class OpenCodeProvider(Provider):
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/exit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc interrupt)")
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (
+        BIN,
+        MODEL,
+        BYPASS,
+        MODEL_BASE_URL,
+        REALCLI_CACHE,
+        ANTHROPIC_API_KEY,
+        OPENAI_API_KEY,
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
+        home, profile = ctx.terminal_home, ctx.profile
         allowed = None if profile is None or profile.allowed_tools is None else list(profile.allowed_tools)
-        bypass = flag(ctx, "CAO_OPENCODE_BYPASS", allowed is None)
+        bypass = ctx.knob(BYPASS, allowed is None)
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(
@@ -185,12 +212,12 @@ class OpenCodeProvider(Provider):
             OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
             OPENCODE_DISABLE_CLAUDE_CODE="1",  # don't read the user's ~/.claude (there is none here)
         )
-        base_url = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        keys = {"CAO_ANTHROPIC_API_KEY": "ANTHROPIC_API_KEY", "CAO_OPENAI_API_KEY": "OPENAI_API_KEY"}
+        base_url = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        keys = {ANTHROPIC_API_KEY: "ANTHROPIC_API_KEY", OPENAI_API_KEY: "OPENAI_API_KEY"}
         for knob, variable in keys.items():
-            if knobs.get(knob):
-                env[variable] = knobs[knob]
-        if not base_url and not any(knobs.get(knob) for knob in keys):
+            if value := ctx.knob(knob):
+                env[variable] = value
+        if not base_url and not any(ctx.knob(knob) for knob in keys):
             raise ProviderError(
                 "opencode has no credentials: set CAO_ANTHROPIC_API_KEY or CAO_OPENAI_API_KEY (with "
                 "CAO_OPENCODE_MODEL=provider/model), or CAO_MODEL_BASE_URL for a local model server, "
@@ -201,7 +228,7 @@ class OpenCodeProvider(Provider):
             "autoupdate": False,
             "share": "disabled",
         }
-        model = knobs.get("CAO_OPENCODE_MODEL") or (profile and profile.model) or ""
+        model = ctx.knob(MODEL) or (profile and profile.model) or ""
         if base_url:
             name = model.removeprefix("cao/") or "fake-model"
             config["provider"] = {
@@ -248,7 +275,7 @@ class OpenCodeProvider(Provider):
         files = {config_dir / "opencode.json": json.dumps(config, indent=2)}
         if profile and profile.system_prompt:  # the global rules file, read at every start
             files[config_dir / "AGENTS.md"] = profile.system_prompt
-        command = [find_cli(ctx, "CAO_OPENCODE_BIN", "opencode", "opencode-ai")]
+        command = [find_cli(ctx, BIN, "opencode-ai")]
         return LaunchSpec(command=command, env=env, files=files)
 
     def detect_status(self, screen: str) -> TerminalStatus:

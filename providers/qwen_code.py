@@ -31,11 +31,35 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import bullet_blocks, command_hooks, find_cli, flag, head, judge_submit
+from providers._cli import (
+    MODEL_BASE_URL,
+    OPENAI_API_KEY,
+    REALCLI_CACHE,
+    bullet_blocks,
+    cli_knobs,
+    command_hooks,
+    find_cli,
+    head,
+    judge_submit,
+)
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
+BIN, MODEL, BYPASS = cli_knobs(
+    "QWEN",
+    "qwen",
+    cli="Qwen Code",
+    bypass="`--yolo`",
+    model_shown="the profile's `model`, else the CLI's default (`fake-model` against `CAO_MODEL_BASE_URL`)",
+)
+BASE_URL = knobs.text(
+    "CAO_QWEN_BASE_URL",
+    "an OpenAI-compatible endpoint (e.g. DashScope's) for `CAO_OPENAI_API_KEY`, as `OPENAI_BASE_URL`",
+    shown="`$CAO_MODEL_BASE_URL/v1`, else OpenAI's",
+)
 FAKE_KEY = "cao-local-model-server-key"
 RULE_RE = re.compile(r"^─{10,}$")
 PROMPT_RE = re.compile(r"^[>*!] {1,3}")
@@ -109,16 +133,25 @@ class QwenCodeProvider(Provider):
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/quit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (
+        BIN,
+        MODEL,
+        BYPASS,
+        MODEL_BASE_URL,
+        REALCLI_CACHE,
+        OPENAI_API_KEY,
+        BASE_URL,
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = flag(ctx, "CAO_QWEN_BYPASS", True)
+        home, profile = ctx.terminal_home, ctx.profile
+        bypass = ctx.knob(BYPASS)
         env = dict(ctx.base_env)
         env.setdefault("SHELL", "/bin/bash")
         env.update(HOME=str(home), COLORTERM="truecolor")
-        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        base_url = knobs.get("CAO_QWEN_BASE_URL") or (f"{local}/v1" if local else "")
-        key = knobs.get("CAO_OPENAI_API_KEY") or (FAKE_KEY if local else "")
+        local = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        base_url = ctx.knob(BASE_URL) or (f"{local}/v1" if local else "")
+        key = ctx.knob(OPENAI_API_KEY) or (FAKE_KEY if local else "")
         if not key:
             raise ProviderError(
                 "qwen_code has no credentials: set CAO_OPENAI_API_KEY (with CAO_QWEN_BASE_URL for a "
@@ -127,7 +160,7 @@ class QwenCodeProvider(Provider):
         env["OPENAI_API_KEY"] = key
         if base_url:
             env["OPENAI_BASE_URL"] = base_url
-        model = knobs.get("CAO_QWEN_MODEL") or (profile and profile.model) or ("fake-model" if local else "")
+        model = ctx.knob(MODEL) or (profile and profile.model) or ("fake-model" if local else "")
         if model:
             env["OPENAI_MODEL"] = model
         servers: dict[str, Any] = {
@@ -159,7 +192,7 @@ class QwenCodeProvider(Provider):
             settings["model"] = {"name": model}
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); Claude Code's format
             settings["hooks"] = command_hooks(ctx, "qwen", HOOK_EVENTS, timeout=10_000, matcher="")  # ms
-        command = [find_cli(ctx, "CAO_QWEN_BIN", "qwen", "@qwen-code/qwen-code")]
+        command = [find_cli(ctx, BIN, "@qwen-code/qwen-code")]
         if bypass:
             command.append("--yolo")
         files = {home / ".qwen" / "settings.json": json.dumps(settings, indent=2)}

@@ -12,12 +12,25 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from cao import knobs
+from cao.knobs import Knob
 from cao.states import HookPhase
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
+RULES = knobs.path(
+    "CAO_SCRIPTED_RULES",
+    "the rules file of every scripted agent (docs/scripted-agent.md)",
+    shown="`$CAO_HOME/scripted/<profile>.json`",
+)
+RECORD = knobs.flag(
+    "CAO_SCRIPTED_RECORD",
+    False,
+    "scripted agents append every message they receive to `$CAO_HOME/scripted/received/<id>.jsonl`",
+    shown="false (the rules file's `record`)",
+)
 
 SPINNER_RE = re.compile(r"^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] thinking… \(")
 QUEUED_RE = re.compile(r" · (\d+) queued")
@@ -55,13 +68,15 @@ class ScriptedProvider(Provider):
     submit_timeout: ClassVar[float] = 2.0
     exit_command: ClassVar[str] = "/exit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^❯")
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (RULES, RECORD)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         env = dict(ctx.base_env)
         env["CAO_SCRIPTED_DIR"] = str(ctx.cao_home / "scripted")
-        for key in ("CAO_SCRIPTED_RULES", "CAO_SCRIPTED_RECORD"):
-            if ctx.settings_env.get(key):
-                env[key] = ctx.settings_env[key]
+        if rules := ctx.knob(RULES):
+            env[RULES.name] = str(rules)
+        if (record := ctx.knob(RECORD, None)) is not None:  # set either way: it overrides the rules'
+            env[RECORD.name] = "1" if record else "0"
         if ctx.hooks:  # used only when its rules say "hooks": true (it speaks Claude Code's protocol)
             env["CAO_SCRIPTED_HOOK"] = json.dumps(ctx.hook_command("claude"))
         command = [sys.executable, "-I", "-S", str(AGENT_PATH), "--terminal-id", ctx.terminal_id]

@@ -13,6 +13,7 @@ import pytest
 
 import providers
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from cao.profiles import Profile
 from providers.base import LaunchContext, LaunchSpec
 
@@ -406,3 +407,49 @@ def test_hooks_off_leaves_the_clis_config_alone(spec: Spec, tmp_path: Path) -> N
     launched = providers.get(spec.provider).launch(replace(context(tmp_path, knobs), hooks=False))
     assert not any("cao.hook" in content for content in launched.files.values())
     assert "--dangerously-bypass-hook-trust" not in launched.command
+
+
+# -- knobs (cao/knobs.py): declared by each provider, read only through ctx.knob -----------------------
+def flag_knobs() -> list[tuple[str, str]]:
+    return [
+        (name, knob.name)
+        for name in providers.names()
+        for knob in providers.get(name).knobs
+        if knob.kind == "flag"
+    ]
+
+
+@pytest.mark.parametrize(("provider", "knob"), flag_knobs(), ids=[f"{p}-{k}" for p, k in flag_knobs()])
+def test_a_mistyped_flag_fails_the_launch_naming_the_variable(
+    provider: str, knob: str, tmp_path: Path
+) -> None:
+    """``CAO_CLAUDE_BYPASS=ture`` once read as "off" without a word; cao-server's own flags refuse it."""
+    spec = next((s for s in SPECS if s.provider == provider), None)
+    knobs = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081", knob: "ture"}
+    if spec is not None:
+        knobs[f"CAO_{spec.prefix}_BIN"] = str(executable(tmp_path / "bin" / spec.command))
+    with pytest.raises(ProviderError, match=rf"^{knob}='ture' is not a boolean; use true or false"):
+        providers.get(provider).launch(context(tmp_path, knobs))
+
+
+def test_every_knob_is_declared_once_and_listed() -> None:
+    """``providers.all_knobs()`` (what cao-server will check its environment against) holds every
+    provider's knobs, one declaration per name; each provider module declares every knob it holds."""
+    listed = {knob.name: knob for knob in providers.all_knobs()}
+    assert list(listed) == sorted(listed)
+    for name in providers.names():
+        prov = providers.get(name)
+        assert len({knob.name for knob in prov.knobs}) == len(prov.knobs), name
+        for knob in prov.knobs:
+            assert listed[knob.name] is knob, f"{knob.name} is declared twice"
+            assert knob.name.startswith("CAO_") and knob.doc, knob
+        module = sys.modules[type(prov).__module__]
+        held = {value for value in vars(module).values() if isinstance(value, Knob)}
+        assert held <= set(prov.knobs), f"{name} reads knobs it does not declare: {held - set(prov.knobs)}"
+
+
+def test_providers_read_knobs_only_through_the_context() -> None:
+    """No provider pokes ``settings_env`` (raw strings, no parsing): ``ctx.knob(KNOB)`` reads them."""
+    for path in sorted(Path(providers.__file__).parent.glob("*.py")):
+        if path.name != "base.py":
+            assert "settings_env" not in path.read_text(), path.name
