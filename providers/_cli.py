@@ -6,15 +6,19 @@ import json
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from cao import knobs
 from cao.errors import ProviderError
 from cao.knobs import Knob
+from cao.states import HookPhase
 from providers.base import LaunchContext, Provider, TerminalStatus
 
 BUSY = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
+LOCAL_KEY = "cao-local-model-server-key"  # the API key a CLI gets for the local model server
 
 # Knobs more than one provider reads.
 MODEL_BASE_URL = knobs.text(
@@ -69,6 +73,114 @@ def cli_knobs(
             shown=bypass_shown,
         ),
     )
+
+
+def pane_env(ctx: LaunchContext, **extra: str) -> dict[str, str]:
+    """The pane's environment, built from nothing: cao's allow-listed base, ``SHELL`` (the CLIs'
+    shell tools need one: ``/bin/bash`` unless the base has it), ``HOME`` = the terminal's throwaway
+    home, and ``extra`` (the CLI's own variables)."""
+    env = dict(ctx.base_env)
+    env.setdefault("SHELL", "/bin/bash")
+    env.update(HOME=str(ctx.terminal_home), **extra)
+    return env
+
+
+def cao_mcp_server(ctx: LaunchContext) -> dict[str, Any]:
+    """cao's own MCP server for this terminal (stdio: ``command``, ``args``, ``env``): its tools act
+    as this terminal."""
+    return {
+        "command": sys.executable,
+        "args": ["-m", "cao.mcp"],
+        "env": {
+            "CAO_TERMINAL_ID": ctx.terminal_id,
+            "CAO_SERVER_URL": ctx.server_url,
+            "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
+        },
+    }
+
+
+def mcp_servers(ctx: LaunchContext, *, url_key: str = "url") -> dict[str, dict[str, Any]]:
+    """The agent profile's MCP servers (copies: the provider may reshape them for its CLI) and cao's
+    (:func:`cao_mcp_server`), which always wins the name ``cao``. ``url_key``: the CLI's name for a
+    streamable-HTTP server's address (Gemini CLI's and Qwen Code's ``httpUrl``)."""
+    servers = {name: dict(spec) for name, spec in (ctx.profile.mcp_servers if ctx.profile else {}).items()}
+    for spec in servers.values():
+        if "url" in spec and url_key != "url":
+            spec[url_key] = spec.pop("url")
+    servers["cao"] = cao_mcp_server(ctx)
+    return servers
+
+
+def model_name(ctx: LaunchContext, knob: Knob[str], fallback: str = "") -> str:
+    """The model: ``$knob``, else the agent profile's, else ``fallback`` ("" for the CLI's own)."""
+    return ctx.knob(knob) or (ctx.profile.model if ctx.profile else None) or fallback
+
+
+def system_prompt(ctx: LaunchContext) -> str:
+    """The agent profile's system prompt ("" without one)."""
+    return ctx.profile.system_prompt if ctx.profile and ctx.profile.system_prompt else ""
+
+
+def allowed_tools(ctx: LaunchContext) -> list[str] | None:
+    """The agent profile's tool allow-list; None: the CLI's own defaults (and bypass stays on)."""
+    tools = ctx.profile.allowed_tools if ctx.profile else None
+    return None if tools is None else list(tools)
+
+
+class Endpoint(NamedTuple):
+    base_url: str
+    key: str
+    model: str
+    local: bool  # the local model server (CAO_MODEL_BASE_URL), not the vendor's API
+
+
+def vendor_or_local(
+    ctx: LaunchContext,
+    key: Knob[str],
+    url: Knob[str],
+    vendor_url: str,
+    model: Knob[str],
+    *,
+    needs_model: str,
+    no_credentials: str,
+) -> Endpoint:
+    """Where a CLI with one API of its own (Kimi CLI: Moonshot's, Hermes: OpenRouter) talks to:
+    ``$key`` at ``$url`` (else ``vendor_url``) with a model that must be named (``$model`` or the
+    profile's; ``needs_model`` says so), else the local model server (``fake-model`` unless one is
+    named), else nowhere: ``no_credentials`` says what to set."""
+    chosen = model_name(ctx, model)
+    if api_key := ctx.knob(key):
+        if not chosen:
+            raise ProviderError(needs_model)
+        return Endpoint(ctx.knob(url) or vendor_url, api_key, chosen, local=False)
+    if local := ctx.knob(MODEL_BASE_URL).rstrip("/"):
+        return Endpoint(f"{local}/v1", LOCAL_KEY, chosen or "fake-model", local=True)
+    raise ProviderError(no_credentials)
+
+
+def gemini_settings(ctx: LaunchContext, auth: str, general: dict[str, bool]) -> dict[str, Any]:
+    """The ``settings.json`` of Gemini CLI and of Qwen Code (its fork, same schema): ``auth`` as the
+    selected auth type, folder trust, usage statistics, telemetry and the IDE integration off, tips
+    hidden, ``general`` (the update switches, named differently in each) and the MCP servers."""
+    return {
+        "security": {"auth": {"selectedType": auth}, "folderTrust": {"enabled": False}},
+        "privacy": {"usageStatisticsEnabled": False},
+        "general": general,
+        "telemetry": {"enabled": False},
+        "ide": {"enabled": False},
+        "ui": {"hideTips": True},
+        "mcpServers": mcp_servers(ctx, url_key="httpUrl"),  # their name for a streamable-HTTP address
+    }
+
+
+# Claude Code's lifecycle hooks and what they mean (Codex 0.171, Qwen Code and Kimi CLI run hooks
+# in Claude's format, with Claude's event names and payloads; each adds or drops a few).
+CLAUDE_HOOK_PHASES = {
+    "SessionStart": HookPhase.SESSION_START,
+    "UserPromptSubmit": HookPhase.TURN_START,
+    "Stop": HookPhase.TURN_END,
+    "SessionEnd": HookPhase.SESSION_END,
+}
 
 
 def command_hooks(

@@ -151,6 +151,8 @@ class Provider:
     # The CAO_* variables the launch reads (through ``ctx.knob``), each declared once: cao/knobs.py.
     # ``providers.all_knobs()`` lists every provider's; docs/providers.md's table is made from them.
     knobs: ClassVar[tuple[Knob[Any], ...]] = ()
+    # What each of the CLI's lifecycle hook events means (see hook_phase).
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = {}
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         raise NotImplementedError
@@ -158,8 +160,10 @@ class Provider:
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         """What the CLI's lifecycle hook ``event`` (with its ``payload``, see cao/hook.py) says
         about its turn (cao/hooks.py); None: nothing (an event cao doesn't use, or a provider
-        whose launch wires no hooks). The launch wires them with ``ctx.hook_command(...)``."""
-        return None
+        whose launch wires no hooks). The launch wires them with ``ctx.hook_command(...)``. The
+        default looks the event up in ``hook_phases``; providers whose events need their payload
+        read override this."""
+        return self.hook_phases.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         raise NotImplementedError

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -39,8 +38,10 @@ from cao.knobs import Knob
 from cao.states import HookPhase
 from providers._cli import (
     ANTHROPIC_API_KEY,
+    CLAUDE_HOOK_PHASES,
     MODEL_BASE_URL,
     REALCLI_CACHE,
+    allowed_tools,
     bullet_blocks,
     cli_knobs,
     command_hooks,
@@ -48,7 +49,11 @@ from providers._cli import (
     find_cli,
     head,
     judge_submit,
+    mcp_servers,
+    model_name,
     npm_version,
+    pane_env,
+    system_prompt,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
@@ -87,13 +92,7 @@ PROJECT = {
 }
 HINT_IN_BOX_RE = re.compile(r'^Try "[^"]*"$')  # 1.0.x's example prompt in the empty box
 # Lifecycle hooks (in ~/.claude/settings.json; every release since 1.0.85 has these five).
-HOOK_PHASES = {
-    "SessionStart": HookPhase.SESSION_START,
-    "UserPromptSubmit": HookPhase.TURN_START,
-    "Stop": HookPhase.TURN_END,
-    "SessionEnd": HookPhase.SESSION_END,
-}
-HOOK_EVENTS = (*HOOK_PHASES, "Notification", "PermissionRequest")  # the last one since 2.0
+HOOK_EVENTS = (*CLAUDE_HOOK_PHASES, "Notification", "PermissionRequest")  # the last one since 2.0
 
 RESULT = "  ⎿"  # a tool's result; right under a user turn (before 2.1), the turn's API error
 
@@ -162,6 +161,34 @@ def _blocks(lines: list[str]) -> list[str]:
     return bullet_blocks(lines, ("● ",))
 
 
+def _env(ctx: LaunchContext, bypass: bool) -> tuple[dict[str, str], str]:
+    """The pane's environment and the API key in it ("" with only an OAuth token)."""
+    env = pane_env(
+        ctx,
+        DISABLE_AUTOUPDATER="1",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL="1",
+        DISABLE_TELEMETRY="1",
+        DISABLE_ERROR_REPORTING="1",
+    )
+    key = ctx.knob(ANTHROPIC_API_KEY)
+    if base_url := ctx.knob(MODEL_BASE_URL):
+        env["ANTHROPIC_BASE_URL"] = base_url
+        key = key or FAKE_KEY
+    if token := ctx.knob(OAUTH_TOKEN):
+        env["CLAUDE_CODE_OAUTH_TOKEN"] = token
+    elif not key:
+        raise ProviderError(
+            "claude_code has no credentials: set CAO_ANTHROPIC_API_KEY (or CAO_CLAUDE_CODE_OAUTH_TOKEN "
+            "from `claude setup-token`, or CAO_MODEL_BASE_URL for a local model server) for cao-server"
+        )
+    if key:
+        env["ANTHROPIC_API_KEY"] = key
+    if bypass and os.geteuid() == 0:
+        env["IS_SANDBOX"] = "1"  # root + --dangerously-skip-permissions needs exactly this
+    return env, key
+
+
 class ClaudeCodeProvider(Provider):
     name: ClassVar[str] = "claude_code"
     description: ClassVar[str] = "Claude Code (Anthropic), `claude`"
@@ -180,47 +207,22 @@ class ClaudeCodeProvider(Provider):
         ANTHROPIC_API_KEY,
         OAUTH_TOKEN,
     )
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = CLAUDE_HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        home, profile = ctx.terminal_home, ctx.profile
+        home = ctx.terminal_home
         # A profile's tool allow-list means "ask before anything else", so it turns bypass off.
-        allowed = (
-            None if profile is None or profile.allowed_tools is None else [*profile.allowed_tools, "mcp__cao"]
-        )
+        allowed = allowed_tools(ctx)
         bypass = ctx.knob(BYPASS, allowed is None)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(
-            HOME=str(home),
-            DISABLE_AUTOUPDATER="1",
-            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-            CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL="1",
-            DISABLE_TELEMETRY="1",
-            DISABLE_ERROR_REPORTING="1",
-        )
-        key = ctx.knob(ANTHROPIC_API_KEY)
-        if base_url := ctx.knob(MODEL_BASE_URL):
-            env["ANTHROPIC_BASE_URL"] = base_url
-            key = key or FAKE_KEY
-        if token := ctx.knob(OAUTH_TOKEN):
-            env["CLAUDE_CODE_OAUTH_TOKEN"] = token
-        elif not key:
-            raise ProviderError(
-                "claude_code has no credentials: set CAO_ANTHROPIC_API_KEY (or CAO_CLAUDE_CODE_OAUTH_TOKEN "
-                "from `claude setup-token`, or CAO_MODEL_BASE_URL for a local model server) for cao-server"
-            )
-        if key:
-            env["ANTHROPIC_API_KEY"] = key
-        if bypass and os.geteuid() == 0:
-            env["IS_SANDBOX"] = "1"  # root + --dangerously-skip-permissions needs exactly this
+        env, key = _env(ctx, bypass)
+        binary = find_cli(ctx, BIN, "@anthropic-ai/claude-code")
+        version = npm_version(binary, "@anthropic-ai/claude-code")
         state = {
             "hasCompletedOnboarding": True,
             "customApiKeyResponses": {"approved": [key[-20:]] if key else [], "rejected": []},
             "bypassPermissionsModeAccepted": True,  # before 2.1: the bypass warning's answer
             "projects": {str(ctx.working_directory): PROJECT},
         }
-        binary = find_cli(ctx, BIN, "@anthropic-ai/claude-code")
-        version = npm_version(binary, "@anthropic-ai/claude-code")
         settings: dict[str, object] = {
             "skipDangerousModePermissionPrompt": True,
             "promptSuggestionEnabled": False,
@@ -228,35 +230,26 @@ class ClaudeCodeProvider(Provider):
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
             events = HOOK_EVENTS if version is None or version >= (2, 0) else HOOK_EVENTS[:-1]
             settings["hooks"] = command_hooks(ctx, "claude", events, timeout=10)
-        servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
+        servers = mcp_servers(ctx)
         for spec in servers.values():
             if "url" in spec:
                 spec.setdefault("type", "http")
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
         files = {
             home / ".claude.json": json.dumps(state, indent=2),
             home / ".claude" / "settings.json": json.dumps(settings, indent=2),
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
         command = [binary, "--mcp-config", str(home / "mcp.json")]
-        if model := ctx.knob(MODEL) or (profile and profile.model):
+        if model := model_name(ctx, MODEL):
             command += ["--model", model]
-        if profile and profile.system_prompt:
+        if prompt := system_prompt(ctx):
             if version is not None and version < (2, 1):  # no --append-system-prompt-file yet
-                command += ["--append-system-prompt", profile.system_prompt]
+                command += ["--append-system-prompt", prompt]
             else:
-                files[home / "system-prompt.md"] = profile.system_prompt
+                files[home / "system-prompt.md"] = prompt
                 command += ["--append-system-prompt-file", str(home / "system-prompt.md")]
         if allowed is not None:
-            command += ["--allowedTools", ",".join(allowed)]
+            command += ["--allowedTools", ",".join([*allowed, "mcp__cao"])]
         if bypass:
             command.append("--dangerously-skip-permissions")
         return LaunchSpec(command=command, env=env, files=files)
@@ -272,7 +265,7 @@ class ClaudeCodeProvider(Provider):
             return None
         if event == "PermissionRequest":  # 2.0 and later, as the permission prompt opens
             return HookPhase.ASKING
-        return HOOK_PHASES.get(event)
+        return super().hook_phase(event, payload)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status

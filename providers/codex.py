@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -34,6 +33,7 @@ from cao.errors import ProviderError
 from cao.knobs import Knob
 from cao.states import HookPhase
 from providers._cli import (
+    LOCAL_KEY,
     MODEL_BASE_URL,
     OPENAI_API_KEY,
     REALCLI_CACHE,
@@ -44,7 +44,11 @@ from providers._cli import (
     find_cli,
     head,
     judge_submit,
+    mcp_servers,
+    model_name,
     npm_version,
+    pane_env,
+    system_prompt,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
@@ -56,7 +60,6 @@ BIN, MODEL, BYPASS = cli_knobs(
     "`workspace-write` sandbox",
     model_shown="the profile's `model`, else the CLI's default (`fake-model` against `CAO_MODEL_BASE_URL`)",
 )
-FAKE_KEY = "cao-local-model-server-key"
 PROMPT = "› "
 PLACEHOLDERS = ("Ask Codex to do anything", "Ask a follow-up question")
 # Releases before 0.171 show one of these example prompts in the empty box instead.
@@ -183,64 +186,19 @@ def _mcp_table(name: str, spec: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-class CodexProvider(Provider):
-    name: ClassVar[str] = "codex"
-    description: ClassVar[str] = "OpenAI Codex CLI, `codex` (input only when idle)"
-    accepts_input_while_processing: ClassVar[bool] = False  # a paste mid-turn cancels the turn
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 3.0
-    exit_command: ClassVar[str] = "/quit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to interrupt)")
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (
-        BIN,
-        MODEL,
-        BYPASS,
-        MODEL_BASE_URL,
-        REALCLI_CACHE,
-        OPENAI_API_KEY,
-    )
-
-    def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        profile = ctx.profile
-        codex_home = ctx.terminal_home / ".codex"
-        bypass = ctx.knob(BYPASS)
-        base_url = ctx.knob(MODEL_BASE_URL).rstrip("/")
-        key = ctx.knob(OPENAI_API_KEY) or (FAKE_KEY if base_url else "")
-        if not key:
-            raise ProviderError(
-                "codex has no credentials: set CAO_OPENAI_API_KEY (or CAO_MODEL_BASE_URL for a local "
-                "model server) for cao-server"
-            )
-        # A real model slug against a local server brings a "model changed" dialog; an unknown one
-        # only a warning in the status line.
-        model = ctx.knob(MODEL) or (profile and profile.model) or ("fake-model" if base_url else "")
-        approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
-        model_line = f"model = {_toml(model)}\n" if model else ""
-        url = f"{base_url}/v1" if base_url else "https://api.openai.com/v1"
-        retries = "request_max_retries = 0\nstream_max_retries = 0\n" if base_url else ""
-        servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in servers.items())
-        # Lifecycle hooks (cao/hooks.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
-        # (trusted with --dangerously-bypass-hook-trust: cao wrote them into the throwaway home);
-        # before that, the `notify` program on each turn's end is all there is.
-        binary = find_cli(ctx, BIN, "@openai/codex")
-        version = npm_version(binary, "@openai/codex")
-        hooks_json = ctx.hooks and (version is None or version >= (0, 171))
-        notify = ""
-        if ctx.hooks and not hooks_json:
-            notify = f"notify = [{', '.join(_toml(part) for part in ctx.hook_command('codex'))}]\n"
-        config = f"""\
-{notify}{model_line}model_provider = "cao"
+def _config(ctx: LaunchContext, base_url: str, bypass: bool, notify: list[str] | None) -> str:
+    """``$CODEX_HOME/config.toml``, whole: Codex rewrites it, and a table written twice is fatal."""
+    # A real model slug against a local server brings a "model changed" dialog; an unknown one
+    # only a warning in the status line.
+    model = model_name(ctx, MODEL, "fake-model" if base_url else "")
+    approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
+    model_line = f"model = {_toml(model)}\n" if model else ""
+    url = f"{base_url}/v1" if base_url else "https://api.openai.com/v1"
+    retries = "request_max_retries = 0\nstream_max_retries = 0\n" if base_url else ""
+    mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in mcp_servers(ctx).items())
+    notify_line = f"notify = [{', '.join(_toml(part) for part in notify)}]\n" if notify else ""
+    return f"""\
+{notify_line}{model_line}model_provider = "cao"
 approval_policy = "{approval}"
 sandbox_mode = "{sandbox}"
 check_for_update_on_startup = false
@@ -274,9 +232,46 @@ show_tooltips = false
 
 {mcp}
 """
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(ctx.terminal_home), CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
+
+
+class CodexProvider(Provider):
+    name: ClassVar[str] = "codex"
+    description: ClassVar[str] = "OpenAI Codex CLI, `codex` (input only when idle)"
+    accepts_input_while_processing: ClassVar[bool] = False  # a paste mid-turn cancels the turn
+    waits_for_mcp: ClassVar[bool] = True
+    paste_enter_delay: ClassVar[float] = 0.2
+    submit_timeout: ClassVar[float] = 3.0
+    exit_command: ClassVar[str] = "/quit"
+    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to interrupt)")
+    knobs: ClassVar[tuple[Knob[Any], ...]] = (
+        BIN,
+        MODEL,
+        BYPASS,
+        MODEL_BASE_URL,
+        REALCLI_CACHE,
+        OPENAI_API_KEY,
+    )
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        codex_home = ctx.terminal_home / ".codex"
+        bypass = ctx.knob(BYPASS)
+        base_url = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        key = ctx.knob(OPENAI_API_KEY) or (LOCAL_KEY if base_url else "")
+        if not key:
+            raise ProviderError(
+                "codex has no credentials: set CAO_OPENAI_API_KEY (or CAO_MODEL_BASE_URL for a local "
+                "model server) for cao-server"
+            )
+        # Lifecycle hooks (cao/hooks.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
+        # (trusted with --dangerously-bypass-hook-trust: cao wrote them into the throwaway home);
+        # before that, the `notify` program on each turn's end is all there is.
+        binary = find_cli(ctx, BIN, "@openai/codex")
+        version = npm_version(binary, "@openai/codex")
+        hooks_json = ctx.hooks and (version is None or version >= (0, 171))
+        notify = ctx.hook_command("codex") if ctx.hooks and not hooks_json else None
+        files = {codex_home / "config.toml": _config(ctx, base_url, bypass, notify)}
+        env = pane_env(ctx, CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
         # Inline mode keeps the transcript in tmux's scrollback (delivery recovery looks there).
         command = [binary]
         # Releases before the flag existed (0.77 here; 0.130 has it) draw inline anyway, and reject it.
@@ -284,17 +279,13 @@ show_tooltips = false
             command.append("--no-alt-screen")
         if bypass:
             command.append("--dangerously-bypass-approvals-and-sandbox")
-        files = {codex_home / "config.toml": config}
         if hooks_json:
             events = command_hooks(ctx, "codex", HOOK_EVENTS, timeout=10)
             files[codex_home / "hooks.json"] = json.dumps({"hooks": events}, indent=2)
             command.append("--dangerously-bypass-hook-trust")
-        if profile and profile.system_prompt:  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
-            files[codex_home / "AGENTS.md"] = profile.system_prompt
+        if prompt := system_prompt(ctx):  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
+            files[codex_home / "AGENTS.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
-
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
-        return HOOK_PHASES.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status

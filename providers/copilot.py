@@ -32,21 +32,26 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import Any, ClassVar
 
 from cao import knobs
 from cao.errors import ProviderError
 from cao.knobs import Knob
 from providers._cli import (
+    LOCAL_KEY,
     MODEL_BASE_URL,
     OPENAI_API_KEY,
     REALCLI_CACHE,
+    allowed_tools,
     bullet_blocks,
     cli_knobs,
     find_cli,
     head,
     judge_submit,
+    mcp_servers,
+    model_name,
+    pane_env,
+    system_prompt,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
@@ -66,7 +71,6 @@ PROVIDER_BASE_URL = knobs.text(
     "an OpenAI-compatible endpoint for Copilot's own-key mode (no GitHub sign-in), with `CAO_OPENAI_API_KEY`",
     shown="`$CAO_MODEL_BASE_URL/v1`",
 )
-FAKE_KEY = "cao-local-model-server-key"
 RULE_RE = re.compile(r"^─{10,}$")
 BOX = "❯"
 ECHO_RE = re.compile(r"^ ❯ (?!\d+\. )")
@@ -137,20 +141,17 @@ class CopilotProvider(Provider):
     )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        home, profile = ctx.terminal_home, ctx.profile
-        allowed = None if profile is None or profile.allowed_tools is None else list(profile.allowed_tools)
+        home = ctx.terminal_home
+        allowed = allowed_tools(ctx)
         bypass = ctx.knob(BYPASS, allowed is None)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(home), COPILOT_AUTO_UPDATE="false")
+        env = pane_env(ctx, COPILOT_AUTO_UPDATE="false")
         local = ctx.knob(MODEL_BASE_URL).rstrip("/")
         base_url = ctx.knob(PROVIDER_BASE_URL) or (f"{local}/v1" if local else "")
-        model = ctx.knob(MODEL) or (profile and profile.model) or ("fake-model" if local else "")
         if base_url:  # own-key mode: no GitHub sign-in
             env.update(
                 COPILOT_PROVIDER_BASE_URL=base_url,
                 COPILOT_PROVIDER_TYPE="openai",
-                COPILOT_PROVIDER_API_KEY=ctx.knob(OPENAI_API_KEY) or FAKE_KEY,
+                COPILOT_PROVIDER_API_KEY=ctx.knob(OPENAI_API_KEY) or LOCAL_KEY,
             )
             if local:  # and limits, else a "not in the built-in catalog" warning at every start
                 env.update(
@@ -166,32 +167,19 @@ class CopilotProvider(Provider):
                 "or CAO_COPILOT_PROVIDER_BASE_URL with CAO_OPENAI_API_KEY (own-key mode), or "
                 "CAO_MODEL_BASE_URL for a local model server, for cao-server"
             )
-        if model:
+        if model := model_name(ctx, MODEL, "fake-model" if local else ""):
             env["COPILOT_MODEL"] = model
-        servers: dict[str, Any] = {}
-        for name, spec in (profile.mcp_servers if profile else {}).items():
-            entry = dict(spec)
-            entry.setdefault("type", "http" if "url" in spec else "local")
-            entry.setdefault("tools", ["*"])
-            servers[name] = entry
-        servers["cao"] = {
-            "type": "local",
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-            "tools": ["*"],
-        }
+        servers = mcp_servers(ctx)
+        for spec in servers.values():
+            spec.setdefault("type", "http" if "url" in spec else "local")
+            spec.setdefault("tools", ["*"])
         state = {"trustedFolders": [str(ctx.working_directory)], "appTipShown": True}
         files = {
             home / ".copilot" / "config.json": json.dumps(state, indent=2),
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
-        if profile and profile.system_prompt:  # the user-level instructions, read at every start
-            files[home / ".copilot" / "copilot-instructions.md"] = profile.system_prompt
+        if prompt := system_prompt(ctx):  # the user-level instructions, read at every start
+            files[home / ".copilot" / "copilot-instructions.md"] = prompt
         command = [find_cli(ctx, BIN, "@github/copilot")]
         command += ["--additional-mcp-config", f"@{home / 'mcp.json'}"]
         for tool in [*allowed, "cao"] if allowed is not None else ():

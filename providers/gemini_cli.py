@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Mapping
 from itertools import takewhile
 from typing import Any, ClassVar
@@ -38,6 +37,7 @@ from cao.errors import ProviderError
 from cao.knobs import Knob
 from cao.states import HookPhase
 from providers._cli import (
+    LOCAL_KEY,
     MODEL_BASE_URL,
     REALCLI_CACHE,
     bullet_blocks,
@@ -45,15 +45,18 @@ from providers._cli import (
     command_hooks,
     exited,
     find_cli,
+    gemini_settings,
     head,
     judge_submit,
+    model_name,
     npm_version,
+    pane_env,
+    system_prompt,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 BIN, MODEL, BYPASS = cli_knobs("GEMINI", "gemini", cli="Gemini CLI", bypass="`--yolo`")
 API_KEY = knobs.text("CAO_GEMINI_API_KEY", "a Gemini API key, passed as `GEMINI_API_KEY`")
-FAKE_KEY = "cao-local-model-server-key"
 # Lifecycle hooks (in ~/.gemini/settings.json; 0.24 and later). Notification: a tool permission.
 HOOK_PHASES = {
     "SessionStart": HookPhase.SESSION_START,
@@ -187,45 +190,24 @@ class GeminiCliProvider(Provider):
     exit_command: ClassVar[str] = "/quit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
     knobs: ClassVar[tuple[Knob[Any], ...]] = (BIN, MODEL, BYPASS, MODEL_BASE_URL, REALCLI_CACHE, API_KEY)
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        home, profile = ctx.terminal_home, ctx.profile
+        home = ctx.terminal_home
         bypass = ctx.knob(BYPASS)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(home), GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
+        env = pane_env(ctx, GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
         key = ctx.knob(API_KEY)
         if base_url := ctx.knob(MODEL_BASE_URL):
             env["GOOGLE_GEMINI_BASE_URL"] = base_url
-            key = key or FAKE_KEY
+            key = key or LOCAL_KEY
         if not key:
             raise ProviderError(
                 "gemini_cli has no credentials: set CAO_GEMINI_API_KEY (or CAO_MODEL_BASE_URL for a "
                 "local model server) for cao-server"
             )
         env["GEMINI_API_KEY"] = key
-        servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
-        for spec in servers.values():
-            if "url" in spec:  # Gemini's name for a streamable-HTTP server's address
-                spec["httpUrl"] = spec.pop("url")
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        settings: dict[str, object] = {
-            "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
-            "privacy": {"usageStatisticsEnabled": False},
-            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
-            "telemetry": {"enabled": False},
-            "ide": {"enabled": False},
-            "ui": {"hideTips": True},
-            "mcpServers": servers,
-        }
+        general = {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}
+        settings = gemini_settings(ctx, "gemini-api-key", general)
         binary = find_cli(ctx, BIN, "@google/gemini-cli")
         command = [binary]
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
@@ -236,17 +218,14 @@ class GeminiCliProvider(Provider):
             else:  # on by default since; the switches moved to hooksConfig
                 settings["hooksConfig"] = {"enabled": True, "notifications": False}
             settings["hooks"] = hooks
-        if model := ctx.knob(MODEL) or (profile and profile.model):
+        if model := model_name(ctx, MODEL):
             command += ["--model", model]
         if bypass:
             command.append("--yolo")
         files = {home / ".gemini" / "settings.json": json.dumps(settings, indent=2)}
-        if profile and profile.system_prompt:  # the user-level context file, read at every start
-            files[home / ".gemini" / "GEMINI.md"] = profile.system_prompt
+        if prompt := system_prompt(ctx):  # the user-level context file, read at every start
+            files[home / ".gemini" / "GEMINI.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
-
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
-        return HOOK_PHASES.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status

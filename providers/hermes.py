@@ -40,16 +40,25 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 import textwrap
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cao import knobs
-from cao.errors import ProviderError
 from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import MODEL_BASE_URL, REALCLI_CACHE, cli_knobs, find_venv_cli, head, judge_submit
+from providers._cli import (
+    MODEL_BASE_URL,
+    REALCLI_CACHE,
+    cli_knobs,
+    find_venv_cli,
+    head,
+    judge_submit,
+    mcp_servers,
+    pane_env,
+    system_prompt,
+    vendor_or_local,
+)
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 BIN, MODEL, BYPASS = cli_knobs(
@@ -65,7 +74,6 @@ API_KEY = knobs.text("CAO_HERMES_API_KEY", "an OpenRouter (or OpenAI-compatible)
 BASE_URL = knobs.text(
     "CAO_HERMES_BASE_URL", "the endpoint for `CAO_HERMES_API_KEY`", shown="`https://openrouter.ai/api/v1`"
 )
-FAKE_KEY = "cao-local-model-server-key"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 PASTE_FOLD_NEVER = 100_000_000
 
@@ -152,45 +160,25 @@ class HermesProvider(Provider):
         API_KEY,
         BASE_URL,
     )
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        home, profile = ctx.terminal_home, ctx.profile
         bypass = ctx.knob(BYPASS)
-        share = home / ".hermes"
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(home), HERMES_HOME=str(share))
-        local = ctx.knob(MODEL_BASE_URL).rstrip("/")
-        model = ctx.knob(MODEL) or (profile and profile.model) or ""
-        if api_key := ctx.knob(API_KEY):  # OpenRouter (or any OpenAI-compatible API)
-            base_url, key = ctx.knob(BASE_URL) or OPENROUTER_URL, api_key
-            if not model:
-                raise ProviderError(
-                    "hermes needs a model for CAO_HERMES_API_KEY: set CAO_HERMES_MODEL or the agent "
-                    "profile's model, for cao-server"
-                )
-        elif local:
-            base_url, key, model = f"{local}/v1", FAKE_KEY, model or "fake-model"
-        else:
-            raise ProviderError(
-                "hermes has no credentials: set CAO_HERMES_API_KEY (with CAO_HERMES_MODEL, and "
-                "CAO_HERMES_BASE_URL for an endpoint other than OpenRouter), or CAO_MODEL_BASE_URL for "
-                "a local model server, for cao-server"
-            )
-        servers: dict[str, Any] = {
-            name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()
-        }
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        prompt = profile.system_prompt if profile and profile.system_prompt else ""
-        config = _config(base_url, key, model, servers, prompt, bypass)
+        share = ctx.terminal_home / ".hermes"
+        env = pane_env(ctx, HERMES_HOME=str(share))
+        api = vendor_or_local(
+            ctx,
+            API_KEY,
+            BASE_URL,
+            OPENROUTER_URL,
+            MODEL,
+            needs_model="hermes needs a model for CAO_HERMES_API_KEY: set CAO_HERMES_MODEL or the agent "
+            "profile's model, for cao-server",
+            no_credentials="hermes has no credentials: set CAO_HERMES_API_KEY (with CAO_HERMES_MODEL, and "
+            "CAO_HERMES_BASE_URL for an endpoint other than OpenRouter), or CAO_MODEL_BASE_URL for a local "
+            "model server, for cao-server",
+        )
+        config = _config(api.base_url, api.key, api.model, mcp_servers(ctx), system_prompt(ctx), bypass)
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
             config["hooks"] = {
                 event: [{"command": shlex.join(ctx.hook_command("hermes", event)), "timeout": 10}]
@@ -257,7 +245,7 @@ class HermesProvider(Provider):
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         if event == "on_session_finalize" and payload.get("reason") != "shutdown":
             return HookPhase.SESSION_START  # /new or /clear: a fresh session, waiting for input
-        return HOOK_PHASES.get(event)
+        return super().hook_phase(event, payload)
 
     def extract_last_message(self, screen: str) -> str:
         lines = _lines(screen)

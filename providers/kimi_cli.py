@@ -36,15 +36,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cao import knobs
-from cao.errors import ProviderError
 from cao.knobs import Knob
 from cao.states import HookPhase
 from providers._cli import (
+    CLAUDE_HOOK_PHASES,
     MODEL_BASE_URL,
     REALCLI_CACHE,
     bullet_blocks,
@@ -53,6 +52,10 @@ from providers._cli import (
     find_venv_cli,
     head,
     judge_submit,
+    mcp_servers,
+    pane_env,
+    system_prompt,
+    vendor_or_local,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
@@ -69,7 +72,6 @@ API_KEY = knobs.text("CAO_KIMI_API_KEY", "a Moonshot (or compatible) API key; ne
 BASE_URL = knobs.text(
     "CAO_KIMI_BASE_URL", "the endpoint for `CAO_KIMI_API_KEY`", shown="`https://api.moonshot.ai/v1`"
 )
-FAKE_KEY = "cao-local-model-server-key"
 MOONSHOT_URL = "https://api.moonshot.ai/v1"
 CONTEXT_SIZE = 131072  # tokens; Kimi needs one per model (it decides when to compact)
 PASTE_FOLD_NEVER = "100000000"
@@ -97,12 +99,7 @@ APPROVAL_RE = re.compile(r"^╭─ (?:approval|question)\b|^│ +(?:→ )?\[\d\]
 
 # Lifecycle hooks ([[hooks]] in ~/.kimi/config.toml; Claude-style payloads on stdin). Kimi asks for
 # approvals on screen only (its Notification hook is for background tasks).
-HOOK_PHASES = {
-    "SessionStart": HookPhase.SESSION_START,
-    "UserPromptSubmit": HookPhase.TURN_START,
-    "Stop": HookPhase.TURN_END,
-    "SessionEnd": HookPhase.SESSION_END,
-}
+HOOK_PHASES = CLAUDE_HOOK_PHASES
 
 
 def _toml(value: object) -> str:
@@ -141,14 +138,12 @@ class KimiCliProvider(Provider):
         API_KEY,
         BASE_URL,
     )
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        home, profile = ctx.terminal_home, ctx.profile
         bypass = ctx.knob(BYPASS)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(
-            HOME=str(home),
+        env = pane_env(
+            ctx,
             KIMI_CLI_NO_AUTO_UPDATE="1",
             KIMI_DISABLE_TELEMETRY="1",
             # A long paste would show as "[Pasted text #1 +40 lines]" in the box and the echo: keep
@@ -156,38 +151,20 @@ class KimiCliProvider(Provider):
             KIMI_CLI_PASTE_CHAR_THRESHOLD=PASTE_FOLD_NEVER,
             KIMI_CLI_PASTE_LINE_THRESHOLD=PASTE_FOLD_NEVER,
         )
-        local = ctx.knob(MODEL_BASE_URL).rstrip("/")
-        model = ctx.knob(MODEL) or (profile and profile.model) or ""
-        if api_key := ctx.knob(API_KEY):  # Moonshot's own API (or a compatible one)
-            base_url, key, kind = ctx.knob(BASE_URL) or MOONSHOT_URL, api_key, "kimi"
-            if not model:
-                raise ProviderError(
-                    "kimi_cli needs a model for CAO_KIMI_API_KEY: set CAO_KIMI_MODEL (e.g. the one your "
-                    "Moonshot account offers) or the agent profile's model, for cao-server"
-                )
-        elif local:
-            base_url, key, kind = f"{local}/v1", FAKE_KEY, "openai_legacy"
-            model = model or "fake-model"
-        else:
-            raise ProviderError(
-                "kimi_cli has no credentials: set CAO_KIMI_API_KEY (with CAO_KIMI_MODEL, and "
-                "CAO_KIMI_BASE_URL for a non-Moonshot endpoint), or CAO_MODEL_BASE_URL for a local "
-                "model server, for cao-server"
-            )
-        servers: dict[str, Any] = {
-            name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()
-        }
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        share = home / ".kimi"
-        config = _config(base_url, key, kind, model)
+        api = vendor_or_local(
+            ctx,
+            API_KEY,
+            BASE_URL,
+            MOONSHOT_URL,
+            MODEL,
+            needs_model="kimi_cli needs a model for CAO_KIMI_API_KEY: set CAO_KIMI_MODEL (e.g. the one your "
+            "Moonshot account offers) or the agent profile's model, for cao-server",
+            no_credentials="kimi_cli has no credentials: set CAO_KIMI_API_KEY (with CAO_KIMI_MODEL, and "
+            "CAO_KIMI_BASE_URL for a non-Moonshot endpoint), or CAO_MODEL_BASE_URL for a local model "
+            "server, for cao-server",
+        )
+        share = ctx.terminal_home / ".kimi"
+        config = _config(api.base_url, api.key, "openai_legacy" if api.local else "kimi", api.model)
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py): [[hooks]] tables
             config += "".join(
                 f"\n[[hooks]]\nevent = {_toml(event)}\n"
@@ -196,20 +173,17 @@ class KimiCliProvider(Provider):
             )
         files = {
             share / "config.toml": config,
-            share / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
+            share / "mcp.json": json.dumps({"mcpServers": mcp_servers(ctx)}, indent=2),
         }
         command = [
             find_venv_cli(ctx, BIN, "kimi-cli", "1.51.0", note="1.52.0 is an installer stub, not the CLI"),
             "--mcp-config-file",
             str(share / "mcp.json"),
         ]
-        if profile and profile.system_prompt:  # added to Kimi's own system prompt, not replacing it
+        if prompt := system_prompt(ctx):  # added to Kimi's own system prompt, not replacing it
             agent = {
                 "version": 1,
-                "agent": {
-                    "extend": "default",
-                    "system_prompt_args": {"ROLE_ADDITIONAL": profile.system_prompt},
-                },
+                "agent": {"extend": "default", "system_prompt_args": {"ROLE_ADDITIONAL": prompt}},
             }
             files[share / "cao-agent.yaml"] = json.dumps(agent, indent=2)  # YAML reads JSON
             command += ["--agent-file", str(share / "cao-agent.yaml")]
@@ -249,9 +223,6 @@ class KimiCliProvider(Provider):
             if line.startswith(BULLET):
                 break
         return Reading(TerminalStatus.COMPLETED)
-
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
-        return HOOK_PHASES.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status

@@ -33,20 +33,25 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import Any, ClassVar
 
 from cao.errors import ProviderError
 from cao.knobs import Knob
 from providers._cli import (
     ANTHROPIC_API_KEY,
+    LOCAL_KEY,
     MODEL_BASE_URL,
     OPENAI_API_KEY,
     REALCLI_CACHE,
+    allowed_tools,
     cli_knobs,
     find_cli,
     head,
     judge_submit,
+    mcp_servers,
+    model_name,
+    pane_env,
+    system_prompt,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
@@ -58,7 +63,6 @@ BIN, MODEL, BYPASS = cli_knobs(
     bypass_shown="true (false when the agent profile has `allowed_tools`)",
     model="the model as `provider/model`, e.g. `anthropic/claude-sonnet-4-5`; overrides the agent profile's",
 )
-FAKE_KEY = "cao-local-model-server-key"
 BOTTOM_RE = re.compile(r"^\s*╹▀{10,}")
 BAR = "┃"
 TURN_RE = re.compile(r"^\s+▣  \S")  # the turn's agent/model line; " · 2.1s" once it closed
@@ -178,6 +182,51 @@ def _answer(rows: list[str]) -> str:
     return "\n".join(blocks[-1]).strip() if blocks else ""
 
 
+def _config(ctx: LaunchContext, base_url: str, bypass: bool, allowed: list[str] | None) -> dict[str, Any]:
+    """``~/.config/opencode/opencode.json``: the model (against a local server, a provider ``cao`` of
+    its own), the permissions and the MCP servers."""
+    config: dict[str, Any] = {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    model = model_name(ctx, MODEL)
+    if base_url:
+        name = model.removeprefix("cao/") or "fake-model"
+        config["provider"] = {
+            "cao": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "cao",
+                "options": {"baseURL": f"{base_url}/v1", "apiKey": LOCAL_KEY},
+                "models": {name: {"name": name, "tool_call": True}},
+            }
+        }
+        model = f"cao/{name}"
+        config["small_model"] = model  # titles: else OpenCode picks a vendor's small model
+    if model:
+        config["model"] = model
+    if bypass:
+        config["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "allow"}
+    else:
+        config["permission"] = {"edit": "ask", "bash": "ask", "webfetch": "ask"}
+        for tool in allowed or ():
+            config["permission"][tool] = "allow"
+    config["mcp"] = {name: _mcp_entry(spec) for name, spec in mcp_servers(ctx).items()}
+    return config
+
+
+def _mcp_entry(spec: dict[str, Any]) -> dict[str, Any]:
+    """An MCP server in OpenCode's shape: ``remote`` with a ``url``, else ``local`` with one argv."""
+    if "url" in spec:
+        return {"type": "remote", "url": spec["url"], "enabled": True}
+    return {
+        "type": "local",
+        "command": [spec["command"], *spec.get("args", [])],
+        "environment": dict(spec.get("env", {})),
+        "enabled": True,
+    }
+
+
 class OpenCodeProvider(Provider):
     name: ClassVar[str] = "opencode"
     description: ClassVar[str] = "OpenCode, `opencode`"
@@ -198,13 +247,10 @@ class OpenCodeProvider(Provider):
     )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        home, profile = ctx.terminal_home, ctx.profile
-        allowed = None if profile is None or profile.allowed_tools is None else list(profile.allowed_tools)
+        allowed = allowed_tools(ctx)
         bypass = ctx.knob(BYPASS, allowed is None)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(
-            HOME=str(home),
+        env = pane_env(
+            ctx,
             OPENCODE_DISABLE_AUTOUPDATE="1",
             OPENCODE_DISABLE_MODELS_FETCH="1",
             OPENCODE_DISABLE_LSP_DOWNLOAD="1",
@@ -223,58 +269,10 @@ class OpenCodeProvider(Provider):
                 "CAO_OPENCODE_MODEL=provider/model), or CAO_MODEL_BASE_URL for a local model server, "
                 "for cao-server"
             )
-        config: dict[str, Any] = {
-            "$schema": "https://opencode.ai/config.json",
-            "autoupdate": False,
-            "share": "disabled",
-        }
-        model = ctx.knob(MODEL) or (profile and profile.model) or ""
-        if base_url:
-            name = model.removeprefix("cao/") or "fake-model"
-            config["provider"] = {
-                "cao": {
-                    "npm": "@ai-sdk/openai-compatible",
-                    "name": "cao",
-                    "options": {"baseURL": f"{base_url}/v1", "apiKey": FAKE_KEY},
-                    "models": {name: {"name": name, "tool_call": True}},
-                }
-            }
-            model = f"cao/{name}"
-            config["small_model"] = model  # titles: else OpenCode picks a vendor's small model
-        if model:
-            config["model"] = model
-        if bypass:
-            config["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "allow"}
-        else:
-            config["permission"] = {"edit": "ask", "bash": "ask", "webfetch": "ask"}
-            for tool in allowed or ():
-                config["permission"][tool] = "allow"
-        servers: dict[str, Any] = {}
-        for name, spec in (profile.mcp_servers if profile else {}).items():
-            if "url" in spec:
-                servers[name] = {"type": "remote", "url": spec["url"], "enabled": True}
-            else:
-                servers[name] = {
-                    "type": "local",
-                    "command": [spec["command"], *spec.get("args", [])],
-                    "environment": dict(spec.get("env", {})),
-                    "enabled": True,
-                }
-        servers["cao"] = {
-            "type": "local",
-            "command": [sys.executable, "-m", "cao.mcp"],
-            "environment": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-            "enabled": True,
-        }
-        config["mcp"] = servers
-        config_dir = home / ".config" / "opencode"
-        files = {config_dir / "opencode.json": json.dumps(config, indent=2)}
-        if profile and profile.system_prompt:  # the global rules file, read at every start
-            files[config_dir / "AGENTS.md"] = profile.system_prompt
+        config_dir = ctx.terminal_home / ".config" / "opencode"
+        files = {config_dir / "opencode.json": json.dumps(_config(ctx, base_url, bypass, allowed), indent=2)}
+        if prompt := system_prompt(ctx):  # the global rules file, read at every start
+            files[config_dir / "AGENTS.md"] = prompt
         command = [find_cli(ctx, BIN, "opencode-ai")]
         return LaunchSpec(command=command, env=env, files=files)
 

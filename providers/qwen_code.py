@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -36,6 +35,8 @@ from cao.errors import ProviderError
 from cao.knobs import Knob
 from cao.states import HookPhase
 from providers._cli import (
+    CLAUDE_HOOK_PHASES,
+    LOCAL_KEY,
     MODEL_BASE_URL,
     OPENAI_API_KEY,
     REALCLI_CACHE,
@@ -43,8 +44,12 @@ from providers._cli import (
     cli_knobs,
     command_hooks,
     find_cli,
+    gemini_settings,
     head,
     judge_submit,
+    model_name,
+    pane_env,
+    system_prompt,
 )
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
@@ -60,7 +65,6 @@ BASE_URL = knobs.text(
     "an OpenAI-compatible endpoint (e.g. DashScope's) for `CAO_OPENAI_API_KEY`, as `OPENAI_BASE_URL`",
     shown="`$CAO_MODEL_BASE_URL/v1`, else OpenAI's",
 )
-FAKE_KEY = "cao-local-model-server-key"
 RULE_RE = re.compile(r"^─{10,}$")
 PROMPT_RE = re.compile(r"^[>*!] {1,3}")
 BUSY_RE = re.compile(r"\((?:\d+[hms] ?)+ · esc to cancel\)|esc to cancel\)")
@@ -114,13 +118,7 @@ def _blocks(lines: list[str]) -> list[str]:
 
 
 # Lifecycle hooks (``hooks`` in ~/.qwen/settings.json: Claude Code's events and payloads).
-HOOK_PHASES = {
-    "SessionStart": HookPhase.SESSION_START,
-    "UserPromptSubmit": HookPhase.TURN_START,
-    "Stop": HookPhase.TURN_END,
-    "PermissionRequest": HookPhase.ASKING,
-    "SessionEnd": HookPhase.SESSION_END,
-}
+HOOK_PHASES = {**CLAUDE_HOOK_PHASES, "PermissionRequest": HookPhase.ASKING}
 HOOK_EVENTS = (*HOOK_PHASES, "Notification")
 
 
@@ -142,16 +140,15 @@ class QwenCodeProvider(Provider):
         OPENAI_API_KEY,
         BASE_URL,
     )
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        home, profile = ctx.terminal_home, ctx.profile
+        home = ctx.terminal_home
         bypass = ctx.knob(BYPASS)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(home), COLORTERM="truecolor")
+        env = pane_env(ctx, COLORTERM="truecolor")
         local = ctx.knob(MODEL_BASE_URL).rstrip("/")
         base_url = ctx.knob(BASE_URL) or (f"{local}/v1" if local else "")
-        key = ctx.knob(OPENAI_API_KEY) or (FAKE_KEY if local else "")
+        key = ctx.knob(OPENAI_API_KEY) or (LOCAL_KEY if local else "")
         if not key:
             raise ProviderError(
                 "qwen_code has no credentials: set CAO_OPENAI_API_KEY (with CAO_QWEN_BASE_URL for a "
@@ -160,34 +157,11 @@ class QwenCodeProvider(Provider):
         env["OPENAI_API_KEY"] = key
         if base_url:
             env["OPENAI_BASE_URL"] = base_url
-        model = ctx.knob(MODEL) or (profile and profile.model) or ("fake-model" if local else "")
+        model = model_name(ctx, MODEL, "fake-model" if local else "")
         if model:
             env["OPENAI_MODEL"] = model
-        servers: dict[str, Any] = {
-            name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()
-        }
-        for spec in servers.values():
-            if "url" in spec:  # Qwen's (Gemini's) name for a streamable-HTTP server's address
-                spec["httpUrl"] = spec.pop("url")
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        settings: dict[str, Any] = {
-            "security": {"auth": {"selectedType": "openai"}, "folderTrust": {"enabled": False}},
-            "privacy": {"usageStatisticsEnabled": False},
-            "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
-            "telemetry": {"enabled": False},
-            "ide": {"enabled": False},
-            "ui": {"hideTips": True},
-            "mcpServers": servers,
-            "$version": 4,  # the current schema: else Qwen migrates (rewrites) the file at start
-        }
+        settings = gemini_settings(ctx, "openai", {"disableAutoUpdate": True, "disableUpdateNag": True})
+        settings["$version"] = 4  # the current schema: else Qwen migrates (rewrites) the file at start
         if model:
             settings["model"] = {"name": model}
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); Claude Code's format
@@ -196,15 +170,15 @@ class QwenCodeProvider(Provider):
         if bypass:
             command.append("--yolo")
         files = {home / ".qwen" / "settings.json": json.dumps(settings, indent=2)}
-        if profile and profile.system_prompt:  # the user-level context file, read at every start
-            files[home / ".qwen" / "QWEN.md"] = profile.system_prompt
+        if prompt := system_prompt(ctx):  # the user-level context file, read at every start
+            files[home / ".qwen" / "QWEN.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         if event == "Notification":
             kind = payload.get("notification_type")
             return {"permission_prompt": HookPhase.ASKING, "idle_prompt": HookPhase.TURN_END}.get(str(kind))
-        return HOOK_PHASES.get(event)
+        return super().hook_phase(event, payload)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         lines = _lines(screen)

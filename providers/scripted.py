@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from cao import knobs
 from cao.knobs import Knob
 from cao.states import HookPhase
+from providers._cli import CLAUDE_HOOK_PHASES
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
@@ -69,6 +70,7 @@ class ScriptedProvider(Provider):
     exit_command: ClassVar[str] = "/exit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^❯")
     knobs: ClassVar[tuple[Knob[Any], ...]] = (RULES, RECORD)
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = {**CLAUDE_HOOK_PHASES, "Notification": HookPhase.ASKING}
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         env = dict(ctx.base_env)
@@ -81,15 +83,6 @@ class ScriptedProvider(Provider):
             env["CAO_SCRIPTED_HOOK"] = json.dumps(ctx.hook_command("claude"))
         command = [sys.executable, "-I", "-S", str(AGENT_PATH), "--terminal-id", ctx.terminal_id]
         return LaunchSpec(command=command, env=env)
-
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
-        return {
-            "UserPromptSubmit": HookPhase.TURN_START,
-            "Stop": HookPhase.TURN_END,
-            "Notification": HookPhase.ASKING,
-            "SessionStart": HookPhase.SESSION_START,
-            "SessionEnd": HookPhase.SESSION_END,
-        }.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status
