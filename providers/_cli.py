@@ -7,7 +7,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -15,9 +15,8 @@ from cao import knobs
 from cao.errors import ProviderError
 from cao.knobs import Knob
 from cao.states import HookPhase
-from providers.base import LaunchContext, Provider, TerminalStatus
+from providers.base import LaunchContext
 
-BUSY = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
 LOCAL_KEY = "cao-local-model-server-key"  # the API key a CLI gets for the local model server
 
 # Knobs more than one provider reads.
@@ -264,68 +263,3 @@ def npm_version(binary: str, package: str) -> tuple[int, ...] | None:
                 tuple(int(part) for part in found.groups()) if found and data.get("name") == package else None
             )
     return None
-
-
-# What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini,
-# Kimi; Hermes has its own check), always after the CLI's own lead-in, on the same line or the one
-# above (so a resume command typed into an input box drawn near the bottom is no exit).
-RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r) \S")
-RESUME_LEAD_RE = re.compile(
-    r"Resume this session with:|To continue this session, run|To resume this session:"
-)
-
-
-def exited(lines: list[str]) -> bool:
-    """The CLI has quit: tmux's own last line for a dead pane (windows with ``remain-on-exit``), or
-    the CLI's parting "resume this session" hint at the very bottom (the box is gone or above it)."""
-    for i in range(max(0, len(lines) - 3), len(lines)):
-        line = lines[i]
-        if line.startswith("Pane is dead ("):
-            return True
-        hint = RESUME_RE.search(line)
-        if hint is None:
-            continue
-        if RESUME_LEAD_RE.search(line[: hint.start()]) or (i and RESUME_LEAD_RE.search(lines[i - 1])):
-            return True
-    return False
-
-
-def judge_submit(
-    provider: Provider, before: str, after: str, marks: Callable[[str], tuple[str | None, int]]
-) -> bool | None:
-    """Firm evidence only (a spinner tick proves nothing): True on a new echoed turn, one more queued
-    input, or idle → busy; False while the text still sits in the input box (delivery presses Enter
-    again); None otherwise. ``marks(screen)`` gives (last echoed turn, queued inputs)."""
-    box = provider.input_text(after)
-    if box and box.strip():
-        return False
-    (echo, queued), (echo_now, queued_now) = marks(before), marks(after)
-    if queued_now > queued or echo_now not in (None, echo):
-        return True
-    went_busy = provider.detect_status(before) not in BUSY and provider.detect_status(after) in BUSY
-    return True if went_busy else None
-
-
-def head(screen: str, end: int) -> str:
-    """The first ``end`` lines of ``screen``, as captured (the providers' line lists keep its indices)."""
-    return "\n".join(screen.split("\n")[:end])
-
-
-def bullet_blocks(
-    lines: list[str], marks: tuple[str, ...], *, stop: re.Pattern[str] | None = None
-) -> list[str]:
-    """The blocks that start with one of ``marks`` (e.g. ``"● "``) and go on with indented or blank
-    lines, each without its mark or indent; reading ends at the first line matching ``stop``."""
-    blocks: list[list[str]] = []
-    current: list[str] | None = None
-    for line in lines:
-        if stop is not None and stop.match(line):
-            break
-        if line.startswith(marks):
-            current = [line[2:]]
-            blocks.append(current)
-        elif current is not None and (line.startswith("  ") or not line.strip()):
-            current.append(line[2:])
-        else:
-            current = None
-    return ["\n".join(block).strip() for block in blocks]

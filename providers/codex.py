@@ -37,20 +37,17 @@ from providers._cli import (
     MODEL_BASE_URL,
     OPENAI_API_KEY,
     REALCLI_CACHE,
-    bullet_blocks,
     cli_knobs,
     command_hooks,
-    exited,
     find_cli,
-    head,
-    judge_submit,
     mcp_servers,
     model_name,
     npm_version,
     pane_env,
     system_prompt,
 )
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, bullet_blocks, literal
 
 BIN, MODEL, BYPASS = cli_knobs(
     "CODEX",
@@ -60,7 +57,8 @@ BIN, MODEL, BYPASS = cli_knobs(
     "`workspace-write` sandbox",
     model_shown="the profile's `model`, else the CLI's default (`fake-model` against `CAO_MODEL_BASE_URL`)",
 )
-PROMPT = "› "
+PROMPT = "› "  # the box's prompt, and an echoed user turn's
+ECHO_RE = re.compile(PROMPT)
 PLACEHOLDERS = ("Ask Codex to do anything", "Ask a follow-up question")
 # Releases before 0.171 show one of these example prompts in the empty box instead.
 EXAMPLES = (
@@ -108,21 +106,6 @@ FAILED = "■ "
 INTERRUPTED = "■ Conversation interrupted"
 
 
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _box(lines: list[str]) -> int | None:
-    """Index of the input box: the last line starting "› " (checked after the approval menus)."""
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith(PROMPT) or lines[i] == PROMPT.strip():
-            return i
-    return None
-
-
 def _waiting(lines: list[str]) -> bool:
     """An approval prompt near the bottom, or a start-up dialog (its key hint is the last line)."""
     if lines and DIALOG_HINT_RE.match(lines[-1]):
@@ -130,45 +113,16 @@ def _waiting(lines: list[str]) -> bool:
     return any(WAITING_RE.search(line) for line in lines[-15:])
 
 
-def _turn_start(transcript: list[str]) -> int | None:
-    """Index just after the last echoed user turn (and its indented continuation lines)."""
-    for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(PROMPT):
-            j = i + 1
-            while j < len(transcript) and transcript[j].startswith("  "):
-                j += 1
-            return j
-    return None
-
-
-def _last_echo(screen: str) -> str | None:
-    """The last echoed user turn's first line (Codex has no queue: input only goes in when idle)."""
-    lines = _lines(screen)
-    box = _box(lines)
-    transcript = lines[:box] if box is not None and not _waiting(lines) else lines
-    echoes = [line for line in transcript if line.startswith(PROMPT)]
-    return echoes[-1] if echoes else None
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    """The ``• …`` and ``■ …`` blocks in ``lines``, without bullet or indent, up to the line that
-    closes the turn (the busy line ``• Working (…)`` is no block)."""
-    blocks = bullet_blocks(
-        [line for line in lines if not WORKED_RE.match(line)], ("• ", FAILED), stop=CLOSED_RE
-    )
-    return [block for block in blocks if not WORKING_RE.search(block.split("\n")[0])]
-
-
-def _streams_before_closing(lines: list[str], box: int) -> bool:
+def _streams_before_closing(lines: list[str], box: Box) -> bool:
     """0.171 streams the answer with nothing busy on screen and closes the turn with "Worked for"
     ~0.1 s later; older releases show the answer only when the turn is over and may print no
     "Worked for" at all. True unless the screen shows an older release (its banner, an example
     prompt in the empty box, its footer)."""
     for found in BANNER_RE.finditer("\n".join(lines)):
         return (int(found[1]), int(found[2])) >= (0, 171)
-    if lines[box][len(PROMPT) :].strip() in EXAMPLES:
+    if lines[box.first][len(PROMPT) :].strip() in EXAMPLES:
         return False
-    return not any(OLD_FOOTER_RE.match(line) for line in lines[box + 1 :])
+    return not any(OLD_FOOTER_RE.match(line) for line in lines[box.top + 1 :])
 
 
 def _toml(value: str) -> str:
@@ -234,7 +188,7 @@ show_tooltips = false
 """
 
 
-class CodexProvider(Provider):
+class CodexProvider(BoxedTUI):
     name: ClassVar[str] = "codex"
     description: ClassVar[str] = "OpenAI Codex CLI, `codex` (input only when idle)"
     accepts_input_while_processing: ClassVar[bool] = False  # a paste mid-turn cancels the turn
@@ -252,6 +206,15 @@ class CodexProvider(Provider):
         OPENAI_API_KEY,
     )
     hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
+    placeholder: ClassVar[re.Pattern[str] | None] = literal(*PLACEHOLDERS, *EXAMPLES)
+    echo: ClassVar[re.Pattern[str]] = ECHO_RE  # Codex has no queue: input only goes in when idle
+    asking_reason: ClassVar[str] = "an approval prompt or a start-up dialog"
+    starting_reason: ClassVar[str] = "starting: nothing drawn yet"
+    no_box: ClassVar[str] = (
+        "no input box (a line starting ›), approval prompt or dialog on screen: still starting, or a "
+        "screen of a Codex release this provider does not know"
+    )
+    resume_hint: ClassVar[bool] = True
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         codex_home = ctx.terminal_home / ".codex"
@@ -287,29 +250,34 @@ class CodexProvider(Provider):
             files[codex_home / "AGENTS.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        return self.detect(screen).status
-
-    def detect(self, screen: str) -> Reading:
-        lines = _lines(screen)
-        if exited(lines):
-            return Reading(
-                TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)", final=True
-            )
+    def find_box(self, lines: list[str]) -> Box | None:
+        """The last line starting "› " and the indented rows under it, unless an approval or a
+        start-up dialog shows (their options start "› 1." as well)."""
         if _waiting(lines):
-            return Reading(TerminalStatus.WAITING_USER_ANSWER, "an approval prompt or a start-up dialog")
-        box = _box(lines)
-        if box is None:
-            if not lines:
-                return Reading(TerminalStatus.PROCESSING, "starting: nothing drawn yet")
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "no input box (a line starting ›), approval prompt or dialog on screen: still starting, "
-                "or a screen of a Codex release this provider does not know",
-            )
-        transcript = lines[:box]
-        start = _turn_start(transcript)
-        turn = transcript[start or 0 :]
+            return None
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith(PROMPT) or lines[i] == PROMPT.strip():
+                end = i + 1
+                while end < len(lines) and lines[end].startswith("  ") and lines[end].strip():
+                    end += 1
+                return Box(i, i, end)
+        return None
+
+    def asks(self, lines: list[str]) -> bool:
+        return _waiting(lines)
+
+    def blocks(self, lines: list[str]) -> list[str]:
+        """The ``• …`` and ``■ …`` blocks, up to the line that closes the turn (the busy line
+        ``• Working (…)`` is no block)."""
+        blocks = bullet_blocks(
+            [line for line in lines if not WORKED_RE.match(line)], ("• ", FAILED), stop=CLOSED_RE
+        )
+        return [block for block in blocks if not WORKING_RE.search(block.split("\n")[0])]
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        transcript = lines[: box.top]
+        last = self.turn(transcript)
+        turn = transcript if last is None else last
         if any(WORKING_RE.search(line) for line in turn):
             return Reading(TerminalStatus.PROCESSING, "• Working (… esc to interrupt)")
         # The last thing that closes or opens a turn decides: an echo opens one, "Worked for" or ■
@@ -320,40 +288,10 @@ class CodexProvider(Provider):
             if line.startswith(FAILED):
                 return Reading(TerminalStatus.ERROR, "■ closed the last turn")
         answered = any(line.startswith("• ") for line in turn)
-        if start is None and not answered:
+        if last is None and not answered:
             return Reading(TerminalStatus.IDLE, "the input box, no turn on screen")
         if answered and not _streams_before_closing(lines, box):
             return Reading(TerminalStatus.COMPLETED, "an answer and no Working line (a release before 0.171)")
         if answered:
             return Reading(TerminalStatus.PROCESSING, "an answer streaming: no Worked for yet")
         return Reading(TerminalStatus.PROCESSING, "a user turn not answered yet")
-
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        transcript = lines[:box] if box is not None and not _waiting(lines) else lines
-        blocks = _blocks(transcript[_turn_start(transcript) or 0 :])
-        return blocks[-1] if blocks else ""
-
-    def transcript(self, screen: str) -> str:
-        """Everything above the input box (the last ``› `` line); the whole screen under a prompt."""
-        lines = _lines(screen)
-        box = _box(lines)
-        return screen if box is None or _waiting(lines) or exited(lines) else head(screen, box)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        """See ``judge_submit``; Codex has no queue (input only when idle)."""
-        return judge_submit(self, before, after, lambda screen: (_last_echo(screen), 0))
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or _waiting(lines) or exited(lines):
-            return None
-        rows = [lines[box][len(PROMPT) :]]
-        for line in lines[box + 1 :]:
-            if not line.startswith("  ") or not line.strip():
-                break
-            rows.append(line[2:])
-        text = "\n".join(rows).strip()
-        return "" if text in PLACEHOLDERS or text in EXAMPLES else text

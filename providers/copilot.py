@@ -43,17 +43,15 @@ from providers._cli import (
     OPENAI_API_KEY,
     REALCLI_CACHE,
     allowed_tools,
-    bullet_blocks,
     cli_knobs,
     find_cli,
-    head,
-    judge_submit,
     mcp_servers,
     model_name,
     pane_env,
     system_prompt,
 )
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks
 
 BIN, MODEL, BYPASS = cli_knobs(
     "COPILOT",
@@ -72,55 +70,13 @@ PROVIDER_BASE_URL = knobs.text(
     shown="`$CAO_MODEL_BASE_URL/v1`",
 )
 RULE_RE = re.compile(r"^─{10,}$")
-BOX = "❯"
+BOX_RE = re.compile(r"❯")
 ECHO_RE = re.compile(r"^ ❯ (?!\d+\. )")
 BUSY_RE = re.compile(r"^\s*\S\s+(?:Working|Thinking)\b|\besc to (?:cancel|interrupt)\b", re.I)
-MENU_RE = re.compile(r"^[│ ]*❯ \d+\. ")
-HINT_RE = re.compile(r"\benter to (?:select|confirm)\b", re.I)
-TIME_RE = re.compile(r"\s{2,}\d\d:\d\d$")
+ASKING_RE = re.compile(r"^[│ ]*❯ \d+\. |\benter to (?:select|confirm)\b", re.I)  # a menu, its key hint
 
 
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box: between the last two full-width rules, opening with ❯."""
-    rules = [i for i, line in enumerate(lines) if RULE_RE.match(line)]
-    if len(rules) >= 2 and rules[-1] - rules[-2] > 1 and lines[rules[-2] + 1].startswith(BOX):
-        return rules[-2] + 1, rules[-1]
-    return None
-
-
-def _transcript(lines: list[str], box: tuple[int, int] | None) -> list[str]:
-    return lines[: box[0] - 1] if box else lines
-
-
-def _turn(transcript: list[str]) -> list[str] | None:
-    for i in range(len(transcript) - 1, -1, -1):
-        if ECHO_RE.match(transcript[i]):
-            j = i + 1
-            while j < len(transcript) and transcript[j].startswith("   "):
-                j += 1
-            return transcript[j:]
-    return None
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    lines = _lines(screen)
-    echoes = [line for line in _transcript(lines, _box(lines)) if ECHO_RE.match(line)]
-    return (echoes[-1] if echoes else None), 0
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    """The ``● …`` answers and ``✗ …`` failures in ``lines``, without marker or indent."""
-    return bullet_blocks([line[1:] for line in lines], ("● ", "✗ "))
-
-
-class CopilotProvider(Provider):
+class CopilotProvider(BoxedTUI):
     name: ClassVar[str] = "copilot"
     description: ClassVar[str] = "GitHub Copilot CLI, `copilot`"
     accepts_input_while_processing: ClassVar[bool] = False
@@ -129,6 +85,10 @@ class CopilotProvider(Provider):
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/exit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*Working)")
+    prompt_width: ClassVar[int] = 1
+    echo: ClassVar[re.Pattern[str]] = ECHO_RE
+    continuation: ClassVar[str] = "   "
+    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE
     knobs: ClassVar[tuple[Knob[Any], ...]] = (
         BIN,
         MODEL,
@@ -188,39 +148,24 @@ class CopilotProvider(Provider):
             command.append("--allow-all")
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
-            if any(MENU_RE.match(line) or HINT_RE.search(line) for line in lines):
-                return TerminalStatus.WAITING_USER_ANSWER
-            return TerminalStatus.PROCESSING  # starting up
-        if any(BUSY_RE.search(line) for line in lines[box[1] + 1 :]):
-            return TerminalStatus.PROCESSING
-        turn = _turn(_transcript(lines, box))
-        if turn is None:
-            return TerminalStatus.IDLE
-        marks = [line[1] for line in turn if line.startswith((" ● ", " ✗ "))]
-        return TerminalStatus.ERROR if marks and marks[-1] == "✗" else TerminalStatus.COMPLETED
+    def find_box(self, lines: list[str]) -> Box | None:
+        return box_between_rules(lines, RULE_RE, BOX_RE)
 
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        turn = _turn(_transcript(lines, _box(lines)))
-        blocks = _blocks(turn if turn is not None else [])
+    def blocks(self, lines: list[str]) -> list[str]:
+        """The ``● …`` answers and ``✗ …`` failures in ``lines``, without marker or indent."""
+        return bullet_blocks([line[1:] for line in lines], ("● ", "✗ "))
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        """Only what follows the last user turn: info lines (``● Tip``) use the answer bullet too."""
+        turn = self.turn(lines[: box.top] if box else lines)
+        blocks = self.blocks(turn if turn is not None else [])
         return blocks[-1] if blocks else ""
 
-    def transcript(self, screen: str) -> str:
-        box = _box(_lines(screen))
-        return screen if box is None else head(screen, box[0] - 1)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None:
-            return None
-        first, end = box
-        rows = [lines[first][len(BOX) :], *(line[2:] for line in lines[first + 1 : end])]
-        return "\n".join(row.rstrip() for row in rows).strip()
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        if any(BUSY_RE.search(line) for line in lines[box.end + 1 :]):
+            return Reading(TerminalStatus.PROCESSING)
+        turn = self.turn(lines[: box.top])
+        if turn is None:
+            return Reading(TerminalStatus.IDLE)
+        marks = [line[1] for line in turn if line.startswith((" ● ", " ✗ "))]
+        return Reading(TerminalStatus.ERROR if marks and marks[-1] == "✗" else TerminalStatus.COMPLETED)

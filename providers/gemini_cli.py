@@ -40,20 +40,17 @@ from providers._cli import (
     LOCAL_KEY,
     MODEL_BASE_URL,
     REALCLI_CACHE,
-    bullet_blocks,
     cli_knobs,
     command_hooks,
-    exited,
     find_cli,
     gemini_settings,
-    head,
-    judge_submit,
     model_name,
     npm_version,
     pane_env,
     system_prompt,
 )
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, bullet_blocks, literal
 
 BIN, MODEL, BYPASS = cli_knobs("GEMINI", "gemini", cli="Gemini CLI", bypass="`--yolo`")
 API_KEY = knobs.text("CAO_GEMINI_API_KEY", "a Gemini API key, passed as `GEMINI_API_KEY`")
@@ -70,22 +67,13 @@ BOTTOM_RE = re.compile(r"^▀{10,}$")
 RULE_RE = re.compile(r"^─{10,}$")
 BUSY_RE = re.compile(r"\(esc to cancel, \d+[ms]")
 PROMPT_RE = re.compile(r"^ [>*!] ")  # " > " (" * " under --yolo, " ! " in shell mode)
-MENU_RE = re.compile(r"^[│ ]*● \d+\. ")
-# A framed dialog without a menu (the API-key entry box) or with one: its key hint.
-DIALOG_HINT_RE = re.compile(r"^[│ ]*\((?:Press|Use) Enter to (?:submit|select)\b")
+# A menu's cursor line, or a framed dialog's key hint (with a menu, or without: the API-key entry box).
+ASKING_RE = re.compile(r"^[│ ]*● \d+\. |^[│ ]*\((?:Press|Use) Enter to (?:submit|select)\b")
 FRAME_TOP_RE = re.compile(r"^╭─{10,}╮$")  # before 0.30: the box is a rounded frame
 FRAME_BOTTOM_RE = re.compile(r"^╰─{10,}╯$")
 FRAMED_PROMPT_RE = re.compile(r"^│ [>*!] ")
 ECHO_LINE_RE = re.compile(r"^> \S")  # before 0.30: an echoed user turn is a plain "> text" line
-PLACEHOLDERS = ("Type your message or @path/to/file",)
 QUEUED = "Queued (press ↑ to edit):"  # then one line per input typed while busy, indented 4
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
 
 
 def _bands(lines: list[str]) -> list[tuple[int, int]]:
@@ -114,18 +102,22 @@ def _framed_box(lines: list[str]) -> tuple[int, int] | None:
     return None
 
 
-def _box(lines: list[str]) -> tuple[int, int] | None:
+def _box(lines: list[str]) -> Box | None:
     """The input box: the last band, right under the composer's rule (and its mode line); before
-    0.30 a rounded frame.
+    0.30 a rounded frame. Its top is that rule (the ▄ or ╭ row without one).
 
     Typed text reads " > text" exactly like an echoed turn, so only the position tells them apart.
     """
     bands = _bands(lines)
-    if bands:
-        first, end = bands[-1]
-        if any(RULE_RE.match(line) for line in lines[max(0, first - 4) : first - 1]):
-            return first, end
-    return _framed_box(lines)
+    found = bands[-1] if bands else None
+    if found is None or not any(RULE_RE.match(line) for line in lines[max(0, found[0] - 4) : found[0] - 1]):
+        found = _framed_box(lines)
+    if found is None:
+        return None
+    first, end = found
+    edge = first - 1  # the ▄ row (╭ before 0.30)
+    rules = [i for i in range(max(0, edge - 3), edge) if RULE_RE.match(lines[i])]
+    return Box(rules[-1] if rules else edge, first, end)
 
 
 def _row(line: str) -> str:
@@ -133,11 +125,12 @@ def _row(line: str) -> str:
     return line[1:].rstrip().removesuffix("│").rstrip() if line.startswith("│") else line
 
 
-def _echoes(lines: list[str], box: tuple[int, int] | None) -> list[tuple[int, int]]:
+def _echoes(lines: list[str], box: Box | None) -> list[tuple[int, int]]:
     """``(first, last)`` rows of each echoed user turn above the box: its band (first row to the
     ▀ row), or before 0.30 a ``> text`` line and its indented continuation."""
-    top = box[0] - 1 if box else len(lines)
-    bands = [band for band in _bands(lines) if band != box and band[1] < top]
+    top = box.first - 1 if box else len(lines)
+    rows = (box.first, box.end) if box else None
+    bands = [band for band in _bands(lines) if band != rows and band[1] < top]
     if bands:
         return bands
     echoes = []
@@ -150,10 +143,10 @@ def _echoes(lines: list[str], box: tuple[int, int] | None) -> list[tuple[int, in
     return echoes
 
 
-def _turn(lines: list[str], box: tuple[int, int] | None) -> list[str] | None:
+def _turn(lines: list[str], box: Box | None) -> list[str] | None:
     """Lines between the last echoed user turn and the composer (spinner line, rule, status line,
     box); None if no turn shows."""
-    end = box[0] - 1 if box else len(lines)
+    end = box.first - 1 if box else len(lines)
     rules = [i for i in range(end) if RULE_RE.match(lines[i])]
     if box and rules:
         end = rules[-1] - 1  # the spinner / "? for shortcuts" line sits right above the rule
@@ -163,24 +156,7 @@ def _turn(lines: list[str], box: tuple[int, int] | None) -> list[str] | None:
     return lines[echoes[-1][1] + 1 : end]
 
 
-def _marks(screen: str) -> tuple[str | None, int]:
-    """What a submit adds: (the last echoed user turn's first line, how many inputs are queued)."""
-    lines = _lines(screen)
-    box = _box(lines)
-    echoes = _echoes(lines, box)
-    queued = 0
-    for i, line in enumerate(lines):
-        if line.strip() == QUEUED:
-            queued = len(list(takewhile(lambda row: row.startswith("    "), lines[i + 1 :])))
-    return (lines[echoes[-1][0]] if echoes else None), queued
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    """The ``✦ …`` answers and ``✕ …`` errors in ``lines``, without marker or indent."""
-    return bullet_blocks(lines, ("✦ ", "✕ "))
-
-
-class GeminiCliProvider(Provider):
+class GeminiCliProvider(BoxedTUI):
     name: ClassVar[str] = "gemini_cli"
     description: ClassVar[str] = "Gemini CLI (Google), `gemini`"
     accepts_input_while_processing: ClassVar[bool] = True
@@ -191,6 +167,15 @@ class GeminiCliProvider(Provider):
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
     knobs: ClassVar[tuple[Knob[Any], ...]] = (BIN, MODEL, BYPASS, MODEL_BASE_URL, REALCLI_CACHE, API_KEY)
     hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
+    placeholder: ClassVar[re.Pattern[str] | None] = literal("Type your message or @path/to/file")
+    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE  # a permission prompt, a question or a dialog
+    asking_reason: ClassVar[str] = "a menu or a dialog's key hint"
+    starting_reason: ClassVar[str] = "starting: nothing drawn yet"
+    no_box: ClassVar[str] = (
+        "no input box (a ▄/▀ band under a ──── rule, or a ╭╰ frame), menu or dialog on screen: still "
+        "starting, or a screen of a Gemini CLI release this provider does not know"
+    )
+    resume_hint: ClassVar[bool] = True
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home
@@ -227,30 +212,36 @@ class GeminiCliProvider(Provider):
             files[home / ".gemini" / "GEMINI.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        return self.detect(screen).status
+    def find_box(self, lines: list[str]) -> Box | None:
+        return _box(lines)
 
-    def detect(self, screen: str) -> Reading:
-        lines = _lines(screen)
-        if exited(lines):
-            return Reading(
-                TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)", final=True
-            )
-        box = _box(lines)
-        if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
-            if any(MENU_RE.match(line) or DIALOG_HINT_RE.match(line) for line in lines):
-                return Reading(TerminalStatus.WAITING_USER_ANSWER, "a menu or a dialog's key hint")
-            if not lines:
-                return Reading(TerminalStatus.PROCESSING, "starting: nothing drawn yet")
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "no input box (a ▄/▀ band under a ──── rule, or a ╭╰ frame), menu or dialog on screen: "
-                "still starting, or a screen of a Gemini CLI release this provider does not know",
-            )
-        if any(BUSY_RE.search(line) for line in lines[: box[0]]):
+    def box_text(self, lines: list[str], box: Box) -> str:
+        rest = (_row(line)[3:] for line in lines[box.first + 1 : box.end])
+        return "\n".join([PROMPT_RE.sub("", _row(lines[box.first])), *rest]).strip()
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        """The last ``✦ …`` answer (or ``✕ …`` error) of the last turn, without its marker."""
+        turn = _turn(lines, box)
+        blocks = bullet_blocks(turn if turn is not None else lines, ("✦ ", "✕ "))
+        return blocks[-1] if blocks else ""
+
+    def marks(self, screen: str) -> tuple[str | None, int]:
+        """The last echoed turn's first line, and the inputs listed under ``Queued``."""
+        lines = self.lines(screen)
+        echoes = _echoes(lines, _box(lines))
+        queued = 0
+        for i, line in enumerate(lines):
+            if line.strip() == QUEUED:
+                queued = len(list(takewhile(lambda row: row.startswith("    "), lines[i + 1 :])))
+        return (lines[echoes[-1][0]] if echoes else None), queued
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        if any(BUSY_RE.search(line) for line in lines[: box.first]):
             return Reading(TerminalStatus.PROCESSING, "a spinner line (esc to cancel, Ns)")
         turn = _turn(lines, box)
-        marks = [line[0] for line in (lines[: box[0]] if turn is None else turn) if line[:2] in ("✦ ", "✕ ")]
+        marks = [
+            line[0] for line in (lines[: box.first] if turn is None else turn) if line[:2] in ("✦ ", "✕ ")
+        ]
         if not marks:  # nothing answered yet (a long echo may have scrolled the start away)
             if turn is None:
                 return Reading(TerminalStatus.IDLE, "the input box, no turn on screen")
@@ -258,35 +249,3 @@ class GeminiCliProvider(Provider):
         if marks[-1] == "✕":
             return Reading(TerminalStatus.ERROR, "the last turn ends in ✕ (an error)")
         return Reading(TerminalStatus.COMPLETED, "the input box after an answered turn")
-
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        turn = _turn(lines, box)
-        blocks = _blocks(turn if turn is not None else lines)
-        return blocks[-1] if blocks else ""
-
-    def transcript(self, screen: str) -> str:
-        """Everything above the composer (the rule over the mode line and the box); the whole
-        screen while a prompt or dialog shows."""
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or exited(lines):
-            return screen
-        top = box[0] - 1  # the ▄ row (╭ before 0.30)
-        rules = [i for i in range(max(0, top - 3), top) if RULE_RE.match(lines[i])]
-        return head(screen, rules[-1] if rules else top)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        """See ``judge_submit`` (text left in the box: Gemini kept the Enter as a newline)."""
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or exited(lines):
-            return None
-        first, end = box
-        rows = [PROMPT_RE.sub("", _row(lines[first])), *(_row(line)[3:] for line in lines[first + 1 : end])]
-        text = "\n".join(rows).strip()
-        return "" if text in PLACEHOLDERS else text

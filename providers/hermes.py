@@ -52,14 +52,13 @@ from providers._cli import (
     REALCLI_CACHE,
     cli_knobs,
     find_venv_cli,
-    head,
-    judge_submit,
     mcp_servers,
     pane_env,
     system_prompt,
     vendor_or_local,
 )
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI
 
 BIN, MODEL, BYPASS = cli_knobs(
     "HERMES",
@@ -102,6 +101,7 @@ ERROR_RE = re.compile(r"^❌ ")
 RESUME_RE = re.compile(r"^ {2}hermes --resume \S")
 # A question Hermes asks on the plain terminal before its box exists: "Allow this hook to run?
 # [y/N]: " (a shell hook not accepted beforehand), "Run setup now? [Y/n]" (no provider configured).
+EXITED = "Hermes has exited (its resume hint or a dead pane shows)"
 YES_NO_RE = re.compile(r"\? \[[yY]/[nN]\]:? ?$")
 
 
@@ -143,7 +143,7 @@ def _config(
     }
 
 
-class HermesProvider(Provider):
+class HermesProvider(BoxedTUI):
     name: ClassVar[str] = "hermes"
     description: ClassVar[str] = "Hermes (Nous Research), `hermes`"
     accepts_input_while_processing: ClassVar[bool] = False
@@ -161,6 +161,11 @@ class HermesProvider(Provider):
         BASE_URL,
     )
     hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
+    no_box: ClassVar[str] = (
+        "no input box (two full-width '────' rules under the status bar, the lower one last) on "
+        "screen: the status bar hidden (Hermes's /statusbar shows it again), a pane under 64 "
+        "columns, or a screen of a Hermes release this provider does not know"
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         bypass = ctx.knob(BYPASS)
@@ -190,67 +195,74 @@ class HermesProvider(Provider):
         command = [binary, *(["--yolo"] if bypass else [])]
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect(self, screen: str) -> Reading:
-        lines = _lines(screen)
-        if _exited(lines):
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "Hermes has exited (its resume hint or a dead pane shows)",
-                final=True,
-            )
-        box = _box(lines)
-        if box is None:
-            if lines and YES_NO_RE.search(lines[-1]):
-                return Reading(TerminalStatus.WAITING_USER_ANSWER)
-            if not lines or not any(RULE_RE.match(line) for line in lines):
-                return Reading(TerminalStatus.PROCESSING)  # starting up: the banner, no box yet
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "no input box (two full-width '────' rules under the status bar, the lower one "
-                "last) on screen: the status bar hidden (Hermes's /statusbar shows it again), a pane "
-                "under 64 columns, or a screen of a Hermes release this provider does not know",
-            )
-        top, bottom = box
-        spinning = any(SPINNER_RE.match(line) for line in lines[max(0, top - 5) : top])
-        if top + 1 == bottom or not PROMPT_RE.match(lines[top + 1]):
-            if spinning:
-                return Reading(TerminalStatus.PROCESSING)
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "the input box holds more rows than it shows: its prompt row, which carries the "
-                "state icon, has scrolled out of view",
-            )
-        icon = _icon(lines[top + 1])
-        if icon in ASKING:
-            return Reading(TerminalStatus.WAITING_USER_ANSWER)
-        if icon == RUNNING or spinning:
-            return Reading(TerminalStatus.PROCESSING)
-        if icon is not None:
-            return Reading(
-                TerminalStatus.UNKNOWN, f"the input line shows {icon!r} before its '❯', a state not known"
-            )
-        turn = _turn(lines[:top])
-        if turn is None:
-            return Reading(TerminalStatus.IDLE)
-        for line in reversed(turn):  # an error after the last streamed answer
-            if line.startswith("╭─ ⚕ Hermes "):
-                break
-            if ERROR_RE.match(line):
-                return Reading(TerminalStatus.ERROR)
-        return Reading(TerminalStatus.COMPLETED)
-
-    def detect_status(self, screen: str) -> TerminalStatus:
-        return self.detect(screen).status
-
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         if event == "on_session_finalize" and payload.get("reason") != "shutdown":
             return HookPhase.SESSION_START  # /new or /clear: a fresh session, waiting for input
         return super().hook_phase(event, payload)
 
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        turn = _turn(lines[: box[0]] if box else lines)
+    def find_box(self, lines: list[str]) -> Box | None:
+        """Between the input box's two full-width rules, found from the bottom of the screen (the
+        last line is the lower rule; the status bar sits over the top rule, at most ``BOX_ROWS``
+        rows higher), never by a prompt row: text in the box may quote a Hermes screen, rules and
+        ``❯`` included, and a long text scrolls the real prompt row out of view."""
+        bottom = len(lines) - 1
+        if bottom < 2 or not RULE_RE.match(lines[bottom]):
+            return None
+        for i in range(max(0, bottom - BOX_ROWS - 2), bottom - 1):  # the topmost: quotes are lower
+            if STATUS_RE.match(lines[i]) and lines[i + 1] == lines[bottom]:  # both rules pane-wide
+                return Box(i + 1, i + 2, bottom)
+        return None
+
+    def quit_reason(self, lines: list[str]) -> str | None:
+        """A dead pane, or Hermes's parting "Resume this session with: hermes --resume <id>" with its
+        session summary (Session:, Title:, Duration:, Messages:) under it and no box after it. (Not
+        the shared resume-hint search of the last lines: those are Hermes's input box, where a
+        person may type such a command.)"""
+        if any(line.startswith("Pane is dead (") for line in lines[-3:]):
+            return EXITED
+        hints = [i for i, line in enumerate(lines) if RESUME_RE.match(line)]
+        if hints and not any(RULE_RE.match(line) for line in lines[hints[-1] :]):
+            return EXITED
+        return None
+
+    def input_box(self, lines: list[str]) -> Box | None:
+        """Not under an approval or a question (they have the keys: no typing there), and not a box
+        scrolled to blank rows (its prompt row out of view)."""
+        box = super().input_box(lines)
+        rows = lines[box.first : box.end] if box else []
+        if rows and PROMPT_RE.match(rows[0]):
+            return box if _icon(rows[0]) in (None, RUNNING) else None
+        return box if "\n".join(rows).strip() else None
+
+    def box_text(self, lines: list[str], box: Box) -> str:
+        rows = lines[box.first : box.end]
+        if not rows or not PROMPT_RE.match(rows[0]):  # scrolled: more text above the rows shown
+            return "\n".join(rows).strip()
+        icon = _icon(rows[0])
+        rows[0] = PROMPT_RE.sub("", rows[0], count=1)
+        if icon == RUNNING and rows[0].startswith(PLACEHOLDER):  # drawn while a turn runs
+            return ""
+        return "\n".join(rows).strip()
+
+    def is_echo(self, transcript: list[str], i: int) -> bool:
+        return transcript[i].startswith(ECHO) and i > 0 and transcript[i - 1] == ECHO_RULE
+
+    def turn(self, transcript: list[str]) -> list[str] | None:
+        """Rows after the last echoed user turn (and its closing frame); with the echo scrolled off
+        the top (a long answer), the whole transcript if an answer or error shows; else None."""
+        for i in range(len(transcript) - 1, -1, -1):
+            if self.is_echo(transcript, i):
+                j = i + 1
+                while j < len(transcript) and transcript[j] != ECHO_RULE:
+                    j += 1
+                return transcript[j + 1 :]
+        if any(ANSWER_RE.match(line) or ERROR_RE.match(line) for line in transcript):
+            return transcript
+        return None
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        """The last answer box or panel of the last turn, dedented; with none, its last ❌ line."""
+        turn = self.turn(lines[: box.top] if box else lines)
         if turn is None:
             return ""
         answers: list[list[str]] = []
@@ -268,89 +280,42 @@ class HermesProvider(Provider):
         errors = [line for line in turn if ERROR_RE.match(line)]
         return errors[-1] if errors else ""
 
-    def transcript(self, screen: str) -> str:
-        box = _box(_lines(screen))
-        return screen if box is None or self.input_text(screen) is None else head(screen, box[0])
+    def asks(self, lines: list[str]) -> bool:
+        return bool(lines) and bool(YES_NO_RE.search(lines[-1]))
 
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
+    def starting(self, lines: list[str]) -> bool:
+        return not lines or not any(RULE_RE.match(line) for line in lines)  # the banner, no box yet
 
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or _exited(lines):
-            return None
-        top, bottom = box
-        rows = lines[top + 1 : bottom]
-        if not rows or not PROMPT_RE.match(rows[0]):  # scrolled: more text above the rows shown
-            return "\n".join(rows).strip() or None
-        icon = _icon(rows[0])
-        if icon not in (None, RUNNING):  # a menu or question has the keys: no typing there
-            return None
-        rows[0] = PROMPT_RE.sub("", rows[0], count=1)
-        if icon == RUNNING and rows[0].startswith(PLACEHOLDER):  # drawn while a turn runs
-            return ""
-        return "\n".join(rows).strip()
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _exited(lines: list[str]) -> bool:
-    """A dead pane, or Hermes's parting "Resume this session with: hermes --resume <id>" with its
-    session summary (Session:, Title:, Duration:, Messages:) under it and no box after it. (Not the
-    shared resume-hint search of the last lines: those are Hermes's input box, where a person may
-    type such a command.)"""
-    if any(line.startswith("Pane is dead (") for line in lines[-3:]):
-        return True
-    hints = [i for i, line in enumerate(lines) if RESUME_RE.match(line)]
-    return bool(hints) and not any(RULE_RE.match(line) for line in lines[hints[-1] :])
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        spinning = any(SPINNER_RE.match(line) for line in lines[max(0, box.top - 5) : box.top])
+        if box.first == box.end or not PROMPT_RE.match(lines[box.first]):
+            if spinning:
+                return Reading(TerminalStatus.PROCESSING)
+            return Reading(
+                TerminalStatus.UNKNOWN,
+                "the input box holds more rows than it shows: its prompt row, which carries the "
+                "state icon, has scrolled out of view",
+            )
+        icon = _icon(lines[box.first])
+        if icon in ASKING:
+            return Reading(TerminalStatus.WAITING_USER_ANSWER)
+        if icon == RUNNING or spinning:
+            return Reading(TerminalStatus.PROCESSING)
+        if icon is not None:
+            return Reading(
+                TerminalStatus.UNKNOWN, f"the input line shows {icon!r} before its '❯', a state not known"
+            )
+        turn = self.turn(lines[: box.top])
+        if turn is None:
+            return Reading(TerminalStatus.IDLE)
+        for line in reversed(turn):  # an error after the last streamed answer
+            if line.startswith("╭─ ⚕ Hermes "):
+                break
+            if ERROR_RE.match(line):
+                return Reading(TerminalStatus.ERROR)
+        return Reading(TerminalStatus.COMPLETED)
 
 
 def _icon(line: str) -> str | None:
     found = PROMPT_RE.match(line)
     return found.group(1) if found else None
-
-
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(top, bottom)``: the lines of the input box's two full-width rules. Found from the bottom of
-    the screen (the last line is the lower rule; the status bar sits over the top rule, at most
-    ``BOX_ROWS`` rows higher), never by a prompt row: text in the box may quote a Hermes screen,
-    rules and ``❯`` included, and a long text scrolls the real prompt row out of view."""
-    bottom = len(lines) - 1
-    if bottom < 2 or not RULE_RE.match(lines[bottom]):
-        return None
-    for i in range(max(0, bottom - BOX_ROWS - 2), bottom - 1):  # the topmost: quotes are lower
-        if STATUS_RE.match(lines[i]) and lines[i + 1] == lines[bottom]:  # both rules pane-wide
-            return i + 1, bottom
-    return None
-
-
-def _turn(transcript: list[str]) -> list[str] | None:
-    """Rows after the last echoed user turn (and its closing frame); with the echo scrolled off the
-    top (a long answer), the whole transcript if an answer or error shows; else None."""
-    for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(ECHO) and i > 0 and transcript[i - 1] == ECHO_RULE:
-            j = i + 1
-            while j < len(transcript) and transcript[j] != ECHO_RULE:
-                j += 1
-            return transcript[j + 1 :]
-    if any(ANSWER_RE.match(line) or ERROR_RE.match(line) for line in transcript):
-        return transcript
-    return None
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    lines = _lines(screen)
-    box = _box(lines)
-    transcript = lines[: box[0]] if box else lines
-    echoes = [
-        line
-        for i, line in enumerate(transcript)
-        if i and line.startswith(ECHO) and transcript[i - 1] == ECHO_RULE
-    ]
-    return (echoes[-1] if echoes else None), 0

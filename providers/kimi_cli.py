@@ -46,18 +46,15 @@ from providers._cli import (
     CLAUDE_HOOK_PHASES,
     MODEL_BASE_URL,
     REALCLI_CACHE,
-    bullet_blocks,
     cli_knobs,
-    exited,
     find_venv_cli,
-    head,
-    judge_submit,
     mcp_servers,
     pane_env,
     system_prompt,
     vendor_or_local,
 )
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, bullet_blocks
 
 BIN, MODEL, BYPASS = cli_knobs(
     "KIMI",
@@ -79,7 +76,7 @@ PASTE_FOLD_NEVER = "100000000"
 INPUT_RE = re.compile(r"^ ?[─╌]{1,2} input(?: · [^─╌]*)? [─╌]+$")  # the rule over the box ("╌" in plan mode)
 QUEUED_RE = re.compile(r" input(?: · plan)? · \d+ queued ")
 SEPARATOR_RE = re.compile(r"^─{20,}$")  # the toolbar's rule under the box
-ECHO = "✨ "
+ECHO_RE = re.compile(r"✨ ")
 BULLET = "• "
 TOOL_RE = re.compile(r"^• (?:Used|Using) [A-Za-z_][\w.-]*(?: \(|$)")
 # The live area while a turn runs: a moon phase (waiting for the model), or a braille spinner on the
@@ -94,6 +91,7 @@ ERROR_RE = re.compile(
     r"^(?:LLM provider error:|Server: |Authorization failed\.|Membership expired|Network connection failed:|"
     r"Request timed out:|The server returned an empty response\.|Unexpected error:|LLM not set)"
 )
+LOADING_RE = re.compile(r"^[⠀-⣿] Loading ")  # start-up, before the box
 APPROVAL_RE = re.compile(r"^╭─ (?:approval|question)\b|^│ +(?:→ )?\[\d\] |↵ (?:confirm|submit)")
 
 
@@ -121,7 +119,7 @@ def _config(base_url: str, key: str, kind: str, model: str) -> str:
     return "\n\n".join("\n".join(table) for table in rows) + "\n"
 
 
-class KimiCliProvider(Provider):
+class KimiCliProvider(BoxedTUI):
     name: ClassVar[str] = "kimi_cli"
     description: ClassVar[str] = "Kimi CLI, `kimi`"
     accepts_input_while_processing: ClassVar[bool] = False
@@ -139,6 +137,16 @@ class KimiCliProvider(Provider):
         BASE_URL,
     )
     hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
+    prompt_width: ClassVar[int] = 1
+    indent: ClassVar[int] = 0
+    echo: ClassVar[re.Pattern[str]] = ECHO_RE
+    asking: ClassVar[re.Pattern[str] | None] = APPROVAL_RE  # an approval or a question replaces the box
+    no_box: ClassVar[str] = (
+        "no input box (a '── input ──' rule over the toolbar's rule), approval or start-up spinner on "
+        "screen: a screen of a Kimi CLI release this provider does not know"
+    )
+    resume_hint: ClassVar[bool] = True
+    exit_reason: ClassVar[str] = "Kimi CLI has exited (its resume hint or a dead pane shows)"
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         bypass = ctx.knob(BYPASS)
@@ -191,28 +199,49 @@ class KimiCliProvider(Provider):
             command.append("--yolo")
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect(self, screen: str) -> Reading:
-        lines = _lines(screen)
-        if exited(lines):
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "Kimi CLI has exited (its resume hint or a dead pane shows)",
-                final=True,
-            )
-        box = _box(lines)
-        if box is None:  # an approval or a question replaces the box; start-up shows spinners only
-            if any(APPROVAL_RE.search(line) for line in lines):
-                return Reading(TerminalStatus.WAITING_USER_ANSWER)
-            if not lines or any(re.match(r"^[⠀-⣿] Loading ", line) for line in lines[-3:]):
-                return Reading(TerminalStatus.PROCESSING)  # starting up
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "no input box (a '── input ──' rule over the toolbar's rule), approval or start-up "
-                "spinner on screen: a screen of a Kimi CLI release this provider does not know",
-            )
-        live = _turn(lines[: box[0] - 1])
-        if QUEUED_RE.search(lines[box[0] - 1]) or any(
-            BUSY_RE.match(line) for line in live or lines[: box[0] - 1][-4:]
+    def find_box(self, lines: list[str]) -> Box | None:
+        """The rows between the last ``── input ──`` rule and the toolbar's full-width rule under it
+        (or the bottom: the toolbar can be a frame late)."""
+        for i in range(len(lines) - 1, -1, -1):
+            if INPUT_RE.match(lines[i]):
+                end = next((j for j in range(i + 1, len(lines)) if SEPARATOR_RE.match(lines[j])), len(lines))
+                return Box(i, i + 1, end)
+        return None
+
+    def continues(self, line: str) -> bool:
+        return (
+            bool(line.strip())
+            and not line.startswith((BULLET, *MOONS))
+            and not BUSY_RE.match(line)
+            and not ERROR_RE.match(line)
+        )
+
+    def queued(self, lines: list[str], box: Box | None, transcript: list[str]) -> int:
+        queued = QUEUED_RE.search(lines[box.top]) if box else None  # "── input · 2 queued ──"
+        return int(queued.group(0).split("·")[-1].split()[0]) if queued else 0
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        """The last ``•`` answer of the last turn (tool calls left out); for a failed turn, its error
+        and the hint under it."""
+        turn = self.turn(lines[: box.top] if box else lines)
+        if turn is None:
+            return ""
+        for i in range(len(turn) - 1, -1, -1):
+            if turn[i].startswith(BULLET):
+                break
+            if ERROR_RE.match(turn[i]):
+                return "\n".join(line for line in turn[i:] if line.strip()).strip()
+        answers = [line if not TOOL_RE.match(line) else "" for line in turn]
+        blocks = bullet_blocks(answers, (BULLET,))
+        return blocks[-1] if blocks else ""
+
+    def starting(self, lines: list[str]) -> bool:
+        return not lines or any(LOADING_RE.match(line) for line in lines[-3:])
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        live = self.turn(lines[: box.top])
+        if QUEUED_RE.search(lines[box.top]) or any(
+            BUSY_RE.match(line) for line in live or lines[: box.top][-4:]
         ):
             return Reading(TerminalStatus.PROCESSING)
         if live is None:
@@ -223,81 +252,3 @@ class KimiCliProvider(Provider):
             if line.startswith(BULLET):
                 break
         return Reading(TerminalStatus.COMPLETED)
-
-    def detect_status(self, screen: str) -> TerminalStatus:
-        return self.detect(screen).status
-
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        turn = _turn(lines[: box[0] - 1] if box else lines)
-        if turn is None:
-            return ""
-        for i in range(len(turn) - 1, -1, -1):  # a failed turn: the error and its hint
-            if turn[i].startswith(BULLET):
-                break
-            if ERROR_RE.match(turn[i]):
-                return "\n".join(line for line in turn[i:] if line.strip()).strip()
-        answers = [line if not TOOL_RE.match(line) else "" for line in turn]
-        blocks = bullet_blocks(answers, (BULLET,))
-        return blocks[-1] if blocks else ""
-
-    def transcript(self, screen: str) -> str:
-        box = _box(_lines(screen))
-        return screen if box is None else head(screen, box[0] - 1)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or exited(lines):
-            return None
-        first, end = box
-        rows = [row[1:] if i == first else row for i, row in enumerate(lines[first:end], first)]
-        return "\n".join(row.rstrip() for row in rows).strip()
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box: the rows between the last ``── input ──`` rule and the
-    toolbar's full-width rule under it (or the bottom)."""
-    for i in range(len(lines) - 1, -1, -1):
-        if INPUT_RE.match(lines[i]):
-            # the toolbar can be a frame late: then the box runs to the bottom
-            end = next((j for j in range(i + 1, len(lines)) if SEPARATOR_RE.match(lines[j])), len(lines))
-            return i + 1, end
-    return None
-
-
-def _turn(transcript: list[str]) -> list[str] | None:
-    """Rows after the last echoed user turn (its continuation rows skipped); None if none shows."""
-    for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(ECHO):
-            j = i + 1
-            while (
-                j < len(transcript)
-                and transcript[j].strip()
-                and not transcript[j].startswith((BULLET, *MOONS))
-                and not BUSY_RE.match(transcript[j])
-                and not ERROR_RE.match(transcript[j])
-            ):
-                j += 1
-            return transcript[j:]
-    return None
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    lines = _lines(screen)
-    box = _box(lines)
-    transcript = lines[: box[0] - 1] if box else lines
-    echoes = [line for line in transcript if line.startswith(ECHO)]
-    queued = QUEUED_RE.search(lines[box[0] - 1]) if box else None
-    return (echoes[-1] if echoes else None), int(queued.group(0).split("·")[-1].split()[0]) if queued else 0

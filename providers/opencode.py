@@ -46,14 +46,13 @@ from providers._cli import (
     allowed_tools,
     cli_knobs,
     find_cli,
-    head,
-    judge_submit,
     mcp_servers,
     model_name,
     pane_env,
     system_prompt,
 )
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI
 
 BIN, MODEL, BYPASS = cli_knobs(
     "OPENCODE",
@@ -69,16 +68,11 @@ TURN_RE = re.compile(r"^\s+▣  \S")  # the turn's agent/model line; " · 2.1s" 
 CLOSED_RE = re.compile(r"▣  .* · \d+(?:\.\d+)?(?:ms|s|m)\b")
 BUSY = "esc interrupt"
 PERMISSION_RE = re.compile(r"(?:Permission required|Allow once|Allow always|△ )")
-DIALOG_HINT_RE = re.compile(r"\b(?:enter|↵)\b.*\b(?:select|confirm)\b|\besc\b.*\b(?:close|cancel)\b", re.I)
-PLACEHOLDER_RE = re.compile(r'^Ask anything… ".*"$')
+# With no box: a permission prompt, or a dialog's key hint.
+ASKING_RE = re.compile(
+    PERMISSION_RE.pattern + r"|(?i:\b(?:enter|↵)\b.*\b(?:select|confirm)\b|\besc\b.*\b(?:close|cancel)\b)"
+)
 TOOL_RE = re.compile(r"^[⚙→←✱◇$] ")
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
 
 
 def _bottom(lines: list[str]) -> int | None:
@@ -94,9 +88,9 @@ def _main(lines: list[str], bottom: int) -> list[str]:
     return [line[:width].rstrip() for line in lines]
 
 
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box's text rows: the ┃ rows above the agent/model row, which
-    sits right over the ╹▀▀▀ edge."""
+def _box(lines: list[str]) -> Box | None:
+    """The input box's text rows: the ┃ rows above the agent/model row, which sits right over the
+    ╹▀▀▀ edge (so that edge is at ``end + 1``)."""
     bottom = _bottom(lines)
     if bottom is None or bottom < 2:
         return None
@@ -108,15 +102,11 @@ def _box(lines: list[str]) -> tuple[int, int] | None:
     first = end
     while first > 0 and main[first - 1][indent:].startswith(BAR):
         first -= 1
-    return first, end
+    return Box(first, first, end)
 
 
-def _transcript_rows(lines: list[str]) -> list[str]:
-    box = _box(lines)
-    bottom = _bottom(lines)
-    if box is None or bottom is None:
-        return lines
-    return _main(lines, bottom)[: box[0]]
+def _transcript_rows(lines: list[str], box: Box | None) -> list[str]:
+    return lines if box is None else _main(lines, box.end + 1)[: box.first]
 
 
 def _closing(rows: list[str]) -> int | None:
@@ -227,7 +217,7 @@ def _mcp_entry(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class OpenCodeProvider(Provider):
+class OpenCodeProvider(BoxedTUI):
     name: ClassVar[str] = "opencode"
     description: ClassVar[str] = "OpenCode, `opencode`"
     accepts_input_while_processing: ClassVar[bool] = False
@@ -236,6 +226,8 @@ class OpenCodeProvider(Provider):
     submit_timeout: ClassVar[float] = 4.0
     exit_command: ClassVar[str] = "/exit"
     idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc interrupt)")
+    placeholder: ClassVar[re.Pattern[str] | None] = re.compile(r'Ask anything… ".*"')
+    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE
     knobs: ClassVar[tuple[Knob[Any], ...]] = (
         BIN,
         MODEL,
@@ -276,51 +268,32 @@ class OpenCodeProvider(Provider):
         command = [find_cli(ctx, BIN, "opencode-ai")]
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        lines = _lines(screen)
-        box = _box(lines)
-        bottom = _bottom(lines)
-        if box is None or bottom is None:
-            if any(PERMISSION_RE.search(line) or DIALOG_HINT_RE.search(line) for line in lines):
-                return TerminalStatus.WAITING_USER_ANSWER
-            return TerminalStatus.PROCESSING  # starting up
-        footer = lines[bottom + 1 :]
-        rows = _transcript_rows(lines)
+    def find_box(self, lines: list[str]) -> Box | None:
+        return _box(lines)
+
+    def box_text(self, lines: list[str], box: Box) -> str:
+        main = _main(lines, box.end + 1)
+        indent = main[box.end + 1].index("╹")
+        return "\n".join(row[indent + 1 :].removeprefix("  ") for row in main[box.first : box.end]).strip()
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        return _answer(_transcript_rows(lines, box))
+
+    def marks(self, screen: str) -> tuple[str | None, int]:
+        """What a submit adds: the last echoed user turn's text (OpenCode has no visible queue)."""
+        lines = self.lines(screen)
+        rows = _transcript_rows(lines, _box(lines))
+        blocks = _bar_blocks(rows)
+        return (_block_text(rows[blocks[-1][0] : blocks[-1][1]]) if blocks else None), len(blocks)
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        rows = _transcript_rows(lines, box)
         if any(PERMISSION_RE.search(row) for row in rows[-12:]):
-            return TerminalStatus.WAITING_USER_ANSWER
-        if any(BUSY in line for line in footer):
-            return TerminalStatus.PROCESSING
+            return Reading(TerminalStatus.WAITING_USER_ANSWER)
+        if any(BUSY in line for line in lines[box.end + 2 :]):  # the footer, under the ╹▀▀▀ edge
+            return Reading(TerminalStatus.PROCESSING)
         closing = _closing(rows)
         if closing is None:  # no assistant message yet
-            return TerminalStatus.IDLE if not _bar_blocks(rows) else TerminalStatus.PROCESSING
-        return TerminalStatus.ERROR if _failure(rows, closing) is not None else TerminalStatus.COMPLETED
-
-    def extract_last_message(self, screen: str) -> str:
-        return _answer(_transcript_rows(_lines(screen)))
-
-    def transcript(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        return screen if box is None else head(screen, box[0])
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        bottom = _bottom(lines)
-        if box is None or bottom is None:
-            return None
-        main = _main(lines, bottom)
-        indent = main[bottom].index("╹")
-        rows = [row[indent + 1 :].removeprefix("  ") for row in main[box[0] : box[1]]]
-        text = "\n".join(rows).strip()
-        return "" if PLACEHOLDER_RE.match(text) else text
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    """What a submit adds: the last echoed user turn's text (OpenCode has no visible queue)."""
-    rows = _transcript_rows(_lines(screen))
-    blocks = _bar_blocks(rows)
-    return (_block_text(rows[blocks[-1][0] : blocks[-1][1]]) if blocks else None), len(blocks)
+            return Reading(TerminalStatus.IDLE if not _bar_blocks(rows) else TerminalStatus.PROCESSING)
+        failed = _failure(rows, closing) is not None
+        return Reading(TerminalStatus.ERROR if failed else TerminalStatus.COMPLETED)

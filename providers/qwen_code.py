@@ -40,18 +40,16 @@ from providers._cli import (
     MODEL_BASE_URL,
     OPENAI_API_KEY,
     REALCLI_CACHE,
-    bullet_blocks,
     cli_knobs,
     command_hooks,
     find_cli,
     gemini_settings,
-    head,
-    judge_submit,
     model_name,
     pane_env,
     system_prompt,
 )
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks, literal
 
 BIN, MODEL, BYPASS = cli_knobs(
     "QWEN",
@@ -68,53 +66,14 @@ BASE_URL = knobs.text(
 RULE_RE = re.compile(r"^─{10,}$")
 PROMPT_RE = re.compile(r"^[>*!] {1,3}")
 BUSY_RE = re.compile(r"\((?:\d+[hms] ?)+ · esc to cancel\)|esc to cancel\)")
-ECHO = "  > "
+ECHO_RE = re.compile(r"  > ")
 MARKS = ("  ✦ ", "  ✕ ")
-MENU_RE = re.compile(r"^[│ ]*[●❯›] \d+\. ")
-DIALOG_HINT_RE = re.compile(r"\((?:Press|Use) Enter to (?:submit|select|confirm)\b|Enter to select", re.I)
+# A menu's cursor line, or a dialog's key hint.
+ASKING_RE = re.compile(
+    r"^[│ ]*[●❯›] \d+\. |\((?:Press|Use) Enter to (?:submit|select|confirm)\b|Enter to select", re.I
+)
 QUEUED = "Press ↑ to edit queued messages"
 CURSOR = "\u200b"  # drawn after the typed text
-PLACEHOLDERS = ("Type your message or @path/to/file",)
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box: the rows between the last two full-width rules, the first
-    of them starting with the prompt character."""
-    rules = [i for i, line in enumerate(lines) if RULE_RE.match(line)]
-    if len(rules) >= 2 and rules[-1] - rules[-2] > 1 and PROMPT_RE.match(lines[rules[-2] + 1]):
-        return rules[-2] + 1, rules[-1]
-    return None
-
-
-def _turn(transcript: list[str]) -> list[str] | None:
-    """Rows after the last echoed user turn (its continuation rows skipped); None if none shows."""
-    for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(ECHO):
-            j = i + 1
-            while j < len(transcript) and transcript[j].startswith("    "):
-                j += 1
-            return transcript[j:]
-    return None
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    lines = _lines(screen)
-    box = _box(lines)
-    transcript = lines[: box[0] - 1] if box else lines
-    echoes = [line for line in transcript if line.startswith(ECHO)]
-    queued = sum(1 for line in transcript if line.strip() == QUEUED)
-    return (echoes[-1] if echoes else None), queued
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    return bullet_blocks([line[2:] for line in lines], tuple(mark[2:] for mark in MARKS))
 
 
 # Lifecycle hooks (``hooks`` in ~/.qwen/settings.json: Claude Code's events and payloads).
@@ -122,7 +81,7 @@ HOOK_PHASES = {**CLAUDE_HOOK_PHASES, "PermissionRequest": HookPhase.ASKING}
 HOOK_EVENTS = (*HOOK_PHASES, "Notification")
 
 
-class QwenCodeProvider(Provider):
+class QwenCodeProvider(BoxedTUI):
     name: ClassVar[str] = "qwen_code"
     description: ClassVar[str] = "Qwen Code, `qwen`"
     accepts_input_while_processing: ClassVar[bool] = False
@@ -141,6 +100,10 @@ class QwenCodeProvider(Provider):
         BASE_URL,
     )
     hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
+    placeholder: ClassVar[re.Pattern[str] | None] = literal("Type your message or @path/to/file")
+    echo: ClassVar[re.Pattern[str]] = ECHO_RE
+    continuation: ClassVar[str] = "    "
+    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home
@@ -180,45 +143,27 @@ class QwenCodeProvider(Provider):
             return {"permission_prompt": HookPhase.ASKING, "idle_prompt": HookPhase.TURN_END}.get(str(kind))
         return super().hook_phase(event, payload)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
-            if any(MENU_RE.match(line) or DIALOG_HINT_RE.search(line) for line in lines):
-                return TerminalStatus.WAITING_USER_ANSWER
-            return TerminalStatus.PROCESSING  # starting up
-        transcript = lines[: box[0] - 1]
+    def find_box(self, lines: list[str]) -> Box | None:
+        return box_between_rules(lines, RULE_RE, PROMPT_RE)
+
+    def box_text(self, lines: list[str], box: Box) -> str:
+        rows = [PROMPT_RE.sub("", lines[box.first]), *(line[2:] for line in lines[box.first + 1 : box.end])]
+        return "\n".join(row.replace(CURSOR, "").rstrip() for row in rows).strip()
+
+    def blocks(self, lines: list[str]) -> list[str]:
+        return bullet_blocks([line[2:] for line in lines], tuple(mark[2:] for mark in MARKS))
+
+    def queued(self, lines: list[str], box: Box | None, transcript: list[str]) -> int:
+        return sum(1 for line in transcript if line.strip() == QUEUED)
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        transcript = lines[: box.top]
         if any(BUSY_RE.search(line) for line in transcript[-4:]) or any(
             row.strip() == QUEUED for row in transcript
         ):
-            return TerminalStatus.PROCESSING
-        turn = _turn(transcript)
+            return Reading(TerminalStatus.PROCESSING)
+        turn = self.turn(transcript)
         marks = [line[2] for line in (transcript if turn is None else turn) if line.startswith(MARKS)]
         if not marks:
-            return TerminalStatus.IDLE if turn is None else TerminalStatus.COMPLETED
-        return TerminalStatus.ERROR if marks[-1] == "✕" else TerminalStatus.COMPLETED
-
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        transcript = lines[: box[0] - 1] if box else lines
-        turn = _turn(transcript)
-        blocks = _blocks(transcript if turn is None else turn)
-        return blocks[-1] if blocks else ""
-
-    def transcript(self, screen: str) -> str:
-        box = _box(_lines(screen))
-        return screen if box is None else head(screen, box[0] - 1)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None:
-            return None
-        first, end = box
-        rows = [PROMPT_RE.sub("", lines[first]), *(line[2:] for line in lines[first + 1 : end])]
-        text = "\n".join(row.replace(CURSOR, "").rstrip() for row in rows).strip()
-        return "" if text in PLACEHOLDERS else text
+            return Reading(TerminalStatus.IDLE if turn is None else TerminalStatus.COMPLETED)
+        return Reading(TerminalStatus.ERROR if marks[-1] == "✕" else TerminalStatus.COMPLETED)
