@@ -41,21 +41,30 @@ OPENAI_API_KEY = knobs.text(
     "`OPENAI_API_KEY`, Copilot CLI's own-key mode's",
 )
 
+EVERY_CLI = (MODEL_BASE_URL, REALCLI_CACHE)  # every real CLI's launch reads these
+
 
 def cli_knobs(
     prefix: str,
     command: str,
-    *,
     cli: str,
     bypass: str,
-    bypass_shown: str = "",
-    model: str = "the model; overrides the agent profile's",
-    model_shown: str = "the profile's `model`, else the CLI's default",
-    where: str = "node_modules/.bin",
+    *,
+    tools: bool = False,
+    fake_model: bool = False,
+    model_form: str = "",
+    vendor_key: str = "",
+    venv: str = "",
 ) -> tuple[Knob[str], Knob[str], Knob[bool]]:
-    """``CAO_<prefix>_BIN``, ``_MODEL`` and ``_BYPASS``: which ``command`` runs (a path or a name;
-    found on the pane's PATH, then in the real-CLI cache's ``where``), its model, and whether the
-    CLI's permission prompts are skipped (``bypass`` says how)."""
+    """``CAO_<prefix>_BIN``, ``_MODEL`` and ``_BYPASS`` of the CLI ``cli``: which ``command`` runs (a
+    path or a name, found on the pane's PATH, then in the real-CLI cache: its npm ``.bin``, or the
+    virtualenv of the PyPI package ``venv``), its model (``model_form``: how it is named; with
+    ``fake_model``, ``fake-model`` against a local server; required with ``vendor_key``), and
+    whether its permission prompts are skipped (``bypass`` says how; ``tools``: an agent profile's
+    ``allowed_tools`` turn it off)."""
+    where = f"venvs/{venv}/bin" if venv else "node_modules/.bin"
+    model = f"the model{f' as {model_form}' if model_form else ''}; overrides the agent profile's"
+    shown = "the profile's `model`" + ("" if vendor_key else ", else the CLI's default")
     return (
         knobs.text(
             f"CAO_{prefix}_BIN",
@@ -63,14 +72,27 @@ def cli_knobs(
             f"`$CAO_REALCLI_CACHE/{where}`",
             default=command,
         ),
-        knobs.text(f"CAO_{prefix}_MODEL", model, shown=model_shown),
+        knobs.text(
+            f"CAO_{prefix}_MODEL",
+            model + (f" (one of them is required with `{vendor_key}`)" if vendor_key else ""),
+            shown=shown + (" (`fake-model` against `CAO_MODEL_BASE_URL`)" if fake_model else ""),
+        ),
         knobs.flag(
             f"CAO_{prefix}_BYPASS",
             True,
-            f"skip {cli}'s permission prompts ({bypass}); false makes tool use ask (the terminal "
-            "shows `waiting_user_answer`)",
-            shown=bypass_shown,
+            f"skip {cli}'s permission prompts ({bypass}); false makes tool use ask (the terminal shows "
+            "`waiting_user_answer`)",
+            shown="true (false when the agent profile has `allowed_tools`)" if tools else "",
         ),
+    )
+
+
+def vendor_knobs(prefix: str, key: str, url: str) -> tuple[Knob[str], Knob[str]]:
+    """``CAO_<prefix>_API_KEY`` (``key`` says whose) and ``CAO_<prefix>_BASE_URL`` (else ``url``), for
+    :func:`vendor_or_local`."""
+    return (
+        knobs.text(f"CAO_{prefix}_API_KEY", f"{key}; needs a model (`CAO_{prefix}_MODEL` or the profile's)"),
+        knobs.text(f"CAO_{prefix}_BASE_URL", f"the endpoint for `CAO_{prefix}_API_KEY`", shown=f"`{url}`"),
     )
 
 

@@ -30,36 +30,16 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
 
 from cao import knobs
 from cao.errors import ProviderError
-from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import (
-    ANTHROPIC_API_KEY,
-    CLAUDE_HOOK_PHASES,
-    MODEL_BASE_URL,
-    REALCLI_CACHE,
-    allowed_tools,
-    cli_knobs,
-    command_hooks,
-    find_cli,
-    mcp_servers,
-    model_name,
-    npm_version,
-    pane_env,
-    system_prompt,
-)
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks, exited
 
-BIN, MODEL, BYPASS = cli_knobs(
-    "CLAUDE",
-    "claude",
-    cli="Claude Code",
-    bypass="`--dangerously-skip-permissions`",
-    bypass_shown="true (false when the agent profile has `allowed_tools`)",
+BIN, MODEL, BYPASS = cli.cli_knobs(
+    "CLAUDE", "claude", "Claude Code", "`--dangerously-skip-permissions`", tools=True
 )
 OAUTH_TOKEN = knobs.text(
     "CAO_CLAUDE_CODE_OAUTH_TOKEN",
@@ -89,14 +69,14 @@ PROJECT = {
     "hasCompletedProjectOnboarding": True,
 }
 # Lifecycle hooks (in ~/.claude/settings.json; every release since 1.0.85 has these five).
-HOOK_EVENTS = (*CLAUDE_HOOK_PHASES, "Notification", "PermissionRequest")  # the last one since 2.0
+HOOK_EVENTS = (*cli.CLAUDE_HOOK_PHASES, "Notification", "PermissionRequest")  # the last one since 2.0
 
 RESULT = "  ⎿"  # a tool's result; right under a user turn (before 2.1), the turn's API error
 
 
 def _env(ctx: LaunchContext, bypass: bool) -> tuple[dict[str, str], str]:
     """The pane's environment and the API key in it ("" with only an OAuth token)."""
-    env = pane_env(
+    env = cli.pane_env(
         ctx,
         DISABLE_AUTOUPDATER="1",
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
@@ -104,8 +84,8 @@ def _env(ctx: LaunchContext, bypass: bool) -> tuple[dict[str, str], str]:
         DISABLE_TELEMETRY="1",
         DISABLE_ERROR_REPORTING="1",
     )
-    key = ctx.knob(ANTHROPIC_API_KEY)
-    if base_url := ctx.knob(MODEL_BASE_URL):
+    key = ctx.knob(cli.ANTHROPIC_API_KEY)
+    if base_url := ctx.knob(cli.MODEL_BASE_URL):
         env["ANTHROPIC_BASE_URL"] = base_url
         key = key or FAKE_KEY
     if token := ctx.knob(OAUTH_TOKEN):
@@ -123,31 +103,20 @@ def _env(ctx: LaunchContext, bypass: bool) -> tuple[dict[str, str], str]:
 
 
 class ClaudeCodeProvider(BoxedTUI):
-    name: ClassVar[str] = "claude_code"
-    description: ClassVar[str] = "Claude Code (Anthropic), `claude`"
-    accepts_input_while_processing: ClassVar[bool] = True
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 3.0
-    exit_command: ClassVar[str] = "/exit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to interrupt)")
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (
-        BIN,
-        MODEL,
-        BYPASS,
-        MODEL_BASE_URL,
-        REALCLI_CACHE,
-        ANTHROPIC_API_KEY,
-        OAUTH_TOKEN,
-    )
-    hook_phases: ClassVar[Mapping[str, HookPhase]] = CLAUDE_HOOK_PHASES
-    trailing: ClassVar[str | None] = " "  # keeps the box's NO-BREAK SPACE
-    placeholder: ClassVar[re.Pattern[str] | None] = PLACEHOLDER_RE
-    echo: ClassVar[re.Pattern[str]] = ECHO_RE
-    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE
-    asking_reason: ClassVar[str] = "a menu or a dialog's key hint"
-    starting_reason: ClassVar[str] = "starting: nothing drawn yet"
-    no_box: ClassVar[str] = (
+    name = "claude_code"
+    description = "Claude Code (Anthropic), `claude`"
+    accepts_input_while_processing = True
+    submit_timeout = 3.0
+    idle_tail_pattern = re.compile(r"^(?!.*esc to interrupt)")
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.ANTHROPIC_API_KEY, OAUTH_TOKEN)
+    hook_phases = cli.CLAUDE_HOOK_PHASES
+    trailing = " "  # keeps the box's NO-BREAK SPACE
+    placeholder = PLACEHOLDER_RE
+    echo = ECHO_RE
+    asking = ASKING_RE
+    asking_reason = "a menu or a dialog's key hint"
+    starting_reason = "starting: nothing drawn yet"
+    no_box = (
         "no input box (❯ between two ──── rules), menu or dialog on screen: still starting, or a "
         "screen of a Claude Code release this provider does not know"
     )
@@ -155,11 +124,11 @@ class ClaudeCodeProvider(BoxedTUI):
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home
         # A profile's tool allow-list means "ask before anything else", so it turns bypass off.
-        allowed = allowed_tools(ctx)
+        allowed = cli.allowed_tools(ctx)
         bypass = ctx.knob(BYPASS, allowed is None)
         env, key = _env(ctx, bypass)
-        binary = find_cli(ctx, BIN, "@anthropic-ai/claude-code")
-        version = npm_version(binary, "@anthropic-ai/claude-code")
+        binary = cli.find_cli(ctx, BIN, "@anthropic-ai/claude-code")
+        version = cli.npm_version(binary, "@anthropic-ai/claude-code")
         state = {
             "hasCompletedOnboarding": True,
             "customApiKeyResponses": {"approved": [key[-20:]] if key else [], "rejected": []},
@@ -172,8 +141,8 @@ class ClaudeCodeProvider(BoxedTUI):
         }
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
             events = HOOK_EVENTS if version is None or version >= (2, 0) else HOOK_EVENTS[:-1]
-            settings["hooks"] = command_hooks(ctx, "claude", events, timeout=10)
-        servers = mcp_servers(ctx)
+            settings["hooks"] = cli.command_hooks(ctx, "claude", events, timeout=10)
+        servers = cli.mcp_servers(ctx)
         for spec in servers.values():
             if "url" in spec:
                 spec.setdefault("type", "http")
@@ -183,9 +152,9 @@ class ClaudeCodeProvider(BoxedTUI):
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
         command = [binary, "--mcp-config", str(home / "mcp.json")]
-        if model := model_name(ctx, MODEL):
+        if model := cli.model_name(ctx, MODEL):
             command += ["--model", model]
-        if prompt := system_prompt(ctx):
+        if prompt := cli.system_prompt(ctx):
             if version is not None and version < (2, 1):  # no --append-system-prompt-file yet
                 command += ["--append-system-prompt", prompt]
             else:

@@ -26,36 +26,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from cao.errors import ProviderError
-from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import (
-    LOCAL_KEY,
-    MODEL_BASE_URL,
-    OPENAI_API_KEY,
-    REALCLI_CACHE,
-    cli_knobs,
-    command_hooks,
-    find_cli,
-    mcp_servers,
-    model_name,
-    npm_version,
-    pane_env,
-    system_prompt,
-)
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.tui import Box, BoxedTUI, bullet_blocks, literal
 
-BIN, MODEL, BYPASS = cli_knobs(
+BIN, MODEL, BYPASS = cli.cli_knobs(
     "CODEX",
     "codex",
-    cli="Codex",
-    bypass="`--dangerously-bypass-approvals-and-sandbox`; off: `on-request` approvals in a "
-    "`workspace-write` sandbox",
-    model_shown="the profile's `model`, else the CLI's default (`fake-model` against `CAO_MODEL_BASE_URL`)",
+    "Codex",
+    "`--dangerously-bypass-approvals-and-sandbox`; off: `on-request` approvals, `workspace-write` sandbox",
+    fake_model=True,
 )
 PROMPT = "› "  # the box's prompt, and an echoed user turn's
 ECHO_RE = re.compile(PROMPT)
@@ -144,12 +128,12 @@ def _config(ctx: LaunchContext, base_url: str, bypass: bool, notify: list[str] |
     """``$CODEX_HOME/config.toml``, whole: Codex rewrites it, and a table written twice is fatal."""
     # A real model slug against a local server brings a "model changed" dialog; an unknown one
     # only a warning in the status line.
-    model = model_name(ctx, MODEL, "fake-model" if base_url else "")
+    model = cli.model_name(ctx, MODEL, "fake-model" if base_url else "")
     approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
     model_line = f"model = {_toml(model)}\n" if model else ""
     url = f"{base_url}/v1" if base_url else "https://api.openai.com/v1"
     retries = "request_max_retries = 0\nstream_max_retries = 0\n" if base_url else ""
-    mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in mcp_servers(ctx).items())
+    mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in cli.mcp_servers(ctx).items())
     notify_line = f"notify = [{', '.join(_toml(part) for part in notify)}]\n" if notify else ""
     return f"""\
 {notify_line}{model_line}model_provider = "cao"
@@ -189,38 +173,29 @@ show_tooltips = false
 
 
 class CodexProvider(BoxedTUI):
-    name: ClassVar[str] = "codex"
-    description: ClassVar[str] = "OpenAI Codex CLI, `codex` (input only when idle)"
-    accepts_input_while_processing: ClassVar[bool] = False  # a paste mid-turn cancels the turn
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 3.0
-    exit_command: ClassVar[str] = "/quit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to interrupt)")
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (
-        BIN,
-        MODEL,
-        BYPASS,
-        MODEL_BASE_URL,
-        REALCLI_CACHE,
-        OPENAI_API_KEY,
-    )
-    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
-    placeholder: ClassVar[re.Pattern[str] | None] = literal(*PLACEHOLDERS, *EXAMPLES)
-    echo: ClassVar[re.Pattern[str]] = ECHO_RE  # Codex has no queue: input only goes in when idle
-    asking_reason: ClassVar[str] = "an approval prompt or a start-up dialog"
-    starting_reason: ClassVar[str] = "starting: nothing drawn yet"
-    no_box: ClassVar[str] = (
+    name = "codex"
+    description = "OpenAI Codex CLI, `codex` (input only when idle)"
+    accepts_input_while_processing = False  # a paste mid-turn cancels the turn
+    submit_timeout = 3.0
+    exit_command = "/quit"
+    idle_tail_pattern = re.compile(r"^(?!.*esc to interrupt)")
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY)
+    hook_phases = HOOK_PHASES
+    placeholder = literal(*PLACEHOLDERS, *EXAMPLES)
+    echo = ECHO_RE  # Codex has no queue: input only goes in when idle
+    asking_reason = "an approval prompt or a start-up dialog"
+    starting_reason = "starting: nothing drawn yet"
+    no_box = (
         "no input box (a line starting ›), approval prompt or dialog on screen: still starting, or a "
         "screen of a Codex release this provider does not know"
     )
-    resume_hint: ClassVar[bool] = True
+    resume_hint = True
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         codex_home = ctx.terminal_home / ".codex"
         bypass = ctx.knob(BYPASS)
-        base_url = ctx.knob(MODEL_BASE_URL).rstrip("/")
-        key = ctx.knob(OPENAI_API_KEY) or (LOCAL_KEY if base_url else "")
+        base_url = ctx.knob(cli.MODEL_BASE_URL).rstrip("/")
+        key = ctx.knob(cli.OPENAI_API_KEY) or (cli.LOCAL_KEY if base_url else "")
         if not key:
             raise ProviderError(
                 "codex has no credentials: set CAO_OPENAI_API_KEY (or CAO_MODEL_BASE_URL for a local "
@@ -229,12 +204,12 @@ class CodexProvider(BoxedTUI):
         # Lifecycle hooks (cao/hooks.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
         # (trusted with --dangerously-bypass-hook-trust: cao wrote them into the throwaway home);
         # before that, the `notify` program on each turn's end is all there is.
-        binary = find_cli(ctx, BIN, "@openai/codex")
-        version = npm_version(binary, "@openai/codex")
+        binary = cli.find_cli(ctx, BIN, "@openai/codex")
+        version = cli.npm_version(binary, "@openai/codex")
         hooks_json = ctx.hooks and (version is None or version >= (0, 171))
         notify = ctx.hook_command("codex") if ctx.hooks and not hooks_json else None
         files = {codex_home / "config.toml": _config(ctx, base_url, bypass, notify)}
-        env = pane_env(ctx, CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
+        env = cli.pane_env(ctx, CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
         # Inline mode keeps the transcript in tmux's scrollback (delivery recovery looks there).
         command = [binary]
         # Releases before the flag existed (0.77 here; 0.130 has it) draw inline anyway, and reject it.
@@ -243,10 +218,10 @@ class CodexProvider(BoxedTUI):
         if bypass:
             command.append("--dangerously-bypass-approvals-and-sandbox")
         if hooks_json:
-            events = command_hooks(ctx, "codex", HOOK_EVENTS, timeout=10)
+            events = cli.command_hooks(ctx, "codex", HOOK_EVENTS, timeout=10)
             files[codex_home / "hooks.json"] = json.dumps({"hooks": events}, indent=2)
             command.append("--dangerously-bypass-hook-trust")
-        if prompt := system_prompt(ctx):  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
+        if prompt := cli.system_prompt(ctx):  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
             files[codex_home / "AGENTS.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 

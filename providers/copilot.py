@@ -32,34 +32,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, ClassVar
 
 from cao import knobs
 from cao.errors import ProviderError
-from cao.knobs import Knob
-from providers._cli import (
-    LOCAL_KEY,
-    MODEL_BASE_URL,
-    OPENAI_API_KEY,
-    REALCLI_CACHE,
-    allowed_tools,
-    cli_knobs,
-    find_cli,
-    mcp_servers,
-    model_name,
-    pane_env,
-    system_prompt,
-)
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks
 
-BIN, MODEL, BYPASS = cli_knobs(
-    "COPILOT",
-    "copilot",
-    cli="Copilot CLI",
-    bypass="`--allow-all`",
-    bypass_shown="true (false when the agent profile has `allowed_tools`)",
-    model_shown="the profile's `model`, else the CLI's default (`fake-model` against `CAO_MODEL_BASE_URL`)",
+BIN, MODEL, BYPASS = cli.cli_knobs(
+    "COPILOT", "copilot", "Copilot CLI", "`--allow-all`", tools=True, fake_model=True
 )
 GITHUB_TOKEN = knobs.text(
     "CAO_COPILOT_GITHUB_TOKEN", "a GitHub token with Copilot access, passed as `COPILOT_GITHUB_TOKEN`"
@@ -77,41 +58,27 @@ ASKING_RE = re.compile(r"^[│ ]*❯ \d+\. |\benter to (?:select|confirm)\b", re
 
 
 class CopilotProvider(BoxedTUI):
-    name: ClassVar[str] = "copilot"
-    description: ClassVar[str] = "GitHub Copilot CLI, `copilot`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/exit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*Working)")
-    prompt_width: ClassVar[int] = 1
-    echo: ClassVar[re.Pattern[str]] = ECHO_RE
-    continuation: ClassVar[str] = "   "
-    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (
-        BIN,
-        MODEL,
-        BYPASS,
-        MODEL_BASE_URL,
-        REALCLI_CACHE,
-        OPENAI_API_KEY,
-        GITHUB_TOKEN,
-        PROVIDER_BASE_URL,
-    )
+    name = "copilot"
+    description = "GitHub Copilot CLI, `copilot`"
+    idle_tail_pattern = re.compile(r"^(?!.*Working)")
+    prompt_width = 1
+    echo = ECHO_RE
+    continuation = "   "
+    asking = ASKING_RE
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, GITHUB_TOKEN, PROVIDER_BASE_URL)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home
-        allowed = allowed_tools(ctx)
+        allowed = cli.allowed_tools(ctx)
         bypass = ctx.knob(BYPASS, allowed is None)
-        env = pane_env(ctx, COPILOT_AUTO_UPDATE="false")
-        local = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        env = cli.pane_env(ctx, COPILOT_AUTO_UPDATE="false")
+        local = ctx.knob(cli.MODEL_BASE_URL).rstrip("/")
         base_url = ctx.knob(PROVIDER_BASE_URL) or (f"{local}/v1" if local else "")
         if base_url:  # own-key mode: no GitHub sign-in
             env.update(
                 COPILOT_PROVIDER_BASE_URL=base_url,
                 COPILOT_PROVIDER_TYPE="openai",
-                COPILOT_PROVIDER_API_KEY=ctx.knob(OPENAI_API_KEY) or LOCAL_KEY,
+                COPILOT_PROVIDER_API_KEY=ctx.knob(cli.OPENAI_API_KEY) or cli.LOCAL_KEY,
             )
             if local:  # and limits, else a "not in the built-in catalog" warning at every start
                 env.update(
@@ -127,9 +94,9 @@ class CopilotProvider(BoxedTUI):
                 "or CAO_COPILOT_PROVIDER_BASE_URL with CAO_OPENAI_API_KEY (own-key mode), or "
                 "CAO_MODEL_BASE_URL for a local model server, for cao-server"
             )
-        if model := model_name(ctx, MODEL, "fake-model" if local else ""):
+        if model := cli.model_name(ctx, MODEL, "fake-model" if local else ""):
             env["COPILOT_MODEL"] = model
-        servers = mcp_servers(ctx)
+        servers = cli.mcp_servers(ctx)
         for spec in servers.values():
             spec.setdefault("type", "http" if "url" in spec else "local")
             spec.setdefault("tools", ["*"])
@@ -138,9 +105,9 @@ class CopilotProvider(BoxedTUI):
             home / ".copilot" / "config.json": json.dumps(state, indent=2),
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
-        if prompt := system_prompt(ctx):  # the user-level instructions, read at every start
+        if prompt := cli.system_prompt(ctx):  # the user-level instructions, read at every start
             files[home / ".copilot" / "copilot-instructions.md"] = prompt
-        command = [find_cli(ctx, BIN, "@github/copilot")]
+        command = [cli.find_cli(ctx, BIN, "@github/copilot")]
         command += ["--additional-mcp-config", f"@{home / 'mcp.json'}"]
         for tool in [*allowed, "cao"] if allowed is not None else ():
             command += ["--allow-tool", tool]

@@ -28,31 +28,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from itertools import takewhile
-from typing import Any, ClassVar
 
 from cao import knobs
 from cao.errors import ProviderError
-from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import (
-    LOCAL_KEY,
-    MODEL_BASE_URL,
-    REALCLI_CACHE,
-    cli_knobs,
-    command_hooks,
-    find_cli,
-    gemini_settings,
-    model_name,
-    npm_version,
-    pane_env,
-    system_prompt,
-)
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.tui import Box, BoxedTUI, bullet_blocks, literal
 
-BIN, MODEL, BYPASS = cli_knobs("GEMINI", "gemini", cli="Gemini CLI", bypass="`--yolo`")
+BIN, MODEL, BYPASS = cli.cli_knobs("GEMINI", "gemini", "Gemini CLI", "`--yolo`")
 API_KEY = knobs.text("CAO_GEMINI_API_KEY", "a Gemini API key, passed as `GEMINI_API_KEY`")
 # Lifecycle hooks (in ~/.gemini/settings.json; 0.24 and later). Notification: a tool permission.
 HOOK_PHASES = {
@@ -157,34 +142,32 @@ def _turn(lines: list[str], box: Box | None) -> list[str] | None:
 
 
 class GeminiCliProvider(BoxedTUI):
-    name: ClassVar[str] = "gemini_cli"
-    description: ClassVar[str] = "Gemini CLI (Google), `gemini`"
-    accepts_input_while_processing: ClassVar[bool] = True
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2  # < 50 ms and Gemini drops the Enter
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/quit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (BIN, MODEL, BYPASS, MODEL_BASE_URL, REALCLI_CACHE, API_KEY)
-    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
-    placeholder: ClassVar[re.Pattern[str] | None] = literal("Type your message or @path/to/file")
-    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE  # a permission prompt, a question or a dialog
-    asking_reason: ClassVar[str] = "a menu or a dialog's key hint"
-    starting_reason: ClassVar[str] = "starting: nothing drawn yet"
-    no_box: ClassVar[str] = (
+    name = "gemini_cli"
+    description = "Gemini CLI (Google), `gemini`"
+    accepts_input_while_processing = True
+    paste_enter_delay = 0.2  # < 50 ms and Gemini drops the Enter
+    exit_command = "/quit"
+    idle_tail_pattern = re.compile(r"^(?!.*esc to cancel)")
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY)
+    hook_phases = HOOK_PHASES
+    placeholder = literal("Type your message or @path/to/file")
+    asking = ASKING_RE  # a permission prompt, a question or a dialog
+    asking_reason = "a menu or a dialog's key hint"
+    starting_reason = "starting: nothing drawn yet"
+    no_box = (
         "no input box (a ▄/▀ band under a ──── rule, or a ╭╰ frame), menu or dialog on screen: still "
         "starting, or a screen of a Gemini CLI release this provider does not know"
     )
-    resume_hint: ClassVar[bool] = True
+    resume_hint = True
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home
         bypass = ctx.knob(BYPASS)
-        env = pane_env(ctx, GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
+        env = cli.pane_env(ctx, GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
         key = ctx.knob(API_KEY)
-        if base_url := ctx.knob(MODEL_BASE_URL):
+        if base_url := ctx.knob(cli.MODEL_BASE_URL):
             env["GOOGLE_GEMINI_BASE_URL"] = base_url
-            key = key or LOCAL_KEY
+            key = key or cli.LOCAL_KEY
         if not key:
             raise ProviderError(
                 "gemini_cli has no credentials: set CAO_GEMINI_API_KEY (or CAO_MODEL_BASE_URL for a "
@@ -192,23 +175,25 @@ class GeminiCliProvider(BoxedTUI):
             )
         env["GEMINI_API_KEY"] = key
         general = {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}
-        settings = gemini_settings(ctx, "gemini-api-key", general)
-        binary = find_cli(ctx, BIN, "@google/gemini-cli")
+        settings = cli.gemini_settings(ctx, "gemini-api-key", general)
+        binary = cli.find_cli(ctx, BIN, "@google/gemini-cli")
         command = [binary]
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
-            hooks = command_hooks(ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao")  # ms
-            version = npm_version(binary, "@google/gemini-cli")
+            hooks = cli.command_hooks(
+                ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao"
+            )  # ms
+            version = cli.npm_version(binary, "@google/gemini-cli")
             if version is not None and version < (0, 45):  # 0.24: off unless hooks.enabled
                 hooks.update(enabled=True, notifications=False)
             else:  # on by default since; the switches moved to hooksConfig
                 settings["hooksConfig"] = {"enabled": True, "notifications": False}
             settings["hooks"] = hooks
-        if model := model_name(ctx, MODEL):
+        if model := cli.model_name(ctx, MODEL):
             command += ["--model", model]
         if bypass:
             command.append("--yolo")
         files = {home / ".gemini" / "settings.json": json.dumps(settings, indent=2)}
-        if prompt := system_prompt(ctx):  # the user-level context file, read at every start
+        if prompt := cli.system_prompt(ctx):  # the user-level context file, read at every start
             files[home / ".gemini" / "GEMINI.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 

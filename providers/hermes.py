@@ -42,38 +42,24 @@ import re
 import shlex
 import textwrap
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
-from cao import knobs
-from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import (
-    MODEL_BASE_URL,
-    REALCLI_CACHE,
-    cli_knobs,
-    find_venv_cli,
-    mcp_servers,
-    pane_env,
-    system_prompt,
-    vendor_or_local,
-)
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.tui import Box, BoxedTUI
 
-BIN, MODEL, BYPASS = cli_knobs(
+OPENROUTER_URL = "https://openrouter.ai/api/v1"
+BIN, MODEL, BYPASS = cli.cli_knobs(
     "HERMES",
     "hermes",
-    cli="Hermes",
-    bypass="`--yolo` and `approvals.mode: off`; off: `manual`",
-    model="the model; overrides the agent profile's, and one of them is required with `CAO_HERMES_API_KEY`",
-    model_shown="the profile's `model` (`fake-model` against `CAO_MODEL_BASE_URL`)",
-    where="venvs/hermes-agent/bin",
+    "Hermes",
+    "`--yolo` and `approvals.mode: off`; off: `manual`",
+    fake_model=True,
+    vendor_key="CAO_HERMES_API_KEY",
+    venv="hermes-agent",
 )
-API_KEY = knobs.text("CAO_HERMES_API_KEY", "an OpenRouter (or OpenAI-compatible) API key; needs a model")
-BASE_URL = knobs.text(
-    "CAO_HERMES_BASE_URL", "the endpoint for `CAO_HERMES_API_KEY`", shown="`https://openrouter.ai/api/v1`"
-)
-OPENROUTER_URL = "https://openrouter.ai/api/v1"
+API_KEY, BASE_URL = cli.vendor_knobs("HERMES", "an OpenRouter (or OpenAI-compatible) API key", OPENROUTER_URL)
 PASTE_FOLD_NEVER = 100_000_000
 
 RULE_RE = re.compile(r"^─{3,}$")
@@ -144,24 +130,11 @@ def _config(
 
 
 class HermesProvider(BoxedTUI):
-    name: ClassVar[str] = "hermes"
-    description: ClassVar[str] = "Hermes (Nous Research), `hermes`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/exit"
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (
-        BIN,
-        MODEL,
-        BYPASS,
-        MODEL_BASE_URL,
-        REALCLI_CACHE,
-        API_KEY,
-        BASE_URL,
-    )
-    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
-    no_box: ClassVar[str] = (
+    name = "hermes"
+    description = "Hermes (Nous Research), `hermes`"
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY, BASE_URL)
+    hook_phases = HOOK_PHASES
+    no_box = (
         "no input box (two full-width '────' rules under the status bar, the lower one last) on "
         "screen: the status bar hidden (Hermes's /statusbar shows it again), a pane under 64 "
         "columns, or a screen of a Hermes release this provider does not know"
@@ -170,8 +143,8 @@ class HermesProvider(BoxedTUI):
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         bypass = ctx.knob(BYPASS)
         share = ctx.terminal_home / ".hermes"
-        env = pane_env(ctx, HERMES_HOME=str(share))
-        api = vendor_or_local(
+        env = cli.pane_env(ctx, HERMES_HOME=str(share))
+        api = cli.vendor_or_local(
             ctx,
             API_KEY,
             BASE_URL,
@@ -183,7 +156,9 @@ class HermesProvider(BoxedTUI):
             "CAO_HERMES_BASE_URL for an endpoint other than OpenRouter), or CAO_MODEL_BASE_URL for a local "
             "model server, for cao-server",
         )
-        config = _config(api.base_url, api.key, api.model, mcp_servers(ctx), system_prompt(ctx), bypass)
+        config = _config(
+            api.base_url, api.key, api.model, cli.mcp_servers(ctx), cli.system_prompt(ctx), bypass
+        )
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
             config["hooks"] = {
                 event: [{"command": shlex.join(ctx.hook_command("hermes", event)), "timeout": 10}]
@@ -191,7 +166,7 @@ class HermesProvider(BoxedTUI):
             }
             config["hooks_auto_accept"] = True
         files = {share / "config.yaml": json.dumps(config, indent=2) + "\n"}  # YAML reads JSON
-        binary = find_venv_cli(ctx, BIN, "hermes-agent", "0.19.0", "mcp")
+        binary = cli.find_venv_cli(ctx, BIN, "hermes-agent", "0.19.0", "mcp")
         command = [binary, *(["--yolo"] if bypass else [])]
         return LaunchSpec(command=command, env=env, files=files)
 

@@ -36,40 +36,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Mapping
-from typing import Any, ClassVar
 
-from cao import knobs
-from cao.knobs import Knob
-from cao.states import HookPhase
-from providers._cli import (
-    CLAUDE_HOOK_PHASES,
-    MODEL_BASE_URL,
-    REALCLI_CACHE,
-    cli_knobs,
-    find_venv_cli,
-    mcp_servers,
-    pane_env,
-    system_prompt,
-    vendor_or_local,
-)
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.tui import Box, BoxedTUI, bullet_blocks
 
-BIN, MODEL, BYPASS = cli_knobs(
-    "KIMI",
-    "kimi",
-    cli="Kimi CLI",
-    bypass="`--yolo`",
-    model="the model; overrides the agent profile's, and one of them is required with `CAO_KIMI_API_KEY`",
-    model_shown="the profile's `model` (`fake-model` against `CAO_MODEL_BASE_URL`)",
-    where="venvs/kimi-cli/bin",
-)
-API_KEY = knobs.text("CAO_KIMI_API_KEY", "a Moonshot (or compatible) API key; needs a model")
-BASE_URL = knobs.text(
-    "CAO_KIMI_BASE_URL", "the endpoint for `CAO_KIMI_API_KEY`", shown="`https://api.moonshot.ai/v1`"
-)
 MOONSHOT_URL = "https://api.moonshot.ai/v1"
+BIN, MODEL, BYPASS = cli.cli_knobs(
+    "KIMI", "kimi", "Kimi CLI", "`--yolo`", fake_model=True, vendor_key="CAO_KIMI_API_KEY", venv="kimi-cli"
+)
+API_KEY, BASE_URL = cli.vendor_knobs("KIMI", "a Moonshot (or compatible) API key", MOONSHOT_URL)
 CONTEXT_SIZE = 131072  # tokens; Kimi needs one per model (it decides when to compact)
 PASTE_FOLD_NEVER = "100000000"
 
@@ -97,7 +73,7 @@ APPROVAL_RE = re.compile(r"^╭─ (?:approval|question)\b|^│ +(?:→ )?\[\d\]
 
 # Lifecycle hooks ([[hooks]] in ~/.kimi/config.toml; Claude-style payloads on stdin). Kimi asks for
 # approvals on screen only (its Notification hook is for background tasks).
-HOOK_PHASES = CLAUDE_HOOK_PHASES
+HOOK_PHASES = cli.CLAUDE_HOOK_PHASES
 
 
 def _toml(value: object) -> str:
@@ -120,37 +96,24 @@ def _config(base_url: str, key: str, kind: str, model: str) -> str:
 
 
 class KimiCliProvider(BoxedTUI):
-    name: ClassVar[str] = "kimi_cli"
-    description: ClassVar[str] = "Kimi CLI, `kimi`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/exit"
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (
-        BIN,
-        MODEL,
-        BYPASS,
-        MODEL_BASE_URL,
-        REALCLI_CACHE,
-        API_KEY,
-        BASE_URL,
-    )
-    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
-    prompt_width: ClassVar[int] = 1
-    indent: ClassVar[int] = 0
-    echo: ClassVar[re.Pattern[str]] = ECHO_RE
-    asking: ClassVar[re.Pattern[str] | None] = APPROVAL_RE  # an approval or a question replaces the box
-    no_box: ClassVar[str] = (
+    name = "kimi_cli"
+    description = "Kimi CLI, `kimi`"
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY, BASE_URL)
+    hook_phases = HOOK_PHASES
+    prompt_width = 1
+    indent = 0
+    echo = ECHO_RE
+    asking = APPROVAL_RE  # an approval or a question replaces the box
+    no_box = (
         "no input box (a '── input ──' rule over the toolbar's rule), approval or start-up spinner on "
         "screen: a screen of a Kimi CLI release this provider does not know"
     )
-    resume_hint: ClassVar[bool] = True
-    exit_reason: ClassVar[str] = "Kimi CLI has exited (its resume hint or a dead pane shows)"
+    resume_hint = True
+    exit_reason = "Kimi CLI has exited (its resume hint or a dead pane shows)"
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         bypass = ctx.knob(BYPASS)
-        env = pane_env(
+        env = cli.pane_env(
             ctx,
             KIMI_CLI_NO_AUTO_UPDATE="1",
             KIMI_DISABLE_TELEMETRY="1",
@@ -159,7 +122,7 @@ class KimiCliProvider(BoxedTUI):
             KIMI_CLI_PASTE_CHAR_THRESHOLD=PASTE_FOLD_NEVER,
             KIMI_CLI_PASTE_LINE_THRESHOLD=PASTE_FOLD_NEVER,
         )
-        api = vendor_or_local(
+        api = cli.vendor_or_local(
             ctx,
             API_KEY,
             BASE_URL,
@@ -181,14 +144,16 @@ class KimiCliProvider(BoxedTUI):
             )
         files = {
             share / "config.toml": config,
-            share / "mcp.json": json.dumps({"mcpServers": mcp_servers(ctx)}, indent=2),
+            share / "mcp.json": json.dumps({"mcpServers": cli.mcp_servers(ctx)}, indent=2),
         }
         command = [
-            find_venv_cli(ctx, BIN, "kimi-cli", "1.51.0", note="1.52.0 is an installer stub, not the CLI"),
+            cli.find_venv_cli(
+                ctx, BIN, "kimi-cli", "1.51.0", note="1.52.0 is an installer stub, not the CLI"
+            ),
             "--mcp-config-file",
             str(share / "mcp.json"),
         ]
-        if prompt := system_prompt(ctx):  # added to Kimi's own system prompt, not replacing it
+        if prompt := cli.system_prompt(ctx):  # added to Kimi's own system prompt, not replacing it
             agent = {
                 "version": 1,
                 "agent": {"extend": "default", "system_prompt_args": {"ROLE_ADDITIONAL": prompt}},

@@ -33,34 +33,20 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, ClassVar
+from typing import Any
 
 from cao.errors import ProviderError
-from cao.knobs import Knob
-from providers._cli import (
-    ANTHROPIC_API_KEY,
-    LOCAL_KEY,
-    MODEL_BASE_URL,
-    OPENAI_API_KEY,
-    REALCLI_CACHE,
-    allowed_tools,
-    cli_knobs,
-    find_cli,
-    mcp_servers,
-    model_name,
-    pane_env,
-    system_prompt,
-)
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.tui import Box, BoxedTUI
 
-BIN, MODEL, BYPASS = cli_knobs(
+BIN, MODEL, BYPASS = cli.cli_knobs(
     "OPENCODE",
     "opencode",
-    cli="OpenCode",
-    bypass="`permission` `allow` for edit, bash and webfetch; off: `ask`",
-    bypass_shown="true (false when the agent profile has `allowed_tools`)",
-    model="the model as `provider/model`, e.g. `anthropic/claude-sonnet-4-5`; overrides the agent profile's",
+    "OpenCode",
+    "`permission` `allow` for edit, bash and webfetch; off: `ask`",
+    tools=True,
+    model_form="`provider/model`, e.g. `anthropic/claude-sonnet-4-5`",
 )
 BOTTOM_RE = re.compile(r"^\s*╹▀{10,}")
 BAR = "┃"
@@ -180,14 +166,14 @@ def _config(ctx: LaunchContext, base_url: str, bypass: bool, allowed: list[str] 
         "autoupdate": False,
         "share": "disabled",
     }
-    model = model_name(ctx, MODEL)
+    model = cli.model_name(ctx, MODEL)
     if base_url:
         name = model.removeprefix("cao/") or "fake-model"
         config["provider"] = {
             "cao": {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "cao",
-                "options": {"baseURL": f"{base_url}/v1", "apiKey": LOCAL_KEY},
+                "options": {"baseURL": f"{base_url}/v1", "apiKey": cli.LOCAL_KEY},
                 "models": {name: {"name": name, "tool_call": True}},
             }
         }
@@ -201,7 +187,7 @@ def _config(ctx: LaunchContext, base_url: str, bypass: bool, allowed: list[str] 
         config["permission"] = {"edit": "ask", "bash": "ask", "webfetch": "ask"}
         for tool in allowed or ():
             config["permission"][tool] = "allow"
-    config["mcp"] = {name: _mcp_entry(spec) for name, spec in mcp_servers(ctx).items()}
+    config["mcp"] = {name: _mcp_entry(spec) for name, spec in cli.mcp_servers(ctx).items()}
     return config
 
 
@@ -218,30 +204,18 @@ def _mcp_entry(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 class OpenCodeProvider(BoxedTUI):
-    name: ClassVar[str] = "opencode"
-    description: ClassVar[str] = "OpenCode, `opencode`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.3
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/exit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc interrupt)")
-    placeholder: ClassVar[re.Pattern[str] | None] = re.compile(r'Ask anything… ".*"')
-    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (
-        BIN,
-        MODEL,
-        BYPASS,
-        MODEL_BASE_URL,
-        REALCLI_CACHE,
-        ANTHROPIC_API_KEY,
-        OPENAI_API_KEY,
-    )
+    name = "opencode"
+    description = "OpenCode, `opencode`"
+    paste_enter_delay = 0.3
+    idle_tail_pattern = re.compile(r"^(?!.*esc interrupt)")
+    placeholder = re.compile(r'Ask anything… ".*"')
+    asking = ASKING_RE
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.ANTHROPIC_API_KEY, cli.OPENAI_API_KEY)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        allowed = allowed_tools(ctx)
+        allowed = cli.allowed_tools(ctx)
         bypass = ctx.knob(BYPASS, allowed is None)
-        env = pane_env(
+        env = cli.pane_env(
             ctx,
             OPENCODE_DISABLE_AUTOUPDATE="1",
             OPENCODE_DISABLE_MODELS_FETCH="1",
@@ -250,8 +224,8 @@ class OpenCodeProvider(BoxedTUI):
             OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
             OPENCODE_DISABLE_CLAUDE_CODE="1",  # don't read the user's ~/.claude (there is none here)
         )
-        base_url = ctx.knob(MODEL_BASE_URL).rstrip("/")
-        keys = {ANTHROPIC_API_KEY: "ANTHROPIC_API_KEY", OPENAI_API_KEY: "OPENAI_API_KEY"}
+        base_url = ctx.knob(cli.MODEL_BASE_URL).rstrip("/")
+        keys = {cli.ANTHROPIC_API_KEY: "ANTHROPIC_API_KEY", cli.OPENAI_API_KEY: "OPENAI_API_KEY"}
         for knob, variable in keys.items():
             if value := ctx.knob(knob):
                 env[variable] = value
@@ -263,9 +237,9 @@ class OpenCodeProvider(BoxedTUI):
             )
         config_dir = ctx.terminal_home / ".config" / "opencode"
         files = {config_dir / "opencode.json": json.dumps(_config(ctx, base_url, bypass, allowed), indent=2)}
-        if prompt := system_prompt(ctx):  # the global rules file, read at every start
+        if prompt := cli.system_prompt(ctx):  # the global rules file, read at every start
             files[config_dir / "AGENTS.md"] = prompt
-        command = [find_cli(ctx, BIN, "opencode-ai")]
+        command = [cli.find_cli(ctx, BIN, "opencode-ai")]
         return LaunchSpec(command=command, env=env, files=files)
 
     def find_box(self, lines: list[str]) -> Box | None:

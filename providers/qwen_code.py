@@ -28,36 +28,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
 
 from cao import knobs
 from cao.errors import ProviderError
-from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import (
-    CLAUDE_HOOK_PHASES,
-    LOCAL_KEY,
-    MODEL_BASE_URL,
-    OPENAI_API_KEY,
-    REALCLI_CACHE,
-    cli_knobs,
-    command_hooks,
-    find_cli,
-    gemini_settings,
-    model_name,
-    pane_env,
-    system_prompt,
-)
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks, literal
 
-BIN, MODEL, BYPASS = cli_knobs(
-    "QWEN",
-    "qwen",
-    cli="Qwen Code",
-    bypass="`--yolo`",
-    model_shown="the profile's `model`, else the CLI's default (`fake-model` against `CAO_MODEL_BASE_URL`)",
-)
+BIN, MODEL, BYPASS = cli.cli_knobs("QWEN", "qwen", "Qwen Code", "`--yolo`", fake_model=True)
 BASE_URL = knobs.text(
     "CAO_QWEN_BASE_URL",
     "an OpenAI-compatible endpoint (e.g. DashScope's) for `CAO_OPENAI_API_KEY`, as `OPENAI_BASE_URL`",
@@ -77,41 +56,29 @@ CURSOR = "\u200b"  # drawn after the typed text
 
 
 # Lifecycle hooks (``hooks`` in ~/.qwen/settings.json: Claude Code's events and payloads).
-HOOK_PHASES = {**CLAUDE_HOOK_PHASES, "PermissionRequest": HookPhase.ASKING}
+HOOK_PHASES = {**cli.CLAUDE_HOOK_PHASES, "PermissionRequest": HookPhase.ASKING}
 HOOK_EVENTS = (*HOOK_PHASES, "Notification")
 
 
 class QwenCodeProvider(BoxedTUI):
-    name: ClassVar[str] = "qwen_code"
-    description: ClassVar[str] = "Qwen Code, `qwen`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/quit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (
-        BIN,
-        MODEL,
-        BYPASS,
-        MODEL_BASE_URL,
-        REALCLI_CACHE,
-        OPENAI_API_KEY,
-        BASE_URL,
-    )
-    hook_phases: ClassVar[Mapping[str, HookPhase]] = HOOK_PHASES
-    placeholder: ClassVar[re.Pattern[str] | None] = literal("Type your message or @path/to/file")
-    echo: ClassVar[re.Pattern[str]] = ECHO_RE
-    continuation: ClassVar[str] = "    "
-    asking: ClassVar[re.Pattern[str] | None] = ASKING_RE
+    name = "qwen_code"
+    description = "Qwen Code, `qwen`"
+    exit_command = "/quit"
+    idle_tail_pattern = re.compile(r"^(?!.*esc to cancel)")
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, BASE_URL)
+    hook_phases = HOOK_PHASES
+    placeholder = literal("Type your message or @path/to/file")
+    echo = ECHO_RE
+    continuation = "    "
+    asking = ASKING_RE
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home
         bypass = ctx.knob(BYPASS)
-        env = pane_env(ctx, COLORTERM="truecolor")
-        local = ctx.knob(MODEL_BASE_URL).rstrip("/")
+        env = cli.pane_env(ctx, COLORTERM="truecolor")
+        local = ctx.knob(cli.MODEL_BASE_URL).rstrip("/")
         base_url = ctx.knob(BASE_URL) or (f"{local}/v1" if local else "")
-        key = ctx.knob(OPENAI_API_KEY) or (LOCAL_KEY if local else "")
+        key = ctx.knob(cli.OPENAI_API_KEY) or (cli.LOCAL_KEY if local else "")
         if not key:
             raise ProviderError(
                 "qwen_code has no credentials: set CAO_OPENAI_API_KEY (with CAO_QWEN_BASE_URL for a "
@@ -120,20 +87,20 @@ class QwenCodeProvider(BoxedTUI):
         env["OPENAI_API_KEY"] = key
         if base_url:
             env["OPENAI_BASE_URL"] = base_url
-        model = model_name(ctx, MODEL, "fake-model" if local else "")
+        model = cli.model_name(ctx, MODEL, "fake-model" if local else "")
         if model:
             env["OPENAI_MODEL"] = model
-        settings = gemini_settings(ctx, "openai", {"disableAutoUpdate": True, "disableUpdateNag": True})
+        settings = cli.gemini_settings(ctx, "openai", {"disableAutoUpdate": True, "disableUpdateNag": True})
         settings["$version"] = 4  # the current schema: else Qwen migrates (rewrites) the file at start
         if model:
             settings["model"] = {"name": model}
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); Claude Code's format
-            settings["hooks"] = command_hooks(ctx, "qwen", HOOK_EVENTS, timeout=10_000, matcher="")  # ms
-        command = [find_cli(ctx, BIN, "@qwen-code/qwen-code")]
+            settings["hooks"] = cli.command_hooks(ctx, "qwen", HOOK_EVENTS, timeout=10_000, matcher="")  # ms
+        command = [cli.find_cli(ctx, BIN, "@qwen-code/qwen-code")]
         if bypass:
             command.append("--yolo")
         files = {home / ".qwen" / "settings.json": json.dumps(settings, indent=2)}
-        if prompt := system_prompt(ctx):  # the user-level context file, read at every start
+        if prompt := cli.system_prompt(ctx):  # the user-level context file, read at every start
             files[home / ".qwen" / "QWEN.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
 
 from cao import knobs
-from cao.knobs import Knob
 from cao.states import HookPhase
-from providers._cli import CLAUDE_HOOK_PHASES
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
@@ -33,6 +30,8 @@ RECORD = knobs.flag(
     shown="false (the rules file's `record`)",
 )
 
+# It speaks Claude Code's hook protocol when its rules say "hooks": true; a Notification is its question.
+HOOK_PHASES = {**cli.CLAUDE_HOOK_PHASES, "Notification": HookPhase.ASKING}
 SPINNER_RE = re.compile(r"^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] thinking… \(")
 QUEUED_RE = re.compile(r" · (\d+) queued")
 QUESTION_RE = re.compile(r"^\? .* \(y/n\)")
@@ -62,15 +61,15 @@ def _last_turn(lines: list[str]) -> list[str] | None:
 
 
 class ScriptedProvider(Provider):
-    name: ClassVar[str] = "scripted"
-    description: ClassVar[str] = "bundled scripted agent (no API key; rules from a JSON file)"
-    accepts_input_while_processing: ClassVar[bool] = False
-    paste_enter_delay: ClassVar[float] = 0.0
-    submit_timeout: ClassVar[float] = 2.0
-    exit_command: ClassVar[str] = "/exit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^❯")
-    knobs: ClassVar[tuple[Knob[Any], ...]] = (RULES, RECORD)
-    hook_phases: ClassVar[Mapping[str, HookPhase]] = {**CLAUDE_HOOK_PHASES, "Notification": HookPhase.ASKING}
+    name = "scripted"
+    description = "bundled scripted agent (no API key; rules from a JSON file)"
+    accepts_input_while_processing = False
+    paste_enter_delay = 0.0
+    submit_timeout = 2.0
+    exit_command = "/exit"
+    idle_tail_pattern = re.compile(r"^❯")
+    knobs = (RULES, RECORD)
+    hook_phases = HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         env = dict(ctx.base_env)
@@ -160,6 +159,6 @@ def _queued(screen: str) -> int:
 
 
 class EagerScriptedProvider(ScriptedProvider):
-    name: ClassVar[str] = "scripted_eager"
-    description: ClassVar[str] = "scripted agent that queues input while busy (eager delivery allowed)"
-    accepts_input_while_processing: ClassVar[bool] = True
+    name = "scripted_eager"
+    description = "scripted agent that queues input while busy (eager delivery allowed)"
+    accepts_input_while_processing = True

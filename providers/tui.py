@@ -116,7 +116,14 @@ def box_between_rules(lines: list[str], rule: re.Pattern[str], opens: re.Pattern
 
 class BoxedTUI(Provider):
     """A CLI that draws its transcript over an input box. Subclasses implement ``find_box`` and
-    ``with_box`` and set the class data below; the rest are hooks with the common behaviour."""
+    ``with_box`` and set the class data below; the rest are hooks with the common behaviour.
+
+    The real CLIs start cao's MCP server themselves (so deliveries wait for it to report in), want
+    a moment between a paste and its Enter, and may take a few seconds to show a submit took."""
+
+    waits_for_mcp = True
+    paste_enter_delay = 0.2
+    submit_timeout = 4.0
 
     # Characters each line loses on its right (None: all whitespace). Claude keeps its NO-BREAK
     # SPACE: "❯\u00a0" is its empty box.

@@ -448,6 +448,40 @@ def test_every_knob_is_declared_once_and_listed() -> None:
         assert held <= set(prov.knobs), f"{name} reads knobs it does not declare: {held - set(prov.knobs)}"
 
 
+class Reads(dict[str, str]):
+    """cao-server's environment for a launch, remembering every variable looked up in it."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        super().__init__(values)
+        self.looked_up: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.looked_up.add(key)
+        return super().get(key, default)
+
+
+def test_a_launch_reads_only_the_knobs_its_provider_declares(tmp_path: Path) -> None:
+    """Each provider launched with just a local model server, then with every knob it declares set
+    (keys, tokens, endpoints: the other branches), with and without a profile."""
+    rules = tmp_path / "rules.json"
+    rules.write_text("{}")
+    for name in providers.names():
+        prov = providers.get(name)
+        declared = {knob.name: knob for knob in prov.knobs}
+        local = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081"}
+        everything = {knob: "true" if declared[knob].kind == "flag" else "some-value" for knob in declared}
+        for knob in (k for k in declared if k.endswith("_BIN")):
+            cli = str(executable(tmp_path / "bin" / str(declared[knob].default)))
+            local[knob] = everything[knob] = cli
+        everything.update({k: str(rules) for k, knob in declared.items() if knob.kind == "path"})
+        for knobs in (local, everything):
+            for profile in (None, replace(PROFILE, allowed_tools=("Read",))):
+                env = Reads(knobs)
+                prov.launch(replace(context(tmp_path, {}), settings_env=env, profile=profile))
+                assert env.looked_up <= set(declared), (name, env.looked_up - set(declared))
+                assert env.looked_up, name
+
+
 def test_providers_read_knobs_only_through_the_context() -> None:
     """No provider pokes ``settings_env`` (raw strings, no parsing): ``ctx.knob(KNOB)`` reads them."""
     for path in sorted(Path(providers.__file__).parent.glob("*.py")):
