@@ -68,7 +68,7 @@ def cli_knobs(
     return (
         knobs.text(
             f"CAO_{prefix}_BIN",
-            f"the {cli} to run: a path, or a command looked up on `PATH`, then in "
+            f"the `{command}` to run: a path, or a command looked up on `PATH`, then in "
             f"`$CAO_REALCLI_CACHE/{where}`",
             default=command,
         ),
