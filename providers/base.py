@@ -127,7 +127,8 @@ def last_line(text: str) -> str:
 
 
 class Provider:
-    """Base class. Subclasses set the class attributes and implement the three screen functions."""
+    """Base class. Subclasses set the class attributes and implement the screen functions; the real
+    CLIs' providers derive from ``providers.tui.BoxedTUI``, which writes those over a few hooks."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""

@@ -179,9 +179,8 @@ class GeminiCliProvider(BoxedTUI):
         binary = cli.find_cli(ctx, BIN, "@google/gemini-cli")
         command = [binary]
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
-            hooks = cli.command_hooks(
-                ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao"
-            )  # ms
+            # (Gemini's hook timeout is in ms.)
+            hooks = cli.command_hooks(ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao")
             version = cli.npm_version(binary, "@google/gemini-cli")
             if version is not None and version < (0, 45):  # 0.24: off unless hooks.enabled
                 hooks.update(enabled=True, notifications=False)

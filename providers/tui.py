@@ -1,12 +1,14 @@
 """The template for a CLI drawn as a transcript over an input box (every real agent CLI cao runs),
 and the screen helpers the providers share.
 
-A screen is read as lines: each right-trimmed, trailing blank ones dropped (indices stay those of
-the captured screen). A provider says where its input box is (``find_box``, a :class:`Box`), how to
-read the box's text (``box_text``), where the last turn starts (``turn``), its answer blocks
-(``blocks``), the exchange marks a submit leaves (``echo``, ``queued``) and what a screen with or
-without the box shows (``with_box``, ``without_box``). :class:`BoxedTUI` writes the contract over
-those once:
+A screen is read as lines (each right-trimmed, trailing blank ones dropped; indices stay those of
+the captured screen). A provider derived from :class:`BoxedTUI` says where its input box is
+(``find_box``: a :class:`Box`) and what a screen with the box shows (``with_box``), and adjusts the
+other hooks where its CLI differs: how the box's text reads (``box_text``, ``prompt_width``,
+``placeholder``), where the last turn starts (``echo``, ``continues``, ``turn``), its answers
+(``blocks``, ``last_answer``), what a submit leaves (``queued``, ``marks``), a screen without the
+box (``asking``, ``starting``, ``no_box``) and an exit (``resume_hint``, ``quit_reason``). The
+template writes the contract once over those:
 
     detect(screen)                    the CLI quit? → find the box → with_box / without_box
     transcript(screen)                everything above the box's top (the whole screen with no box)

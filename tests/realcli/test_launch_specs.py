@@ -424,10 +424,9 @@ def test_a_mistyped_flag_fails_the_launch_naming_the_variable(
     provider: str, knob: str, tmp_path: Path
 ) -> None:
     """``CAO_CLAUDE_BYPASS=ture`` once read as "off" without a word; cao-server's own flags refuse it."""
-    spec = next((s for s in SPECS if s.provider == provider), None)
     knobs = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081", knob: "ture"}
-    if spec is not None:
-        knobs[f"CAO_{spec.prefix}_BIN"] = str(executable(tmp_path / "bin" / spec.command))
+    for cli in (k for k in providers.get(provider).knobs if k.name.endswith("_BIN")):
+        knobs[cli.name] = str(executable(tmp_path / "bin" / str(cli.default)))
     with pytest.raises(ProviderError, match=rf"^{knob}='ture' is not a boolean; use true or false"):
         providers.get(provider).launch(context(tmp_path, knobs))
 
