@@ -17,7 +17,7 @@ help:
 	@echo "make prepare - only install what the tests need (TIERS='realcli browser' for some)"
 	@echo "make bench   - inbox benchmark (prints a table, writes bench-results/inbox.json)"
 	@echo "make lint    - ruff and mypy"
-	@echo "make docs    - regenerate docs/cli.md from --help"
+	@echo "make docs    - regenerate docs/cli.md from --help and docs/providers.md's knob table"
 	@echo "make screens - re-capture the real CLIs' screens (tests/screens) after a CLI update"
 
 demo: setup
@@ -51,6 +51,7 @@ lint: setup
 
 docs: setup
 	$(BIN)/python -m cao.docgen > docs/cli.md
+	$(BIN)/python -m cao.docgen --knobs docs/providers.md
 
 screens: setup
 	$(BIN)/python -m tests.realcli.capture --out tests/screens

@@ -12,34 +12,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cao.errors import InvalidInput
-
-TRUE_WORDS = {"1", "true", "yes", "on"}
-FALSE_WORDS = {"0", "false", "no", "off", ""}
+from cao.knobs import parse_flag, parse_number
 
 
 def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """Unset: ``default``; set (even to ""): parsed by the one boolean parser (cao/knobs.py)."""
     raw = environ.get(name)
-    if raw is None:
-        return default
-    word = raw.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    raise InvalidInput(f"{name}={raw!r} is not a boolean; use true or false")
+    return default if raw is None else parse_flag(name, raw)
 
 
 def _number(environ: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidInput(f"{name}={raw!r} is not a number; use e.g. {name}={default}") from None
-    if value < minimum:
-        raise InvalidInput(f"{name}={raw!r} must be at least {minimum}")
-    return value
+    return parse_number(name, raw, example=default, minimum=minimum)
 
 
 def _words(environ: Mapping[str, str], name: str) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""Agent CLI providers. ``get(name)`` returns one, ``names()`` lists them.
+"""Agent CLI providers. ``get(name)`` returns one, ``names()`` lists them, ``all_knobs()`` lists
+the ``CAO_*`` variables they read.
 
 Each module holds one small provider class (see ``providers/base.py`` for the contract).
 """
@@ -6,10 +7,21 @@ Each module holds one small provider class (see ``providers/base.py`` for the co
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
+from cao.knobs import Knob
 from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
 
-__all__ = ["LaunchContext", "LaunchSpec", "Provider", "TerminalStatus", "default_name", "get", "names"]
+__all__ = [
+    "LaunchContext",
+    "LaunchSpec",
+    "Provider",
+    "TerminalStatus",
+    "all_knobs",
+    "default_name",
+    "get",
+    "names",
+]
 
 # name -> "module:Class"; imported lazily so a provider's imports cost nothing until it is used.
 _REGISTRY: dict[str, str] = {
@@ -46,3 +58,11 @@ def get(name: str) -> Provider:
 def default_name() -> str:
     """The provider used when none is given: the bundled scripted agent (always available)."""
     return "scripted"
+
+
+def all_knobs() -> tuple[Knob[Any], ...]:
+    """Every knob any provider reads (``Provider.knobs``), each once: a knob several providers share
+    (``CAO_MODEL_BASE_URL``) is one declaration. Sorted by name. Costs importing the provider modules
+    (no launch, no I/O)."""
+    found = {knob.name: knob for name in names() for knob in get(name).knobs}
+    return tuple(found[name] for name in sorted(found))

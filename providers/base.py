@@ -13,13 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar, overload
 
+from cao.errors import InvalidInput, ProviderError
+from cao.knobs import Knob
 from cao.states import HookPhase
 
 if TYPE_CHECKING:
     from cao.profiles import Profile
 
+T = TypeVar("T")
+D = TypeVar("D")
+_DECLARED = object()  # LaunchContext.knob without a launch-time default: the knob's declared one
 ANSI_RE = re.compile(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 
@@ -56,12 +61,31 @@ class LaunchContext:
     server_url: str
     terminal_home: Path  # a throwaway directory owned by this terminal (config homes go here)
     base_env: Mapping[str, str]  # the allow-listed environment (PATH, LANG, TERM, CAO_* ids...)
-    settings_env: Mapping[str, str] = field(default_factory=dict)  # provider-specific CAO_* knobs
+    # cao-server's CAO_* variables; a provider reads its declared knobs from them with knob()
+    settings_env: Mapping[str, str] = field(default_factory=dict)
     # The resolved agent profile (system prompt, model, allowed tools, extra MCP servers); None when
     # agent_profile names no profile (the scripted agent's rule-file names).
     profile: Profile | None = None
     hooks: bool = True  # wire the CLI's lifecycle hooks to cao-server (CAO_HOOKS)
     hook_key: str = ""  # this terminal's own key for its hook reports (cao/hooks.py: hook_key)
+
+    @overload
+    def knob(self, knob: Knob[T]) -> T: ...
+
+    @overload
+    def knob(self, knob: Knob[T], default: D) -> T | D: ...
+
+    def knob(self, knob: Knob[Any], default: object = _DECLARED) -> object:
+        """The parsed value of one of the provider's knobs (declared in ``Provider.knobs``) from
+        cao-server's environment; unset or blank: ``default`` if given (a default worked out at
+        launch), else the declared one. A value the knob can't take fails the launch with a
+        ``ProviderError`` naming the variable and the fix."""
+        try:
+            if default is _DECLARED:
+                return knob.read(self.settings_env)
+            return knob.read(self.settings_env, default)
+        except InvalidInput as exc:
+            raise ProviderError(f"{exc.message} (in cao-server's environment)") from exc
 
     def hook_command(self, source: str, event: str | None = None) -> list[str]:
         """The program a CLI runs on a lifecycle event: ``cao/hook.py``, which posts the event to
@@ -103,7 +127,8 @@ def last_line(text: str) -> str:
 
 
 class Provider:
-    """Base class. Subclasses set the class attributes and implement the three screen functions."""
+    """Base class. Subclasses set the class attributes and implement the screen functions; the real
+    CLIs' providers derive from ``providers.tui.BoxedTUI``, which writes those over a few hooks."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -124,6 +149,11 @@ class Provider:
     # screen captures, so it must pass every ready screen (the contract test checks the saved
     # ones). None: no such check; delivery then looks at most every 250 ms while the log changes.
     idle_tail_pattern: ClassVar[re.Pattern[str] | None] = None
+    # The CAO_* variables the launch reads (through ``ctx.knob``), each declared once: cao/knobs.py.
+    # ``providers.all_knobs()`` lists every provider's; docs/providers.md's table is made from them.
+    knobs: ClassVar[tuple[Knob[Any], ...]] = ()
+    # What each of the CLI's lifecycle hook events means (see hook_phase).
+    hook_phases: ClassVar[Mapping[str, HookPhase]] = {}
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         raise NotImplementedError
@@ -131,8 +161,10 @@ class Provider:
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         """What the CLI's lifecycle hook ``event`` (with its ``payload``, see cao/hook.py) says
         about its turn (cao/hooks.py); None: nothing (an event cao doesn't use, or a provider
-        whose launch wires no hooks). The launch wires them with ``ctx.hook_command(...)``."""
-        return None
+        whose launch wires no hooks). The launch wires them with ``ctx.hook_command(...)``. The
+        default looks the event up in ``hook_phases``; providers whose events need their payload
+        read override this."""
+        return self.hook_phases.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         raise NotImplementedError

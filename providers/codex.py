@@ -26,26 +26,23 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import (
-    bullet_blocks,
-    command_hooks,
-    exited,
-    find_cli,
-    flag,
-    head,
-    judge_submit,
-    npm_version,
-)
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers import _cli as cli
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, bullet_blocks, literal
 
-FAKE_KEY = "cao-local-model-server-key"
-PROMPT = "› "
+BIN, MODEL, BYPASS = cli.cli_knobs(
+    "CODEX",
+    "codex",
+    "Codex",
+    "`--dangerously-bypass-approvals-and-sandbox`; off: `on-request` approvals, `workspace-write` sandbox",
+    fake_model=True,
+)
+PROMPT = "› "  # the box's prompt, and an echoed user turn's
+ECHO_RE = re.compile(PROMPT)
 PLACEHOLDERS = ("Ask Codex to do anything", "Ask a follow-up question")
 # Releases before 0.171 show one of these example prompts in the empty box instead.
 EXAMPLES = (
@@ -93,21 +90,6 @@ FAILED = "■ "
 INTERRUPTED = "■ Conversation interrupted"
 
 
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _box(lines: list[str]) -> int | None:
-    """Index of the input box: the last line starting "› " (checked after the approval menus)."""
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith(PROMPT) or lines[i] == PROMPT.strip():
-            return i
-    return None
-
-
 def _waiting(lines: list[str]) -> bool:
     """An approval prompt near the bottom, or a start-up dialog (its key hint is the last line)."""
     if lines and DIALOG_HINT_RE.match(lines[-1]):
@@ -115,45 +97,16 @@ def _waiting(lines: list[str]) -> bool:
     return any(WAITING_RE.search(line) for line in lines[-15:])
 
 
-def _turn_start(transcript: list[str]) -> int | None:
-    """Index just after the last echoed user turn (and its indented continuation lines)."""
-    for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(PROMPT):
-            j = i + 1
-            while j < len(transcript) and transcript[j].startswith("  "):
-                j += 1
-            return j
-    return None
-
-
-def _last_echo(screen: str) -> str | None:
-    """The last echoed user turn's first line (Codex has no queue: input only goes in when idle)."""
-    lines = _lines(screen)
-    box = _box(lines)
-    transcript = lines[:box] if box is not None and not _waiting(lines) else lines
-    echoes = [line for line in transcript if line.startswith(PROMPT)]
-    return echoes[-1] if echoes else None
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    """The ``• …`` and ``■ …`` blocks in ``lines``, without bullet or indent, up to the line that
-    closes the turn (the busy line ``• Working (…)`` is no block)."""
-    blocks = bullet_blocks(
-        [line for line in lines if not WORKED_RE.match(line)], ("• ", FAILED), stop=CLOSED_RE
-    )
-    return [block for block in blocks if not WORKING_RE.search(block.split("\n")[0])]
-
-
-def _streams_before_closing(lines: list[str], box: int) -> bool:
+def _streams_before_closing(lines: list[str], box: Box) -> bool:
     """0.171 streams the answer with nothing busy on screen and closes the turn with "Worked for"
     ~0.1 s later; older releases show the answer only when the turn is over and may print no
     "Worked for" at all. True unless the screen shows an older release (its banner, an example
     prompt in the empty box, its footer)."""
     for found in BANNER_RE.finditer("\n".join(lines)):
         return (int(found[1]), int(found[2])) >= (0, 171)
-    if lines[box][len(PROMPT) :].strip() in EXAMPLES:
+    if lines[box.first][len(PROMPT) :].strip() in EXAMPLES:
         return False
-    return not any(OLD_FOOTER_RE.match(line) for line in lines[box + 1 :])
+    return not any(OLD_FOOTER_RE.match(line) for line in lines[box.top + 1 :])
 
 
 def _toml(value: str) -> str:
@@ -171,58 +124,19 @@ def _mcp_table(name: str, spec: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-class CodexProvider(Provider):
-    name: ClassVar[str] = "codex"
-    description: ClassVar[str] = "OpenAI Codex CLI, `codex` (input only when idle)"
-    accepts_input_while_processing: ClassVar[bool] = False  # a paste mid-turn cancels the turn
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 3.0
-    exit_command: ClassVar[str] = "/quit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to interrupt)")
-
-    def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, profile = ctx.settings_env, ctx.profile
-        codex_home = ctx.terminal_home / ".codex"
-        bypass = flag(ctx, "CAO_CODEX_BYPASS", True)
-        base_url = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        key = knobs.get("CAO_OPENAI_API_KEY") or (FAKE_KEY if base_url else "")
-        if not key:
-            raise ProviderError(
-                "codex has no credentials: set CAO_OPENAI_API_KEY (or CAO_MODEL_BASE_URL for a local "
-                "model server) for cao-server"
-            )
-        # A real model slug against a local server brings a "model changed" dialog; an unknown one
-        # only a warning in the status line.
-        model = (
-            knobs.get("CAO_CODEX_MODEL") or (profile and profile.model) or ("fake-model" if base_url else "")
-        )
-        approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
-        model_line = f"model = {_toml(model)}\n" if model else ""
-        url = f"{base_url}/v1" if base_url else "https://api.openai.com/v1"
-        retries = "request_max_retries = 0\nstream_max_retries = 0\n" if base_url else ""
-        servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in servers.items())
-        # Lifecycle hooks (cao/hooks.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
-        # (trusted with --dangerously-bypass-hook-trust: cao wrote them into the throwaway home);
-        # before that, the `notify` program on each turn's end is all there is.
-        binary = find_cli(ctx, "CAO_CODEX_BIN", "codex", "@openai/codex")
-        version = npm_version(binary, "@openai/codex")
-        hooks_json = ctx.hooks and (version is None or version >= (0, 171))
-        notify = ""
-        if ctx.hooks and not hooks_json:
-            notify = f"notify = [{', '.join(_toml(part) for part in ctx.hook_command('codex'))}]\n"
-        config = f"""\
-{notify}{model_line}model_provider = "cao"
+def _config(ctx: LaunchContext, base_url: str, bypass: bool, notify: list[str] | None) -> str:
+    """``$CODEX_HOME/config.toml``, whole: Codex rewrites it, and a table written twice is fatal."""
+    # A real model slug against a local server brings a "model changed" dialog; an unknown one
+    # only a warning in the status line.
+    model = cli.model_name(ctx, MODEL, "fake-model" if base_url else "")
+    approval, sandbox = ("never", "danger-full-access") if bypass else ("on-request", "workspace-write")
+    model_line = f"model = {_toml(model)}\n" if model else ""
+    url = f"{base_url}/v1" if base_url else "https://api.openai.com/v1"
+    retries = "request_max_retries = 0\nstream_max_retries = 0\n" if base_url else ""
+    mcp = "\n\n".join(_mcp_table(name, spec) for name, spec in cli.mcp_servers(ctx).items())
+    notify_line = f"notify = [{', '.join(_toml(part) for part in notify)}]\n" if notify else ""
+    return f"""\
+{notify_line}{model_line}model_provider = "cao"
 approval_policy = "{approval}"
 sandbox_mode = "{sandbox}"
 check_for_update_on_startup = false
@@ -256,9 +170,46 @@ show_tooltips = false
 
 {mcp}
 """
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(ctx.terminal_home), CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
+
+
+class CodexProvider(BoxedTUI):
+    name = "codex"
+    description = "OpenAI Codex CLI, `codex` (input only when idle)"
+    accepts_input_while_processing = False  # a paste mid-turn cancels the turn
+    submit_timeout = 3.0
+    exit_command = "/quit"
+    idle_tail_pattern = re.compile(r"^(?!.*esc to interrupt)")
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY)
+    hook_phases = HOOK_PHASES
+    placeholder = literal(*PLACEHOLDERS, *EXAMPLES)
+    echo = ECHO_RE  # Codex has no queue: input only goes in when idle
+    asking_reason = "an approval prompt or a start-up dialog"
+    starting_reason = "starting: nothing drawn yet"
+    no_box = (
+        "no input box (a line starting ›), approval prompt or dialog on screen: still starting, or a "
+        "screen of a Codex release this provider does not know"
+    )
+    resume_hint = True
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        codex_home = ctx.terminal_home / ".codex"
+        bypass = ctx.knob(BYPASS)
+        base_url = ctx.knob(cli.MODEL_BASE_URL).rstrip("/")
+        key = ctx.knob(cli.OPENAI_API_KEY) or (cli.LOCAL_KEY if base_url else "")
+        if not key:
+            raise ProviderError(
+                "codex has no credentials: set CAO_OPENAI_API_KEY (or CAO_MODEL_BASE_URL for a local "
+                "model server) for cao-server"
+            )
+        # Lifecycle hooks (cao/hooks.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
+        # (trusted with --dangerously-bypass-hook-trust: cao wrote them into the throwaway home);
+        # before that, the `notify` program on each turn's end is all there is.
+        binary = cli.find_cli(ctx, BIN, "@openai/codex")
+        version = cli.npm_version(binary, "@openai/codex")
+        hooks_json = ctx.hooks and (version is None or version >= (0, 171))
+        notify = ctx.hook_command("codex") if ctx.hooks and not hooks_json else None
+        files = {codex_home / "config.toml": _config(ctx, base_url, bypass, notify)}
+        env = cli.pane_env(ctx, CODEX_HOME=str(codex_home), CAO_CODEX_API_KEY=key)
         # Inline mode keeps the transcript in tmux's scrollback (delivery recovery looks there).
         command = [binary]
         # Releases before the flag existed (0.77 here; 0.130 has it) draw inline anyway, and reject it.
@@ -266,41 +217,42 @@ show_tooltips = false
             command.append("--no-alt-screen")
         if bypass:
             command.append("--dangerously-bypass-approvals-and-sandbox")
-        files = {codex_home / "config.toml": config}
         if hooks_json:
-            events = command_hooks(ctx, "codex", HOOK_EVENTS, timeout=10)
+            events = cli.command_hooks(ctx, "codex", HOOK_EVENTS, timeout=10)
             files[codex_home / "hooks.json"] = json.dumps({"hooks": events}, indent=2)
             command.append("--dangerously-bypass-hook-trust")
-        if profile and profile.system_prompt:  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
-            files[codex_home / "AGENTS.md"] = profile.system_prompt
+        if prompt := cli.system_prompt(ctx):  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
+            files[codex_home / "AGENTS.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
-        return HOOK_PHASES.get(event)
-
-    def detect_status(self, screen: str) -> TerminalStatus:
-        return self.detect(screen).status
-
-    def detect(self, screen: str) -> Reading:
-        lines = _lines(screen)
-        if exited(lines):
-            return Reading(
-                TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)", final=True
-            )
+    def find_box(self, lines: list[str]) -> Box | None:
+        """The last line starting "› " and the indented rows under it, unless an approval or a
+        start-up dialog shows (their options start "› 1." as well)."""
         if _waiting(lines):
-            return Reading(TerminalStatus.WAITING_USER_ANSWER, "an approval prompt or a start-up dialog")
-        box = _box(lines)
-        if box is None:
-            if not lines:
-                return Reading(TerminalStatus.PROCESSING, "starting: nothing drawn yet")
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "no input box (a line starting ›), approval prompt or dialog on screen: still starting, "
-                "or a screen of a Codex release this provider does not know",
-            )
-        transcript = lines[:box]
-        start = _turn_start(transcript)
-        turn = transcript[start or 0 :]
+            return None
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith(PROMPT) or lines[i] == PROMPT.strip():
+                end = i + 1
+                while end < len(lines) and lines[end].startswith("  ") and lines[end].strip():
+                    end += 1
+                return Box(i, i, end)
+        return None
+
+    def asks(self, lines: list[str]) -> bool:
+        return _waiting(lines)
+
+    def blocks(self, lines: list[str]) -> list[str]:
+        """The ``• …`` and ``■ …`` blocks, up to the line that closes the turn (the busy line
+        ``• Working (…)`` is no block)."""
+        blocks = bullet_blocks(
+            [line for line in lines if not WORKED_RE.match(line)], ("• ", FAILED), stop=CLOSED_RE
+        )
+        return [block for block in blocks if not WORKING_RE.search(block.split("\n")[0])]
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        transcript = lines[: box.top]
+        last = self.turn(transcript)
+        turn = transcript if last is None else last
         if any(WORKING_RE.search(line) for line in turn):
             return Reading(TerminalStatus.PROCESSING, "• Working (… esc to interrupt)")
         # The last thing that closes or opens a turn decides: an echo opens one, "Worked for" or ■
@@ -311,40 +263,10 @@ show_tooltips = false
             if line.startswith(FAILED):
                 return Reading(TerminalStatus.ERROR, "■ closed the last turn")
         answered = any(line.startswith("• ") for line in turn)
-        if start is None and not answered:
+        if last is None and not answered:
             return Reading(TerminalStatus.IDLE, "the input box, no turn on screen")
         if answered and not _streams_before_closing(lines, box):
             return Reading(TerminalStatus.COMPLETED, "an answer and no Working line (a release before 0.171)")
         if answered:
             return Reading(TerminalStatus.PROCESSING, "an answer streaming: no Worked for yet")
         return Reading(TerminalStatus.PROCESSING, "a user turn not answered yet")
-
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        transcript = lines[:box] if box is not None and not _waiting(lines) else lines
-        blocks = _blocks(transcript[_turn_start(transcript) or 0 :])
-        return blocks[-1] if blocks else ""
-
-    def transcript(self, screen: str) -> str:
-        """Everything above the input box (the last ``› `` line); the whole screen under a prompt."""
-        lines = _lines(screen)
-        box = _box(lines)
-        return screen if box is None or _waiting(lines) or exited(lines) else head(screen, box)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        """See ``judge_submit``; Codex has no queue (input only when idle)."""
-        return judge_submit(self, before, after, lambda screen: (_last_echo(screen), 0))
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or _waiting(lines) or exited(lines):
-            return None
-        rows = [lines[box][len(PROMPT) :]]
-        for line in lines[box + 1 :]:
-            if not line.startswith("  ") or not line.strip():
-                break
-            rows.append(line[2:])
-        text = "\n".join(rows).strip()
-        return "" if text in PLACEHOLDERS or text in EXAMPLES else text

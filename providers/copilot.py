@@ -32,90 +32,53 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from typing import Any, ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
-from providers._cli import bullet_blocks, find_cli, flag, head, judge_submit
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers import _cli as cli
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks
 
-FAKE_KEY = "cao-local-model-server-key"
+BIN, MODEL, BYPASS = cli.cli_knobs(
+    "COPILOT", "copilot", "Copilot CLI", "`--allow-all`", tools=True, fake_model=True
+)
+GITHUB_TOKEN = knobs.text(
+    "CAO_COPILOT_GITHUB_TOKEN", "a GitHub token with Copilot access, passed as `COPILOT_GITHUB_TOKEN`"
+)
+PROVIDER_BASE_URL = knobs.text(
+    "CAO_COPILOT_PROVIDER_BASE_URL",
+    "an OpenAI-compatible endpoint for Copilot's own-key mode (no GitHub sign-in), with `CAO_OPENAI_API_KEY`",
+    shown="`$CAO_MODEL_BASE_URL/v1`",
+)
 RULE_RE = re.compile(r"^─{10,}$")
-BOX = "❯"
+BOX_RE = re.compile(r"❯")
 ECHO_RE = re.compile(r"^ ❯ (?!\d+\. )")
 BUSY_RE = re.compile(r"^\s*\S\s+(?:Working|Thinking)\b|\besc to (?:cancel|interrupt)\b", re.I)
-MENU_RE = re.compile(r"^[│ ]*❯ \d+\. ")
-HINT_RE = re.compile(r"\benter to (?:select|confirm)\b", re.I)
-TIME_RE = re.compile(r"\s{2,}\d\d:\d\d$")
+ASKING_RE = re.compile(r"^[│ ]*❯ \d+\. |\benter to (?:select|confirm)\b", re.I)  # a menu, its key hint
 
 
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box: between the last two full-width rules, opening with ❯."""
-    rules = [i for i, line in enumerate(lines) if RULE_RE.match(line)]
-    if len(rules) >= 2 and rules[-1] - rules[-2] > 1 and lines[rules[-2] + 1].startswith(BOX):
-        return rules[-2] + 1, rules[-1]
-    return None
-
-
-def _transcript(lines: list[str], box: tuple[int, int] | None) -> list[str]:
-    return lines[: box[0] - 1] if box else lines
-
-
-def _turn(transcript: list[str]) -> list[str] | None:
-    for i in range(len(transcript) - 1, -1, -1):
-        if ECHO_RE.match(transcript[i]):
-            j = i + 1
-            while j < len(transcript) and transcript[j].startswith("   "):
-                j += 1
-            return transcript[j:]
-    return None
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    lines = _lines(screen)
-    echoes = [line for line in _transcript(lines, _box(lines)) if ECHO_RE.match(line)]
-    return (echoes[-1] if echoes else None), 0
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    """The ``● …`` answers and ``✗ …`` failures in ``lines``, without marker or indent."""
-    return bullet_blocks([line[1:] for line in lines], ("● ", "✗ "))
-
-
-class CopilotProvider(Provider):
-    name: ClassVar[str] = "copilot"
-    description: ClassVar[str] = "GitHub Copilot CLI, `copilot`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/exit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*Working)")
+class CopilotProvider(BoxedTUI):
+    name = "copilot"
+    description = "GitHub Copilot CLI, `copilot`"
+    idle_tail_pattern = re.compile(r"^(?!.*Working)")
+    prompt_width = 1
+    echo = ECHO_RE
+    continuation = "   "
+    asking = ASKING_RE
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, GITHUB_TOKEN, PROVIDER_BASE_URL)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        allowed = None if profile is None or profile.allowed_tools is None else list(profile.allowed_tools)
-        bypass = flag(ctx, "CAO_COPILOT_BYPASS", allowed is None)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(home), COPILOT_AUTO_UPDATE="false")
-        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        base_url = knobs.get("CAO_COPILOT_PROVIDER_BASE_URL") or (f"{local}/v1" if local else "")
-        model = (
-            knobs.get("CAO_COPILOT_MODEL") or (profile and profile.model) or ("fake-model" if local else "")
-        )
+        home = ctx.terminal_home
+        allowed = cli.allowed_tools(ctx)
+        bypass = ctx.knob(BYPASS, allowed is None)
+        env = cli.pane_env(ctx, COPILOT_AUTO_UPDATE="false")
+        local = ctx.knob(cli.MODEL_BASE_URL).rstrip("/")
+        base_url = ctx.knob(PROVIDER_BASE_URL) or (f"{local}/v1" if local else "")
         if base_url:  # own-key mode: no GitHub sign-in
             env.update(
                 COPILOT_PROVIDER_BASE_URL=base_url,
                 COPILOT_PROVIDER_TYPE="openai",
-                COPILOT_PROVIDER_API_KEY=knobs.get("CAO_OPENAI_API_KEY") or FAKE_KEY,
+                COPILOT_PROVIDER_API_KEY=ctx.knob(cli.OPENAI_API_KEY) or cli.LOCAL_KEY,
             )
             if local:  # and limits, else a "not in the built-in catalog" warning at every start
                 env.update(
@@ -123,41 +86,28 @@ class CopilotProvider(Provider):
                     COPILOT_PROVIDER_MAX_PROMPT_TOKENS="128000",
                     COPILOT_PROVIDER_MAX_OUTPUT_TOKENS="16384",
                 )
-        elif knobs.get("CAO_COPILOT_GITHUB_TOKEN"):
-            env["COPILOT_GITHUB_TOKEN"] = knobs["CAO_COPILOT_GITHUB_TOKEN"]
+        elif token := ctx.knob(GITHUB_TOKEN):
+            env["COPILOT_GITHUB_TOKEN"] = token
         else:
             raise ProviderError(
                 "copilot has no credentials: set CAO_COPILOT_GITHUB_TOKEN (a token with Copilot access), "
                 "or CAO_COPILOT_PROVIDER_BASE_URL with CAO_OPENAI_API_KEY (own-key mode), or "
                 "CAO_MODEL_BASE_URL for a local model server, for cao-server"
             )
-        if model:
+        if model := cli.model_name(ctx, MODEL, "fake-model" if local else ""):
             env["COPILOT_MODEL"] = model
-        servers: dict[str, Any] = {}
-        for name, spec in (profile.mcp_servers if profile else {}).items():
-            entry = dict(spec)
-            entry.setdefault("type", "http" if "url" in spec else "local")
-            entry.setdefault("tools", ["*"])
-            servers[name] = entry
-        servers["cao"] = {
-            "type": "local",
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-            "tools": ["*"],
-        }
+        servers = cli.mcp_servers(ctx)
+        for spec in servers.values():
+            spec.setdefault("type", "http" if "url" in spec else "local")
+            spec.setdefault("tools", ["*"])
         state = {"trustedFolders": [str(ctx.working_directory)], "appTipShown": True}
         files = {
             home / ".copilot" / "config.json": json.dumps(state, indent=2),
             home / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
         }
-        if profile and profile.system_prompt:  # the user-level instructions, read at every start
-            files[home / ".copilot" / "copilot-instructions.md"] = profile.system_prompt
-        command = [find_cli(ctx, "CAO_COPILOT_BIN", "copilot", "@github/copilot")]
+        if prompt := cli.system_prompt(ctx):  # the user-level instructions, read at every start
+            files[home / ".copilot" / "copilot-instructions.md"] = prompt
+        command = [cli.find_cli(ctx, BIN, "@github/copilot")]
         command += ["--additional-mcp-config", f"@{home / 'mcp.json'}"]
         for tool in [*allowed, "cao"] if allowed is not None else ():
             command += ["--allow-tool", tool]
@@ -165,39 +115,24 @@ class CopilotProvider(Provider):
             command.append("--allow-all")
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
-            if any(MENU_RE.match(line) or HINT_RE.search(line) for line in lines):
-                return TerminalStatus.WAITING_USER_ANSWER
-            return TerminalStatus.PROCESSING  # starting up
-        if any(BUSY_RE.search(line) for line in lines[box[1] + 1 :]):
-            return TerminalStatus.PROCESSING
-        turn = _turn(_transcript(lines, box))
-        if turn is None:
-            return TerminalStatus.IDLE
-        marks = [line[1] for line in turn if line.startswith((" ● ", " ✗ "))]
-        return TerminalStatus.ERROR if marks and marks[-1] == "✗" else TerminalStatus.COMPLETED
+    def find_box(self, lines: list[str]) -> Box | None:
+        return box_between_rules(lines, RULE_RE, BOX_RE)
 
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        turn = _turn(_transcript(lines, _box(lines)))
-        blocks = _blocks(turn if turn is not None else [])
+    def blocks(self, lines: list[str]) -> list[str]:
+        """The ``● …`` answers and ``✗ …`` failures in ``lines``, without marker or indent."""
+        return bullet_blocks([line[1:] for line in lines], ("● ", "✗ "))
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        """Only what follows the last user turn: info lines (``● Tip``) use the answer bullet too."""
+        turn = self.turn(lines[: box.top] if box else lines)
+        blocks = self.blocks(turn if turn is not None else [])
         return blocks[-1] if blocks else ""
 
-    def transcript(self, screen: str) -> str:
-        box = _box(_lines(screen))
-        return screen if box is None else head(screen, box[0] - 1)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None:
-            return None
-        first, end = box
-        rows = [lines[first][len(BOX) :], *(line[2:] for line in lines[first + 1 : end])]
-        return "\n".join(row.rstrip() for row in rows).strip()
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        if any(BUSY_RE.search(line) for line in lines[box.end + 1 :]):
+            return Reading(TerminalStatus.PROCESSING)
+        turn = self.turn(lines[: box.top])
+        if turn is None:
+            return Reading(TerminalStatus.IDLE)
+        marks = [line[1] for line in turn if line.startswith((" ● ", " ✗ "))]
+        return Reading(TerminalStatus.ERROR if marks and marks[-1] == "✗" else TerminalStatus.COMPLETED)

@@ -28,26 +28,17 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from collections.abc import Mapping
 from itertools import takewhile
-from typing import ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import (
-    bullet_blocks,
-    command_hooks,
-    exited,
-    find_cli,
-    flag,
-    head,
-    judge_submit,
-    npm_version,
-)
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers import _cli as cli
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, bullet_blocks, literal
 
-FAKE_KEY = "cao-local-model-server-key"
+BIN, MODEL, BYPASS = cli.cli_knobs("GEMINI", "gemini", "Gemini CLI", "`--yolo`")
+API_KEY = knobs.text("CAO_GEMINI_API_KEY", "a Gemini API key, passed as `GEMINI_API_KEY`")
 # Lifecycle hooks (in ~/.gemini/settings.json; 0.24 and later). Notification: a tool permission.
 HOOK_PHASES = {
     "SessionStart": HookPhase.SESSION_START,
@@ -61,22 +52,13 @@ BOTTOM_RE = re.compile(r"^▀{10,}$")
 RULE_RE = re.compile(r"^─{10,}$")
 BUSY_RE = re.compile(r"\(esc to cancel, \d+[ms]")
 PROMPT_RE = re.compile(r"^ [>*!] ")  # " > " (" * " under --yolo, " ! " in shell mode)
-MENU_RE = re.compile(r"^[│ ]*● \d+\. ")
-# A framed dialog without a menu (the API-key entry box) or with one: its key hint.
-DIALOG_HINT_RE = re.compile(r"^[│ ]*\((?:Press|Use) Enter to (?:submit|select)\b")
+# A menu's cursor line, or a framed dialog's key hint (with a menu, or without: the API-key entry box).
+ASKING_RE = re.compile(r"^[│ ]*● \d+\. |^[│ ]*\((?:Press|Use) Enter to (?:submit|select)\b")
 FRAME_TOP_RE = re.compile(r"^╭─{10,}╮$")  # before 0.30: the box is a rounded frame
 FRAME_BOTTOM_RE = re.compile(r"^╰─{10,}╯$")
 FRAMED_PROMPT_RE = re.compile(r"^│ [>*!] ")
 ECHO_LINE_RE = re.compile(r"^> \S")  # before 0.30: an echoed user turn is a plain "> text" line
-PLACEHOLDERS = ("Type your message or @path/to/file",)
 QUEUED = "Queued (press ↑ to edit):"  # then one line per input typed while busy, indented 4
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
 
 
 def _bands(lines: list[str]) -> list[tuple[int, int]]:
@@ -105,18 +87,22 @@ def _framed_box(lines: list[str]) -> tuple[int, int] | None:
     return None
 
 
-def _box(lines: list[str]) -> tuple[int, int] | None:
+def _box(lines: list[str]) -> Box | None:
     """The input box: the last band, right under the composer's rule (and its mode line); before
-    0.30 a rounded frame.
+    0.30 a rounded frame. Its top is that rule (the ▄ or ╭ row without one).
 
     Typed text reads " > text" exactly like an echoed turn, so only the position tells them apart.
     """
     bands = _bands(lines)
-    if bands:
-        first, end = bands[-1]
-        if any(RULE_RE.match(line) for line in lines[max(0, first - 4) : first - 1]):
-            return first, end
-    return _framed_box(lines)
+    found = bands[-1] if bands else None
+    if found is None or not any(RULE_RE.match(line) for line in lines[max(0, found[0] - 4) : found[0] - 1]):
+        found = _framed_box(lines)
+    if found is None:
+        return None
+    first, end = found
+    edge = first - 1  # the ▄ row (╭ before 0.30)
+    rules = [i for i in range(max(0, edge - 3), edge) if RULE_RE.match(lines[i])]
+    return Box(rules[-1] if rules else edge, first, end)
 
 
 def _row(line: str) -> str:
@@ -124,11 +110,12 @@ def _row(line: str) -> str:
     return line[1:].rstrip().removesuffix("│").rstrip() if line.startswith("│") else line
 
 
-def _echoes(lines: list[str], box: tuple[int, int] | None) -> list[tuple[int, int]]:
+def _echoes(lines: list[str], box: Box | None) -> list[tuple[int, int]]:
     """``(first, last)`` rows of each echoed user turn above the box: its band (first row to the
     ▀ row), or before 0.30 a ``> text`` line and its indented continuation."""
-    top = box[0] - 1 if box else len(lines)
-    bands = [band for band in _bands(lines) if band != box and band[1] < top]
+    top = box.first - 1 if box else len(lines)
+    rows = (box.first, box.end) if box else None
+    bands = [band for band in _bands(lines) if band != rows and band[1] < top]
     if bands:
         return bands
     echoes = []
@@ -141,10 +128,10 @@ def _echoes(lines: list[str], box: tuple[int, int] | None) -> list[tuple[int, in
     return echoes
 
 
-def _turn(lines: list[str], box: tuple[int, int] | None) -> list[str] | None:
+def _turn(lines: list[str], box: Box | None) -> list[str] | None:
     """Lines between the last echoed user turn and the composer (spinner line, rule, status line,
     box); None if no turn shows."""
-    end = box[0] - 1 if box else len(lines)
+    end = box.first - 1 if box else len(lines)
     rules = [i for i in range(end) if RULE_RE.match(lines[i])]
     if box and rules:
         end = rules[-1] - 1  # the spinner / "? for shortcuts" line sits right above the rule
@@ -154,117 +141,91 @@ def _turn(lines: list[str], box: tuple[int, int] | None) -> list[str] | None:
     return lines[echoes[-1][1] + 1 : end]
 
 
-def _marks(screen: str) -> tuple[str | None, int]:
-    """What a submit adds: (the last echoed user turn's first line, how many inputs are queued)."""
-    lines = _lines(screen)
-    box = _box(lines)
-    echoes = _echoes(lines, box)
-    queued = 0
-    for i, line in enumerate(lines):
-        if line.strip() == QUEUED:
-            queued = len(list(takewhile(lambda row: row.startswith("    "), lines[i + 1 :])))
-    return (lines[echoes[-1][0]] if echoes else None), queued
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    """The ``✦ …`` answers and ``✕ …`` errors in ``lines``, without marker or indent."""
-    return bullet_blocks(lines, ("✦ ", "✕ "))
-
-
-class GeminiCliProvider(Provider):
-    name: ClassVar[str] = "gemini_cli"
-    description: ClassVar[str] = "Gemini CLI (Google), `gemini`"
-    accepts_input_while_processing: ClassVar[bool] = True
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2  # < 50 ms and Gemini drops the Enter
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/quit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
+class GeminiCliProvider(BoxedTUI):
+    name = "gemini_cli"
+    description = "Gemini CLI (Google), `gemini`"
+    accepts_input_while_processing = True
+    paste_enter_delay = 0.2  # < 50 ms and Gemini drops the Enter
+    exit_command = "/quit"
+    idle_tail_pattern = re.compile(r"^(?!.*esc to cancel)")
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY)
+    hook_phases = HOOK_PHASES
+    placeholder = literal("Type your message or @path/to/file")
+    asking = ASKING_RE  # a permission prompt, a question or a dialog
+    asking_reason = "a menu or a dialog's key hint"
+    starting_reason = "starting: nothing drawn yet"
+    no_box = (
+        "no input box (a ▄/▀ band under a ──── rule, or a ╭╰ frame), menu or dialog on screen: still "
+        "starting, or a screen of a Gemini CLI release this provider does not know"
+    )
+    resume_hint = True
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = flag(ctx, "CAO_GEMINI_BYPASS", True)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(home), GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
-        key = knobs.get("CAO_GEMINI_API_KEY", "")
-        if knobs.get("CAO_MODEL_BASE_URL"):
-            env["GOOGLE_GEMINI_BASE_URL"] = knobs["CAO_MODEL_BASE_URL"]
-            key = key or FAKE_KEY
+        home = ctx.terminal_home
+        bypass = ctx.knob(BYPASS)
+        env = cli.pane_env(ctx, GEMINI_TELEMETRY_ENABLED="false", COLORTERM="truecolor")
+        key = ctx.knob(API_KEY)
+        if base_url := ctx.knob(cli.MODEL_BASE_URL):
+            env["GOOGLE_GEMINI_BASE_URL"] = base_url
+            key = key or cli.LOCAL_KEY
         if not key:
             raise ProviderError(
                 "gemini_cli has no credentials: set CAO_GEMINI_API_KEY (or CAO_MODEL_BASE_URL for a "
                 "local model server) for cao-server"
             )
         env["GEMINI_API_KEY"] = key
-        servers = {name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()}
-        for spec in servers.values():
-            if "url" in spec:  # Gemini's name for a streamable-HTTP server's address
-                spec["httpUrl"] = spec.pop("url")
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        settings: dict[str, object] = {
-            "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
-            "privacy": {"usageStatisticsEnabled": False},
-            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
-            "telemetry": {"enabled": False},
-            "ide": {"enabled": False},
-            "ui": {"hideTips": True},
-            "mcpServers": servers,
-        }
-        binary = find_cli(ctx, "CAO_GEMINI_BIN", "gemini", "@google/gemini-cli")
+        general = {"enableAutoUpdate": False, "enableAutoUpdateNotification": False}
+        settings = cli.gemini_settings(ctx, "gemini-api-key", general)
+        binary = cli.find_cli(ctx, BIN, "@google/gemini-cli")
         command = [binary]
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
-            hooks = command_hooks(ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao")  # ms
-            version = npm_version(binary, "@google/gemini-cli")
+            # (Gemini's hook timeout is in ms.)
+            hooks = cli.command_hooks(ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao")
+            version = cli.npm_version(binary, "@google/gemini-cli")
             if version is not None and version < (0, 45):  # 0.24: off unless hooks.enabled
                 hooks.update(enabled=True, notifications=False)
             else:  # on by default since; the switches moved to hooksConfig
                 settings["hooksConfig"] = {"enabled": True, "notifications": False}
             settings["hooks"] = hooks
-        if model := knobs.get("CAO_GEMINI_MODEL") or (profile and profile.model):
+        if model := cli.model_name(ctx, MODEL):
             command += ["--model", model]
         if bypass:
             command.append("--yolo")
         files = {home / ".gemini" / "settings.json": json.dumps(settings, indent=2)}
-        if profile and profile.system_prompt:  # the user-level context file, read at every start
-            files[home / ".gemini" / "GEMINI.md"] = profile.system_prompt
+        if prompt := cli.system_prompt(ctx):  # the user-level context file, read at every start
+            files[home / ".gemini" / "GEMINI.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
-        return HOOK_PHASES.get(event)
+    def find_box(self, lines: list[str]) -> Box | None:
+        return _box(lines)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        return self.detect(screen).status
+    def box_text(self, lines: list[str], box: Box) -> str:
+        rest = (_row(line)[3:] for line in lines[box.first + 1 : box.end])
+        return "\n".join([PROMPT_RE.sub("", _row(lines[box.first])), *rest]).strip()
 
-    def detect(self, screen: str) -> Reading:
-        lines = _lines(screen)
-        if exited(lines):
-            return Reading(
-                TerminalStatus.UNKNOWN, "the CLI has exited (pane dead, or its resume hint)", final=True
-            )
-        box = _box(lines)
-        if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
-            if any(MENU_RE.match(line) or DIALOG_HINT_RE.match(line) for line in lines):
-                return Reading(TerminalStatus.WAITING_USER_ANSWER, "a menu or a dialog's key hint")
-            if not lines:
-                return Reading(TerminalStatus.PROCESSING, "starting: nothing drawn yet")
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "no input box (a ▄/▀ band under a ──── rule, or a ╭╰ frame), menu or dialog on screen: "
-                "still starting, or a screen of a Gemini CLI release this provider does not know",
-            )
-        if any(BUSY_RE.search(line) for line in lines[: box[0]]):
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        """The last ``✦ …`` answer (or ``✕ …`` error) of the last turn, without its marker."""
+        turn = _turn(lines, box)
+        blocks = bullet_blocks(turn if turn is not None else lines, ("✦ ", "✕ "))
+        return blocks[-1] if blocks else ""
+
+    def marks(self, screen: str) -> tuple[str | None, int]:
+        """The last echoed turn's first line, and the inputs listed under ``Queued``."""
+        lines = self.lines(screen)
+        echoes = _echoes(lines, _box(lines))
+        queued = 0
+        for i, line in enumerate(lines):
+            if line.strip() == QUEUED:
+                queued = len(list(takewhile(lambda row: row.startswith("    "), lines[i + 1 :])))
+        return (lines[echoes[-1][0]] if echoes else None), queued
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        if any(BUSY_RE.search(line) for line in lines[: box.first]):
             return Reading(TerminalStatus.PROCESSING, "a spinner line (esc to cancel, Ns)")
         turn = _turn(lines, box)
-        marks = [line[0] for line in (lines[: box[0]] if turn is None else turn) if line[:2] in ("✦ ", "✕ ")]
+        marks = [
+            line[0] for line in (lines[: box.first] if turn is None else turn) if line[:2] in ("✦ ", "✕ ")
+        ]
         if not marks:  # nothing answered yet (a long echo may have scrolled the start away)
             if turn is None:
                 return Reading(TerminalStatus.IDLE, "the input box, no turn on screen")
@@ -272,35 +233,3 @@ class GeminiCliProvider(Provider):
         if marks[-1] == "✕":
             return Reading(TerminalStatus.ERROR, "the last turn ends in ✕ (an error)")
         return Reading(TerminalStatus.COMPLETED, "the input box after an answered turn")
-
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        turn = _turn(lines, box)
-        blocks = _blocks(turn if turn is not None else lines)
-        return blocks[-1] if blocks else ""
-
-    def transcript(self, screen: str) -> str:
-        """Everything above the composer (the rule over the mode line and the box); the whole
-        screen while a prompt or dialog shows."""
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or exited(lines):
-            return screen
-        top = box[0] - 1  # the ▄ row (╭ before 0.30)
-        rules = [i for i in range(max(0, top - 3), top) if RULE_RE.match(lines[i])]
-        return head(screen, rules[-1] if rules else top)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        """See ``judge_submit`` (text left in the box: Gemini kept the Enter as a newline)."""
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or exited(lines):
-            return None
-        first, end = box
-        rows = [PROMPT_RE.sub("", _row(lines[first])), *(_row(line)[3:] for line in lines[first + 1 : end])]
-        text = "\n".join(rows).strip()
-        return "" if text in PLACEHOLDERS else text

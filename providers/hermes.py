@@ -40,18 +40,26 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 import textwrap
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
-from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import find_venv_cli, flag, head, judge_submit
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers import _cli as cli
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI
 
-FAKE_KEY = "cao-local-model-server-key"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
+BIN, MODEL, BYPASS = cli.cli_knobs(
+    "HERMES",
+    "hermes",
+    "Hermes",
+    "`--yolo` and `approvals.mode: off`; off: `manual`",
+    fake_model=True,
+    vendor_key="CAO_HERMES_API_KEY",
+    venv="hermes-agent",
+)
+API_KEY, BASE_URL = cli.vendor_knobs("HERMES", "an OpenRouter (or OpenAI-compatible) API key", OPENROUTER_URL)
 PASTE_FOLD_NEVER = 100_000_000
 
 RULE_RE = re.compile(r"^─{3,}$")
@@ -79,6 +87,7 @@ ERROR_RE = re.compile(r"^❌ ")
 RESUME_RE = re.compile(r"^ {2}hermes --resume \S")
 # A question Hermes asks on the plain terminal before its box exists: "Allow this hook to run?
 # [y/N]: " (a shell hook not accepted beforehand), "Run setup now? [Y/n]" (no provider configured).
+EXITED = "Hermes has exited (its resume hint or a dead pane shows)"
 YES_NO_RE = re.compile(r"\? \[[yY]/[nN]\]:? ?$")
 
 
@@ -120,53 +129,36 @@ def _config(
     }
 
 
-class HermesProvider(Provider):
-    name: ClassVar[str] = "hermes"
-    description: ClassVar[str] = "Hermes (Nous Research), `hermes`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/exit"
+class HermesProvider(BoxedTUI):
+    name = "hermes"
+    description = "Hermes (Nous Research), `hermes`"
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY, BASE_URL)
+    hook_phases = HOOK_PHASES
+    no_box = (
+        "no input box (two full-width '────' rules under the status bar, the lower one last) on "
+        "screen: the status bar hidden (Hermes's /statusbar shows it again), a pane under 64 "
+        "columns, or a screen of a Hermes release this provider does not know"
+    )
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = flag(ctx, "CAO_HERMES_BYPASS", True)
-        share = home / ".hermes"
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(home), HERMES_HOME=str(share))
-        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        model = knobs.get("CAO_HERMES_MODEL") or (profile and profile.model) or ""
-        if knobs.get("CAO_HERMES_API_KEY"):  # OpenRouter (or any OpenAI-compatible API)
-            base_url, key = knobs.get("CAO_HERMES_BASE_URL") or OPENROUTER_URL, knobs["CAO_HERMES_API_KEY"]
-            if not model:
-                raise ProviderError(
-                    "hermes needs a model for CAO_HERMES_API_KEY: set CAO_HERMES_MODEL or the agent "
-                    "profile's model, for cao-server"
-                )
-        elif local:
-            base_url, key, model = f"{local}/v1", FAKE_KEY, model or "fake-model"
-        else:
-            raise ProviderError(
-                "hermes has no credentials: set CAO_HERMES_API_KEY (with CAO_HERMES_MODEL, and "
-                "CAO_HERMES_BASE_URL for an endpoint other than OpenRouter), or CAO_MODEL_BASE_URL for "
-                "a local model server, for cao-server"
-            )
-        servers: dict[str, Any] = {
-            name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()
-        }
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        prompt = profile.system_prompt if profile and profile.system_prompt else ""
-        config = _config(base_url, key, model, servers, prompt, bypass)
+        bypass = ctx.knob(BYPASS)
+        share = ctx.terminal_home / ".hermes"
+        env = cli.pane_env(ctx, HERMES_HOME=str(share))
+        api = cli.vendor_or_local(
+            ctx,
+            API_KEY,
+            BASE_URL,
+            OPENROUTER_URL,
+            MODEL,
+            needs_model="hermes needs a model for CAO_HERMES_API_KEY: set CAO_HERMES_MODEL or the agent "
+            "profile's model, for cao-server",
+            no_credentials="hermes has no credentials: set CAO_HERMES_API_KEY (with CAO_HERMES_MODEL, and "
+            "CAO_HERMES_BASE_URL for an endpoint other than OpenRouter), or CAO_MODEL_BASE_URL for a local "
+            "model server, for cao-server",
+        )
+        config = _config(
+            api.base_url, api.key, api.model, cli.mcp_servers(ctx), cli.system_prompt(ctx), bypass
+        )
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
             config["hooks"] = {
                 event: [{"command": shlex.join(ctx.hook_command("hermes", event)), "timeout": 10}]
@@ -174,71 +166,78 @@ class HermesProvider(Provider):
             }
             config["hooks_auto_accept"] = True
         files = {share / "config.yaml": json.dumps(config, indent=2) + "\n"}  # YAML reads JSON
-        binary = find_venv_cli(ctx, "CAO_HERMES_BIN", "hermes", "hermes-agent", "0.19.0", "mcp")
+        binary = cli.find_venv_cli(ctx, BIN, "hermes-agent", "0.19.0", "mcp")
         command = [binary, *(["--yolo"] if bypass else [])]
         return LaunchSpec(command=command, env=env, files=files)
-
-    def detect(self, screen: str) -> Reading:
-        lines = _lines(screen)
-        if _exited(lines):
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "Hermes has exited (its resume hint or a dead pane shows)",
-                final=True,
-            )
-        box = _box(lines)
-        if box is None:
-            if lines and YES_NO_RE.search(lines[-1]):
-                return Reading(TerminalStatus.WAITING_USER_ANSWER)
-            if not lines or not any(RULE_RE.match(line) for line in lines):
-                return Reading(TerminalStatus.PROCESSING)  # starting up: the banner, no box yet
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "no input box (two full-width '────' rules under the status bar, the lower one "
-                "last) on screen: the status bar hidden (Hermes's /statusbar shows it again), a pane "
-                "under 64 columns, or a screen of a Hermes release this provider does not know",
-            )
-        top, bottom = box
-        spinning = any(SPINNER_RE.match(line) for line in lines[max(0, top - 5) : top])
-        if top + 1 == bottom or not PROMPT_RE.match(lines[top + 1]):
-            if spinning:
-                return Reading(TerminalStatus.PROCESSING)
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "the input box holds more rows than it shows: its prompt row, which carries the "
-                "state icon, has scrolled out of view",
-            )
-        icon = _icon(lines[top + 1])
-        if icon in ASKING:
-            return Reading(TerminalStatus.WAITING_USER_ANSWER)
-        if icon == RUNNING or spinning:
-            return Reading(TerminalStatus.PROCESSING)
-        if icon is not None:
-            return Reading(
-                TerminalStatus.UNKNOWN, f"the input line shows {icon!r} before its '❯', a state not known"
-            )
-        turn = _turn(lines[:top])
-        if turn is None:
-            return Reading(TerminalStatus.IDLE)
-        for line in reversed(turn):  # an error after the last streamed answer
-            if line.startswith("╭─ ⚕ Hermes "):
-                break
-            if ERROR_RE.match(line):
-                return Reading(TerminalStatus.ERROR)
-        return Reading(TerminalStatus.COMPLETED)
-
-    def detect_status(self, screen: str) -> TerminalStatus:
-        return self.detect(screen).status
 
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         if event == "on_session_finalize" and payload.get("reason") != "shutdown":
             return HookPhase.SESSION_START  # /new or /clear: a fresh session, waiting for input
-        return HOOK_PHASES.get(event)
+        return super().hook_phase(event, payload)
 
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        turn = _turn(lines[: box[0]] if box else lines)
+    def find_box(self, lines: list[str]) -> Box | None:
+        """Between the input box's two full-width rules, found from the bottom of the screen (the
+        last line is the lower rule; the status bar sits over the top rule, at most ``BOX_ROWS``
+        rows higher), never by a prompt row: text in the box may quote a Hermes screen, rules and
+        ``❯`` included, and a long text scrolls the real prompt row out of view."""
+        bottom = len(lines) - 1
+        if bottom < 2 or not RULE_RE.match(lines[bottom]):
+            return None
+        for i in range(max(0, bottom - BOX_ROWS - 2), bottom - 1):  # the topmost: quotes are lower
+            if STATUS_RE.match(lines[i]) and lines[i + 1] == lines[bottom]:  # both rules pane-wide
+                return Box(i + 1, i + 2, bottom)
+        return None
+
+    def quit_reason(self, lines: list[str]) -> str | None:
+        """A dead pane, or Hermes's parting "Resume this session with: hermes --resume <id>" with its
+        session summary (Session:, Title:, Duration:, Messages:) under it and no box after it. (Not
+        the shared resume-hint search of the last lines: those are Hermes's input box, where a
+        person may type such a command.)"""
+        if any(line.startswith("Pane is dead (") for line in lines[-3:]):
+            return EXITED
+        hints = [i for i, line in enumerate(lines) if RESUME_RE.match(line)]
+        if hints and not any(RULE_RE.match(line) for line in lines[hints[-1] :]):
+            return EXITED
+        return None
+
+    def input_box(self, lines: list[str]) -> Box | None:
+        """Not under an approval or a question (they have the keys: no typing there), and not a box
+        scrolled to blank rows (its prompt row out of view)."""
+        box = super().input_box(lines)
+        rows = lines[box.first : box.end] if box else []
+        if rows and PROMPT_RE.match(rows[0]):
+            return box if _icon(rows[0]) in (None, RUNNING) else None
+        return box if "\n".join(rows).strip() else None
+
+    def box_text(self, lines: list[str], box: Box) -> str:
+        rows = lines[box.first : box.end]
+        if not rows or not PROMPT_RE.match(rows[0]):  # scrolled: more text above the rows shown
+            return "\n".join(rows).strip()
+        icon = _icon(rows[0])
+        rows[0] = PROMPT_RE.sub("", rows[0], count=1)
+        if icon == RUNNING and rows[0].startswith(PLACEHOLDER):  # drawn while a turn runs
+            return ""
+        return "\n".join(rows).strip()
+
+    def is_echo(self, transcript: list[str], i: int) -> bool:
+        return transcript[i].startswith(ECHO) and i > 0 and transcript[i - 1] == ECHO_RULE
+
+    def turn(self, transcript: list[str]) -> list[str] | None:
+        """Rows after the last echoed user turn (and its closing frame); with the echo scrolled off
+        the top (a long answer), the whole transcript if an answer or error shows; else None."""
+        for i in range(len(transcript) - 1, -1, -1):
+            if self.is_echo(transcript, i):
+                j = i + 1
+                while j < len(transcript) and transcript[j] != ECHO_RULE:
+                    j += 1
+                return transcript[j + 1 :]
+        if any(ANSWER_RE.match(line) or ERROR_RE.match(line) for line in transcript):
+            return transcript
+        return None
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        """The last answer box or panel of the last turn, dedented; with none, its last ❌ line."""
+        turn = self.turn(lines[: box.top] if box else lines)
         if turn is None:
             return ""
         answers: list[list[str]] = []
@@ -256,89 +255,42 @@ class HermesProvider(Provider):
         errors = [line for line in turn if ERROR_RE.match(line)]
         return errors[-1] if errors else ""
 
-    def transcript(self, screen: str) -> str:
-        box = _box(_lines(screen))
-        return screen if box is None or self.input_text(screen) is None else head(screen, box[0])
+    def asks(self, lines: list[str]) -> bool:
+        return bool(lines) and bool(YES_NO_RE.search(lines[-1]))
 
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
+    def starting(self, lines: list[str]) -> bool:
+        return not lines or not any(RULE_RE.match(line) for line in lines)  # the banner, no box yet
 
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or _exited(lines):
-            return None
-        top, bottom = box
-        rows = lines[top + 1 : bottom]
-        if not rows or not PROMPT_RE.match(rows[0]):  # scrolled: more text above the rows shown
-            return "\n".join(rows).strip() or None
-        icon = _icon(rows[0])
-        if icon not in (None, RUNNING):  # a menu or question has the keys: no typing there
-            return None
-        rows[0] = PROMPT_RE.sub("", rows[0], count=1)
-        if icon == RUNNING and rows[0].startswith(PLACEHOLDER):  # drawn while a turn runs
-            return ""
-        return "\n".join(rows).strip()
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _exited(lines: list[str]) -> bool:
-    """A dead pane, or Hermes's parting "Resume this session with: hermes --resume <id>" with its
-    session summary (Session:, Title:, Duration:, Messages:) under it and no box after it. (Not the
-    shared resume-hint search of the last lines: those are Hermes's input box, where a person may
-    type such a command.)"""
-    if any(line.startswith("Pane is dead (") for line in lines[-3:]):
-        return True
-    hints = [i for i, line in enumerate(lines) if RESUME_RE.match(line)]
-    return bool(hints) and not any(RULE_RE.match(line) for line in lines[hints[-1] :])
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        spinning = any(SPINNER_RE.match(line) for line in lines[max(0, box.top - 5) : box.top])
+        if box.first == box.end or not PROMPT_RE.match(lines[box.first]):
+            if spinning:
+                return Reading(TerminalStatus.PROCESSING)
+            return Reading(
+                TerminalStatus.UNKNOWN,
+                "the input box holds more rows than it shows: its prompt row, which carries the "
+                "state icon, has scrolled out of view",
+            )
+        icon = _icon(lines[box.first])
+        if icon in ASKING:
+            return Reading(TerminalStatus.WAITING_USER_ANSWER)
+        if icon == RUNNING or spinning:
+            return Reading(TerminalStatus.PROCESSING)
+        if icon is not None:
+            return Reading(
+                TerminalStatus.UNKNOWN, f"the input line shows {icon!r} before its '❯', a state not known"
+            )
+        turn = self.turn(lines[: box.top])
+        if turn is None:
+            return Reading(TerminalStatus.IDLE)
+        for line in reversed(turn):  # an error after the last streamed answer
+            if line.startswith("╭─ ⚕ Hermes "):
+                break
+            if ERROR_RE.match(line):
+                return Reading(TerminalStatus.ERROR)
+        return Reading(TerminalStatus.COMPLETED)
 
 
 def _icon(line: str) -> str | None:
     found = PROMPT_RE.match(line)
     return found.group(1) if found else None
-
-
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(top, bottom)``: the lines of the input box's two full-width rules. Found from the bottom of
-    the screen (the last line is the lower rule; the status bar sits over the top rule, at most
-    ``BOX_ROWS`` rows higher), never by a prompt row: text in the box may quote a Hermes screen,
-    rules and ``❯`` included, and a long text scrolls the real prompt row out of view."""
-    bottom = len(lines) - 1
-    if bottom < 2 or not RULE_RE.match(lines[bottom]):
-        return None
-    for i in range(max(0, bottom - BOX_ROWS - 2), bottom - 1):  # the topmost: quotes are lower
-        if STATUS_RE.match(lines[i]) and lines[i + 1] == lines[bottom]:  # both rules pane-wide
-            return i + 1, bottom
-    return None
-
-
-def _turn(transcript: list[str]) -> list[str] | None:
-    """Rows after the last echoed user turn (and its closing frame); with the echo scrolled off the
-    top (a long answer), the whole transcript if an answer or error shows; else None."""
-    for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(ECHO) and i > 0 and transcript[i - 1] == ECHO_RULE:
-            j = i + 1
-            while j < len(transcript) and transcript[j] != ECHO_RULE:
-                j += 1
-            return transcript[j + 1 :]
-    if any(ANSWER_RE.match(line) or ERROR_RE.match(line) for line in transcript):
-        return transcript
-    return None
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    lines = _lines(screen)
-    box = _box(lines)
-    transcript = lines[: box[0]] if box else lines
-    echoes = [
-        line
-        for i, line in enumerate(transcript)
-        if i and line.startswith(ECHO) and transcript[i - 1] == ECHO_RULE
-    ]
-    return (echoes[-1] if echoes else None), 0

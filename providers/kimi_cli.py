@@ -36,24 +36,23 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
-from collections.abc import Mapping
-from typing import Any, ClassVar
 
-from cao.errors import ProviderError
-from cao.states import HookPhase
-from providers._cli import bullet_blocks, exited, find_venv_cli, flag, head, judge_submit
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers import _cli as cli
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, bullet_blocks
 
-FAKE_KEY = "cao-local-model-server-key"
 MOONSHOT_URL = "https://api.moonshot.ai/v1"
+BIN, MODEL, BYPASS = cli.cli_knobs(
+    "KIMI", "kimi", "Kimi CLI", "`--yolo`", fake_model=True, vendor_key="CAO_KIMI_API_KEY", venv="kimi-cli"
+)
+API_KEY, BASE_URL = cli.vendor_knobs("KIMI", "a Moonshot (or compatible) API key", MOONSHOT_URL)
 CONTEXT_SIZE = 131072  # tokens; Kimi needs one per model (it decides when to compact)
 PASTE_FOLD_NEVER = "100000000"
 
 INPUT_RE = re.compile(r"^ ?[─╌]{1,2} input(?: · [^─╌]*)? [─╌]+$")  # the rule over the box ("╌" in plan mode)
 QUEUED_RE = re.compile(r" input(?: · plan)? · \d+ queued ")
 SEPARATOR_RE = re.compile(r"^─{20,}$")  # the toolbar's rule under the box
-ECHO = "✨ "
+ECHO_RE = re.compile(r"✨ ")
 BULLET = "• "
 TOOL_RE = re.compile(r"^• (?:Used|Using) [A-Za-z_][\w.-]*(?: \(|$)")
 # The live area while a turn runs: a moon phase (waiting for the model), or a braille spinner on the
@@ -68,17 +67,13 @@ ERROR_RE = re.compile(
     r"^(?:LLM provider error:|Server: |Authorization failed\.|Membership expired|Network connection failed:|"
     r"Request timed out:|The server returned an empty response\.|Unexpected error:|LLM not set)"
 )
+LOADING_RE = re.compile(r"^[⠀-⣿] Loading ")  # start-up, before the box
 APPROVAL_RE = re.compile(r"^╭─ (?:approval|question)\b|^│ +(?:→ )?\[\d\] |↵ (?:confirm|submit)")
 
 
 # Lifecycle hooks ([[hooks]] in ~/.kimi/config.toml; Claude-style payloads on stdin). Kimi asks for
 # approvals on screen only (its Notification hook is for background tasks).
-HOOK_PHASES = {
-    "SessionStart": HookPhase.SESSION_START,
-    "UserPromptSubmit": HookPhase.TURN_START,
-    "Stop": HookPhase.TURN_END,
-    "SessionEnd": HookPhase.SESSION_END,
-}
+HOOK_PHASES = cli.CLAUDE_HOOK_PHASES
 
 
 def _toml(value: object) -> str:
@@ -100,22 +95,26 @@ def _config(base_url: str, key: str, kind: str, model: str) -> str:
     return "\n\n".join("\n".join(table) for table in rows) + "\n"
 
 
-class KimiCliProvider(Provider):
-    name: ClassVar[str] = "kimi_cli"
-    description: ClassVar[str] = "Kimi CLI, `kimi`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/exit"
+class KimiCliProvider(BoxedTUI):
+    name = "kimi_cli"
+    description = "Kimi CLI, `kimi`"
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY, BASE_URL)
+    hook_phases = HOOK_PHASES
+    prompt_width = 1
+    indent = 0
+    echo = ECHO_RE
+    asking = APPROVAL_RE  # an approval or a question replaces the box
+    no_box = (
+        "no input box (a '── input ──' rule over the toolbar's rule), approval or start-up spinner on "
+        "screen: a screen of a Kimi CLI release this provider does not know"
+    )
+    resume_hint = True
+    exit_reason = "Kimi CLI has exited (its resume hint or a dead pane shows)"
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = flag(ctx, "CAO_KIMI_BYPASS", True)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(
-            HOME=str(home),
+        bypass = ctx.knob(BYPASS)
+        env = cli.pane_env(
+            ctx,
             KIMI_CLI_NO_AUTO_UPDATE="1",
             KIMI_DISABLE_TELEMETRY="1",
             # A long paste would show as "[Pasted text #1 +40 lines]" in the box and the echo: keep
@@ -123,42 +122,20 @@ class KimiCliProvider(Provider):
             KIMI_CLI_PASTE_CHAR_THRESHOLD=PASTE_FOLD_NEVER,
             KIMI_CLI_PASTE_LINE_THRESHOLD=PASTE_FOLD_NEVER,
         )
-        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        model = knobs.get("CAO_KIMI_MODEL") or (profile and profile.model) or ""
-        if knobs.get("CAO_KIMI_API_KEY"):  # Moonshot's own API (or a compatible one)
-            base_url, key, kind = (
-                knobs.get("CAO_KIMI_BASE_URL") or MOONSHOT_URL,
-                knobs["CAO_KIMI_API_KEY"],
-                "kimi",
-            )
-            if not model:
-                raise ProviderError(
-                    "kimi_cli needs a model for CAO_KIMI_API_KEY: set CAO_KIMI_MODEL (e.g. the one your "
-                    "Moonshot account offers) or the agent profile's model, for cao-server"
-                )
-        elif local:
-            base_url, key, kind = f"{local}/v1", FAKE_KEY, "openai_legacy"
-            model = model or "fake-model"
-        else:
-            raise ProviderError(
-                "kimi_cli has no credentials: set CAO_KIMI_API_KEY (with CAO_KIMI_MODEL, and "
-                "CAO_KIMI_BASE_URL for a non-Moonshot endpoint), or CAO_MODEL_BASE_URL for a local "
-                "model server, for cao-server"
-            )
-        servers: dict[str, Any] = {
-            name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()
-        }
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        share = home / ".kimi"
-        config = _config(base_url, key, kind, model)
+        api = cli.vendor_or_local(
+            ctx,
+            API_KEY,
+            BASE_URL,
+            MOONSHOT_URL,
+            MODEL,
+            needs_model="kimi_cli needs a model for CAO_KIMI_API_KEY: set CAO_KIMI_MODEL (e.g. the one your "
+            "Moonshot account offers) or the agent profile's model, for cao-server",
+            no_credentials="kimi_cli has no credentials: set CAO_KIMI_API_KEY (with CAO_KIMI_MODEL, and "
+            "CAO_KIMI_BASE_URL for a non-Moonshot endpoint), or CAO_MODEL_BASE_URL for a local model "
+            "server, for cao-server",
+        )
+        share = ctx.terminal_home / ".kimi"
+        config = _config(api.base_url, api.key, "openai_legacy" if api.local else "kimi", api.model)
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py): [[hooks]] tables
             config += "".join(
                 f"\n[[hooks]]\nevent = {_toml(event)}\n"
@@ -167,27 +144,19 @@ class KimiCliProvider(Provider):
             )
         files = {
             share / "config.toml": config,
-            share / "mcp.json": json.dumps({"mcpServers": servers}, indent=2),
+            share / "mcp.json": json.dumps({"mcpServers": cli.mcp_servers(ctx)}, indent=2),
         }
         command = [
-            find_venv_cli(
-                ctx,
-                "CAO_KIMI_BIN",
-                "kimi",
-                "kimi-cli",
-                "1.51.0",
-                note="1.52.0 is an installer stub, not the CLI",
+            cli.find_venv_cli(
+                ctx, BIN, "kimi-cli", "1.51.0", note="1.52.0 is an installer stub, not the CLI"
             ),
             "--mcp-config-file",
             str(share / "mcp.json"),
         ]
-        if profile and profile.system_prompt:  # added to Kimi's own system prompt, not replacing it
+        if prompt := cli.system_prompt(ctx):  # added to Kimi's own system prompt, not replacing it
             agent = {
                 "version": 1,
-                "agent": {
-                    "extend": "default",
-                    "system_prompt_args": {"ROLE_ADDITIONAL": profile.system_prompt},
-                },
+                "agent": {"extend": "default", "system_prompt_args": {"ROLE_ADDITIONAL": prompt}},
             }
             files[share / "cao-agent.yaml"] = json.dumps(agent, indent=2)  # YAML reads JSON
             command += ["--agent-file", str(share / "cao-agent.yaml")]
@@ -195,28 +164,49 @@ class KimiCliProvider(Provider):
             command.append("--yolo")
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect(self, screen: str) -> Reading:
-        lines = _lines(screen)
-        if exited(lines):
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "Kimi CLI has exited (its resume hint or a dead pane shows)",
-                final=True,
-            )
-        box = _box(lines)
-        if box is None:  # an approval or a question replaces the box; start-up shows spinners only
-            if any(APPROVAL_RE.search(line) for line in lines):
-                return Reading(TerminalStatus.WAITING_USER_ANSWER)
-            if not lines or any(re.match(r"^[⠀-⣿] Loading ", line) for line in lines[-3:]):
-                return Reading(TerminalStatus.PROCESSING)  # starting up
-            return Reading(
-                TerminalStatus.UNKNOWN,
-                "no input box (a '── input ──' rule over the toolbar's rule), approval or start-up "
-                "spinner on screen: a screen of a Kimi CLI release this provider does not know",
-            )
-        live = _turn(lines[: box[0] - 1])
-        if QUEUED_RE.search(lines[box[0] - 1]) or any(
-            BUSY_RE.match(line) for line in live or lines[: box[0] - 1][-4:]
+    def find_box(self, lines: list[str]) -> Box | None:
+        """The rows between the last ``── input ──`` rule and the toolbar's full-width rule under it
+        (or the bottom: the toolbar can be a frame late)."""
+        for i in range(len(lines) - 1, -1, -1):
+            if INPUT_RE.match(lines[i]):
+                end = next((j for j in range(i + 1, len(lines)) if SEPARATOR_RE.match(lines[j])), len(lines))
+                return Box(i, i + 1, end)
+        return None
+
+    def continues(self, line: str) -> bool:
+        return (
+            bool(line.strip())
+            and not line.startswith((BULLET, *MOONS))
+            and not BUSY_RE.match(line)
+            and not ERROR_RE.match(line)
+        )
+
+    def queued(self, lines: list[str], box: Box | None, transcript: list[str]) -> int:
+        queued = QUEUED_RE.search(lines[box.top]) if box else None  # "── input · 2 queued ──"
+        return int(queued.group(0).split("·")[-1].split()[0]) if queued else 0
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        """The last ``•`` answer of the last turn (tool calls left out); for a failed turn, its error
+        and the hint under it."""
+        turn = self.turn(lines[: box.top] if box else lines)
+        if turn is None:
+            return ""
+        for i in range(len(turn) - 1, -1, -1):
+            if turn[i].startswith(BULLET):
+                break
+            if ERROR_RE.match(turn[i]):
+                return "\n".join(line for line in turn[i:] if line.strip()).strip()
+        answers = [line if not TOOL_RE.match(line) else "" for line in turn]
+        blocks = bullet_blocks(answers, (BULLET,))
+        return blocks[-1] if blocks else ""
+
+    def starting(self, lines: list[str]) -> bool:
+        return not lines or any(LOADING_RE.match(line) for line in lines[-3:])
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        live = self.turn(lines[: box.top])
+        if QUEUED_RE.search(lines[box.top]) or any(
+            BUSY_RE.match(line) for line in live or lines[: box.top][-4:]
         ):
             return Reading(TerminalStatus.PROCESSING)
         if live is None:
@@ -227,84 +217,3 @@ class KimiCliProvider(Provider):
             if line.startswith(BULLET):
                 break
         return Reading(TerminalStatus.COMPLETED)
-
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
-        return HOOK_PHASES.get(event)
-
-    def detect_status(self, screen: str) -> TerminalStatus:
-        return self.detect(screen).status
-
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        turn = _turn(lines[: box[0] - 1] if box else lines)
-        if turn is None:
-            return ""
-        for i in range(len(turn) - 1, -1, -1):  # a failed turn: the error and its hint
-            if turn[i].startswith(BULLET):
-                break
-            if ERROR_RE.match(turn[i]):
-                return "\n".join(line for line in turn[i:] if line.strip()).strip()
-        answers = [line if not TOOL_RE.match(line) else "" for line in turn]
-        blocks = bullet_blocks(answers, (BULLET,))
-        return blocks[-1] if blocks else ""
-
-    def transcript(self, screen: str) -> str:
-        box = _box(_lines(screen))
-        return screen if box is None else head(screen, box[0] - 1)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None or exited(lines):
-            return None
-        first, end = box
-        rows = [row[1:] if i == first else row for i, row in enumerate(lines[first:end], first)]
-        return "\n".join(row.rstrip() for row in rows).strip()
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box: the rows between the last ``── input ──`` rule and the
-    toolbar's full-width rule under it (or the bottom)."""
-    for i in range(len(lines) - 1, -1, -1):
-        if INPUT_RE.match(lines[i]):
-            # the toolbar can be a frame late: then the box runs to the bottom
-            end = next((j for j in range(i + 1, len(lines)) if SEPARATOR_RE.match(lines[j])), len(lines))
-            return i + 1, end
-    return None
-
-
-def _turn(transcript: list[str]) -> list[str] | None:
-    """Rows after the last echoed user turn (its continuation rows skipped); None if none shows."""
-    for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(ECHO):
-            j = i + 1
-            while (
-                j < len(transcript)
-                and transcript[j].strip()
-                and not transcript[j].startswith((BULLET, *MOONS))
-                and not BUSY_RE.match(transcript[j])
-                and not ERROR_RE.match(transcript[j])
-            ):
-                j += 1
-            return transcript[j:]
-    return None
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    lines = _lines(screen)
-    box = _box(lines)
-    transcript = lines[: box[0] - 1] if box else lines
-    echoes = [line for line in transcript if line.startswith(ECHO)]
-    queued = QUEUED_RE.search(lines[box[0] - 1]) if box else None
-    return (echoes[-1] if echoes else None), int(queued.group(0).split("·")[-1].split()[0]) if queued else 0

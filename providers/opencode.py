@@ -33,30 +33,32 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from typing import Any, ClassVar
+from typing import Any
 
 from cao.errors import ProviderError
-from providers._cli import find_cli, flag, head, judge_submit
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers import _cli as cli
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI
 
-FAKE_KEY = "cao-local-model-server-key"
+BIN, MODEL, BYPASS = cli.cli_knobs(
+    "OPENCODE",
+    "opencode",
+    "OpenCode",
+    "`permission` `allow` for edit, bash and webfetch; off: `ask`",
+    tools=True,
+    model_form="`provider/model`, e.g. `anthropic/claude-sonnet-4-5`",
+)
 BOTTOM_RE = re.compile(r"^\s*╹▀{10,}")
 BAR = "┃"
 TURN_RE = re.compile(r"^\s+▣  \S")  # the turn's agent/model line; " · 2.1s" once it closed
 CLOSED_RE = re.compile(r"▣  .* · \d+(?:\.\d+)?(?:ms|s|m)\b")
 BUSY = "esc interrupt"
 PERMISSION_RE = re.compile(r"(?:Permission required|Allow once|Allow always|△ )")
-DIALOG_HINT_RE = re.compile(r"\b(?:enter|↵)\b.*\b(?:select|confirm)\b|\besc\b.*\b(?:close|cancel)\b", re.I)
-PLACEHOLDER_RE = re.compile(r'^Ask anything… ".*"$')
+# With no box: a permission prompt, or a dialog's key hint.
+ASKING_RE = re.compile(
+    PERMISSION_RE.pattern + r"|(?i:\b(?:enter|↵)\b.*\b(?:select|confirm)\b|\besc\b.*\b(?:close|cancel)\b)"
+)
 TOOL_RE = re.compile(r"^[⚙→←✱◇$] ")
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
 
 
 def _bottom(lines: list[str]) -> int | None:
@@ -72,9 +74,9 @@ def _main(lines: list[str], bottom: int) -> list[str]:
     return [line[:width].rstrip() for line in lines]
 
 
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box's text rows: the ┃ rows above the agent/model row, which
-    sits right over the ╹▀▀▀ edge."""
+def _box(lines: list[str]) -> Box | None:
+    """The input box's text rows: the ┃ rows above the agent/model row, which sits right over the
+    ╹▀▀▀ edge (so that edge is at ``end + 1``)."""
     bottom = _bottom(lines)
     if bottom is None or bottom < 2:
         return None
@@ -86,15 +88,11 @@ def _box(lines: list[str]) -> tuple[int, int] | None:
     first = end
     while first > 0 and main[first - 1][indent:].startswith(BAR):
         first -= 1
-    return first, end
+    return Box(first, first, end)
 
 
-def _transcript_rows(lines: list[str]) -> list[str]:
-    box = _box(lines)
-    bottom = _bottom(lines)
-    if box is None or bottom is None:
-        return lines
-    return _main(lines, bottom)[: box[0]]
+def _transcript_rows(lines: list[str], box: Box | None) -> list[str]:
+    return lines if box is None else _main(lines, box.end + 1)[: box.first]
 
 
 def _closing(rows: list[str]) -> int | None:
@@ -160,24 +158,65 @@ def _answer(rows: list[str]) -> str:
     return "\n".join(blocks[-1]).strip() if blocks else ""
 
 
-class OpenCodeProvider(Provider):
-    name: ClassVar[str] = "opencode"
-    description: ClassVar[str] = "OpenCode, `opencode`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.3
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/exit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc interrupt)")
+def _config(ctx: LaunchContext, base_url: str, bypass: bool, allowed: list[str] | None) -> dict[str, Any]:
+    """``~/.config/opencode/opencode.json``: the model (against a local server, a provider ``cao`` of
+    its own), the permissions and the MCP servers."""
+    config: dict[str, Any] = {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    model = cli.model_name(ctx, MODEL)
+    if base_url:
+        name = model.removeprefix("cao/") or "fake-model"
+        config["provider"] = {
+            "cao": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "cao",
+                "options": {"baseURL": f"{base_url}/v1", "apiKey": cli.LOCAL_KEY},
+                "models": {name: {"name": name, "tool_call": True}},
+            }
+        }
+        model = f"cao/{name}"
+        config["small_model"] = model  # titles: else OpenCode picks a vendor's small model
+    if model:
+        config["model"] = model
+    if bypass:
+        config["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "allow"}
+    else:
+        config["permission"] = {"edit": "ask", "bash": "ask", "webfetch": "ask"}
+        for tool in allowed or ():
+            config["permission"][tool] = "allow"
+    config["mcp"] = {name: _mcp_entry(spec) for name, spec in cli.mcp_servers(ctx).items()}
+    return config
+
+
+def _mcp_entry(spec: dict[str, Any]) -> dict[str, Any]:
+    """An MCP server in OpenCode's shape: ``remote`` with a ``url``, else ``local`` with one argv."""
+    if "url" in spec:
+        return {"type": "remote", "url": spec["url"], "enabled": True}
+    return {
+        "type": "local",
+        "command": [spec["command"], *spec.get("args", [])],
+        "environment": dict(spec.get("env", {})),
+        "enabled": True,
+    }
+
+
+class OpenCodeProvider(BoxedTUI):
+    name = "opencode"
+    description = "OpenCode, `opencode`"
+    paste_enter_delay = 0.3
+    idle_tail_pattern = re.compile(r"^(?!.*esc interrupt)")
+    placeholder = re.compile(r'Ask anything… ".*"')
+    asking = ASKING_RE
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.ANTHROPIC_API_KEY, cli.OPENAI_API_KEY)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        allowed = None if profile is None or profile.allowed_tools is None else list(profile.allowed_tools)
-        bypass = flag(ctx, "CAO_OPENCODE_BYPASS", allowed is None)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(
-            HOME=str(home),
+        allowed = cli.allowed_tools(ctx)
+        bypass = ctx.knob(BYPASS, allowed is None)
+        env = cli.pane_env(
+            ctx,
             OPENCODE_DISABLE_AUTOUPDATE="1",
             OPENCODE_DISABLE_MODELS_FETCH="1",
             OPENCODE_DISABLE_LSP_DOWNLOAD="1",
@@ -185,117 +224,50 @@ class OpenCodeProvider(Provider):
             OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
             OPENCODE_DISABLE_CLAUDE_CODE="1",  # don't read the user's ~/.claude (there is none here)
         )
-        base_url = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        keys = {"CAO_ANTHROPIC_API_KEY": "ANTHROPIC_API_KEY", "CAO_OPENAI_API_KEY": "OPENAI_API_KEY"}
+        base_url = ctx.knob(cli.MODEL_BASE_URL).rstrip("/")
+        keys = {cli.ANTHROPIC_API_KEY: "ANTHROPIC_API_KEY", cli.OPENAI_API_KEY: "OPENAI_API_KEY"}
         for knob, variable in keys.items():
-            if knobs.get(knob):
-                env[variable] = knobs[knob]
-        if not base_url and not any(knobs.get(knob) for knob in keys):
+            if value := ctx.knob(knob):
+                env[variable] = value
+        if not base_url and not any(ctx.knob(knob) for knob in keys):
             raise ProviderError(
                 "opencode has no credentials: set CAO_ANTHROPIC_API_KEY or CAO_OPENAI_API_KEY (with "
                 "CAO_OPENCODE_MODEL=provider/model), or CAO_MODEL_BASE_URL for a local model server, "
                 "for cao-server"
             )
-        config: dict[str, Any] = {
-            "$schema": "https://opencode.ai/config.json",
-            "autoupdate": False,
-            "share": "disabled",
-        }
-        model = knobs.get("CAO_OPENCODE_MODEL") or (profile and profile.model) or ""
-        if base_url:
-            name = model.removeprefix("cao/") or "fake-model"
-            config["provider"] = {
-                "cao": {
-                    "npm": "@ai-sdk/openai-compatible",
-                    "name": "cao",
-                    "options": {"baseURL": f"{base_url}/v1", "apiKey": FAKE_KEY},
-                    "models": {name: {"name": name, "tool_call": True}},
-                }
-            }
-            model = f"cao/{name}"
-            config["small_model"] = model  # titles: else OpenCode picks a vendor's small model
-        if model:
-            config["model"] = model
-        if bypass:
-            config["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "allow"}
-        else:
-            config["permission"] = {"edit": "ask", "bash": "ask", "webfetch": "ask"}
-            for tool in allowed or ():
-                config["permission"][tool] = "allow"
-        servers: dict[str, Any] = {}
-        for name, spec in (profile.mcp_servers if profile else {}).items():
-            if "url" in spec:
-                servers[name] = {"type": "remote", "url": spec["url"], "enabled": True}
-            else:
-                servers[name] = {
-                    "type": "local",
-                    "command": [spec["command"], *spec.get("args", [])],
-                    "environment": dict(spec.get("env", {})),
-                    "enabled": True,
-                }
-        servers["cao"] = {
-            "type": "local",
-            "command": [sys.executable, "-m", "cao.mcp"],
-            "environment": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-            "enabled": True,
-        }
-        config["mcp"] = servers
-        config_dir = home / ".config" / "opencode"
-        files = {config_dir / "opencode.json": json.dumps(config, indent=2)}
-        if profile and profile.system_prompt:  # the global rules file, read at every start
-            files[config_dir / "AGENTS.md"] = profile.system_prompt
-        command = [find_cli(ctx, "CAO_OPENCODE_BIN", "opencode", "opencode-ai")]
+        config_dir = ctx.terminal_home / ".config" / "opencode"
+        files = {config_dir / "opencode.json": json.dumps(_config(ctx, base_url, bypass, allowed), indent=2)}
+        if prompt := cli.system_prompt(ctx):  # the global rules file, read at every start
+            files[config_dir / "AGENTS.md"] = prompt
+        command = [cli.find_cli(ctx, BIN, "opencode-ai")]
         return LaunchSpec(command=command, env=env, files=files)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        lines = _lines(screen)
-        box = _box(lines)
-        bottom = _bottom(lines)
-        if box is None or bottom is None:
-            if any(PERMISSION_RE.search(line) or DIALOG_HINT_RE.search(line) for line in lines):
-                return TerminalStatus.WAITING_USER_ANSWER
-            return TerminalStatus.PROCESSING  # starting up
-        footer = lines[bottom + 1 :]
-        rows = _transcript_rows(lines)
+    def find_box(self, lines: list[str]) -> Box | None:
+        return _box(lines)
+
+    def box_text(self, lines: list[str], box: Box) -> str:
+        main = _main(lines, box.end + 1)
+        indent = main[box.end + 1].index("╹")
+        return "\n".join(row[indent + 1 :].removeprefix("  ") for row in main[box.first : box.end]).strip()
+
+    def last_answer(self, lines: list[str], box: Box | None) -> str:
+        return _answer(_transcript_rows(lines, box))
+
+    def marks(self, screen: str) -> tuple[str | None, int]:
+        """What a submit adds: the last echoed user turn's text (OpenCode has no visible queue)."""
+        lines = self.lines(screen)
+        rows = _transcript_rows(lines, _box(lines))
+        blocks = _bar_blocks(rows)
+        return (_block_text(rows[blocks[-1][0] : blocks[-1][1]]) if blocks else None), len(blocks)
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        rows = _transcript_rows(lines, box)
         if any(PERMISSION_RE.search(row) for row in rows[-12:]):
-            return TerminalStatus.WAITING_USER_ANSWER
-        if any(BUSY in line for line in footer):
-            return TerminalStatus.PROCESSING
+            return Reading(TerminalStatus.WAITING_USER_ANSWER)
+        if any(BUSY in line for line in lines[box.end + 2 :]):  # the footer, under the ╹▀▀▀ edge
+            return Reading(TerminalStatus.PROCESSING)
         closing = _closing(rows)
         if closing is None:  # no assistant message yet
-            return TerminalStatus.IDLE if not _bar_blocks(rows) else TerminalStatus.PROCESSING
-        return TerminalStatus.ERROR if _failure(rows, closing) is not None else TerminalStatus.COMPLETED
-
-    def extract_last_message(self, screen: str) -> str:
-        return _answer(_transcript_rows(_lines(screen)))
-
-    def transcript(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        return screen if box is None else head(screen, box[0])
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        bottom = _bottom(lines)
-        if box is None or bottom is None:
-            return None
-        main = _main(lines, bottom)
-        indent = main[bottom].index("╹")
-        rows = [row[indent + 1 :].removeprefix("  ") for row in main[box[0] : box[1]]]
-        text = "\n".join(rows).strip()
-        return "" if PLACEHOLDER_RE.match(text) else text
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    """What a submit adds: the last echoed user turn's text (OpenCode has no visible queue)."""
-    rows = _transcript_rows(_lines(screen))
-    blocks = _bar_blocks(rows)
-    return (_block_text(rows[blocks[-1][0] : blocks[-1][1]]) if blocks else None), len(blocks)
+            return Reading(TerminalStatus.IDLE if not _bar_blocks(rows) else TerminalStatus.PROCESSING)
+        failed = _failure(rows, closing) is not None
+        return Reading(TerminalStatus.ERROR if failed else TerminalStatus.COMPLETED)

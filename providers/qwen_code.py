@@ -27,98 +27,58 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Mapping
-from typing import Any, ClassVar
 
+from cao import knobs
 from cao.errors import ProviderError
 from cao.states import HookPhase
-from providers._cli import bullet_blocks, command_hooks, find_cli, flag, head, judge_submit
-from providers.base import LaunchContext, LaunchSpec, Provider, TerminalStatus
+from providers import _cli as cli
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks, literal
 
-FAKE_KEY = "cao-local-model-server-key"
+BIN, MODEL, BYPASS = cli.cli_knobs("QWEN", "qwen", "Qwen Code", "`--yolo`", fake_model=True)
+BASE_URL = knobs.text(
+    "CAO_QWEN_BASE_URL",
+    "an OpenAI-compatible endpoint (e.g. DashScope's) for `CAO_OPENAI_API_KEY`, as `OPENAI_BASE_URL`",
+    shown="`$CAO_MODEL_BASE_URL/v1`, else OpenAI's",
+)
 RULE_RE = re.compile(r"^─{10,}$")
 PROMPT_RE = re.compile(r"^[>*!] {1,3}")
 BUSY_RE = re.compile(r"\((?:\d+[hms] ?)+ · esc to cancel\)|esc to cancel\)")
-ECHO = "  > "
+ECHO_RE = re.compile(r"  > ")
 MARKS = ("  ✦ ", "  ✕ ")
-MENU_RE = re.compile(r"^[│ ]*[●❯›] \d+\. ")
-DIALOG_HINT_RE = re.compile(r"\((?:Press|Use) Enter to (?:submit|select|confirm)\b|Enter to select", re.I)
+# A menu's cursor line, or a dialog's key hint.
+ASKING_RE = re.compile(
+    r"^[│ ]*[●❯›] \d+\. |\((?:Press|Use) Enter to (?:submit|select|confirm)\b|Enter to select", re.I
+)
 QUEUED = "Press ↑ to edit queued messages"
 CURSOR = "\u200b"  # drawn after the typed text
-PLACEHOLDERS = ("Type your message or @path/to/file",)
-
-
-def _lines(screen: str) -> list[str]:
-    lines = [line.rstrip() for line in screen.split("\n")]
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
-
-
-def _box(lines: list[str]) -> tuple[int, int] | None:
-    """``(first, end)`` of the input box: the rows between the last two full-width rules, the first
-    of them starting with the prompt character."""
-    rules = [i for i, line in enumerate(lines) if RULE_RE.match(line)]
-    if len(rules) >= 2 and rules[-1] - rules[-2] > 1 and PROMPT_RE.match(lines[rules[-2] + 1]):
-        return rules[-2] + 1, rules[-1]
-    return None
-
-
-def _turn(transcript: list[str]) -> list[str] | None:
-    """Rows after the last echoed user turn (its continuation rows skipped); None if none shows."""
-    for i in range(len(transcript) - 1, -1, -1):
-        if transcript[i].startswith(ECHO):
-            j = i + 1
-            while j < len(transcript) and transcript[j].startswith("    "):
-                j += 1
-            return transcript[j:]
-    return None
-
-
-def _marks(screen: str) -> tuple[str | None, int]:
-    lines = _lines(screen)
-    box = _box(lines)
-    transcript = lines[: box[0] - 1] if box else lines
-    echoes = [line for line in transcript if line.startswith(ECHO)]
-    queued = sum(1 for line in transcript if line.strip() == QUEUED)
-    return (echoes[-1] if echoes else None), queued
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    return bullet_blocks([line[2:] for line in lines], tuple(mark[2:] for mark in MARKS))
 
 
 # Lifecycle hooks (``hooks`` in ~/.qwen/settings.json: Claude Code's events and payloads).
-HOOK_PHASES = {
-    "SessionStart": HookPhase.SESSION_START,
-    "UserPromptSubmit": HookPhase.TURN_START,
-    "Stop": HookPhase.TURN_END,
-    "PermissionRequest": HookPhase.ASKING,
-    "SessionEnd": HookPhase.SESSION_END,
-}
+HOOK_PHASES = {**cli.CLAUDE_HOOK_PHASES, "PermissionRequest": HookPhase.ASKING}
 HOOK_EVENTS = (*HOOK_PHASES, "Notification")
 
 
-class QwenCodeProvider(Provider):
-    name: ClassVar[str] = "qwen_code"
-    description: ClassVar[str] = "Qwen Code, `qwen`"
-    accepts_input_while_processing: ClassVar[bool] = False
-    waits_for_mcp: ClassVar[bool] = True
-    paste_enter_delay: ClassVar[float] = 0.2
-    submit_timeout: ClassVar[float] = 4.0
-    exit_command: ClassVar[str] = "/quit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^(?!.*esc to cancel)")
+class QwenCodeProvider(BoxedTUI):
+    name = "qwen_code"
+    description = "Qwen Code, `qwen`"
+    exit_command = "/quit"
+    idle_tail_pattern = re.compile(r"^(?!.*esc to cancel)")
+    knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, BASE_URL)
+    hook_phases = HOOK_PHASES
+    placeholder = literal("Type your message or @path/to/file")
+    echo = ECHO_RE
+    continuation = "    "
+    asking = ASKING_RE
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        knobs, home, profile = ctx.settings_env, ctx.terminal_home, ctx.profile
-        bypass = flag(ctx, "CAO_QWEN_BYPASS", True)
-        env = dict(ctx.base_env)
-        env.setdefault("SHELL", "/bin/bash")
-        env.update(HOME=str(home), COLORTERM="truecolor")
-        local = knobs.get("CAO_MODEL_BASE_URL", "").rstrip("/")
-        base_url = knobs.get("CAO_QWEN_BASE_URL") or (f"{local}/v1" if local else "")
-        key = knobs.get("CAO_OPENAI_API_KEY") or (FAKE_KEY if local else "")
+        home = ctx.terminal_home
+        bypass = ctx.knob(BYPASS)
+        env = cli.pane_env(ctx, COLORTERM="truecolor")
+        local = ctx.knob(cli.MODEL_BASE_URL).rstrip("/")
+        base_url = ctx.knob(BASE_URL) or (f"{local}/v1" if local else "")
+        key = ctx.knob(cli.OPENAI_API_KEY) or (cli.LOCAL_KEY if local else "")
         if not key:
             raise ProviderError(
                 "qwen_code has no credentials: set CAO_OPENAI_API_KEY (with CAO_QWEN_BASE_URL for a "
@@ -127,91 +87,50 @@ class QwenCodeProvider(Provider):
         env["OPENAI_API_KEY"] = key
         if base_url:
             env["OPENAI_BASE_URL"] = base_url
-        model = knobs.get("CAO_QWEN_MODEL") or (profile and profile.model) or ("fake-model" if local else "")
+        model = cli.model_name(ctx, MODEL, "fake-model" if local else "")
         if model:
             env["OPENAI_MODEL"] = model
-        servers: dict[str, Any] = {
-            name: dict(spec) for name, spec in (profile.mcp_servers if profile else {}).items()
-        }
-        for spec in servers.values():
-            if "url" in spec:  # Qwen's (Gemini's) name for a streamable-HTTP server's address
-                spec["httpUrl"] = spec.pop("url")
-        servers["cao"] = {
-            "command": sys.executable,
-            "args": ["-m", "cao.mcp"],
-            "env": {
-                "CAO_TERMINAL_ID": ctx.terminal_id,
-                "CAO_SERVER_URL": ctx.server_url,
-                "CAO_HOME": str(ctx.cao_home),  # where cao-server publishes its API token
-            },
-        }
-        settings: dict[str, Any] = {
-            "security": {"auth": {"selectedType": "openai"}, "folderTrust": {"enabled": False}},
-            "privacy": {"usageStatisticsEnabled": False},
-            "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
-            "telemetry": {"enabled": False},
-            "ide": {"enabled": False},
-            "ui": {"hideTips": True},
-            "mcpServers": servers,
-            "$version": 4,  # the current schema: else Qwen migrates (rewrites) the file at start
-        }
+        settings = cli.gemini_settings(ctx, "openai", {"disableAutoUpdate": True, "disableUpdateNag": True})
+        settings["$version"] = 4  # the current schema: else Qwen migrates (rewrites) the file at start
         if model:
             settings["model"] = {"name": model}
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); Claude Code's format
-            settings["hooks"] = command_hooks(ctx, "qwen", HOOK_EVENTS, timeout=10_000, matcher="")  # ms
-        command = [find_cli(ctx, "CAO_QWEN_BIN", "qwen", "@qwen-code/qwen-code")]
+            settings["hooks"] = cli.command_hooks(ctx, "qwen", HOOK_EVENTS, timeout=10_000, matcher="")  # ms
+        command = [cli.find_cli(ctx, BIN, "@qwen-code/qwen-code")]
         if bypass:
             command.append("--yolo")
         files = {home / ".qwen" / "settings.json": json.dumps(settings, indent=2)}
-        if profile and profile.system_prompt:  # the user-level context file, read at every start
-            files[home / ".qwen" / "QWEN.md"] = profile.system_prompt
+        if prompt := cli.system_prompt(ctx):  # the user-level context file, read at every start
+            files[home / ".qwen" / "QWEN.md"] = prompt
         return LaunchSpec(command=command, env=env, files=files)
 
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         if event == "Notification":
             kind = payload.get("notification_type")
             return {"permission_prompt": HookPhase.ASKING, "idle_prompt": HookPhase.TURN_END}.get(str(kind))
-        return HOOK_PHASES.get(event)
+        return super().hook_phase(event, payload)
 
-    def detect_status(self, screen: str) -> TerminalStatus:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None:  # a permission prompt, a question or a start-up dialog replaces the box
-            if any(MENU_RE.match(line) or DIALOG_HINT_RE.search(line) for line in lines):
-                return TerminalStatus.WAITING_USER_ANSWER
-            return TerminalStatus.PROCESSING  # starting up
-        transcript = lines[: box[0] - 1]
+    def find_box(self, lines: list[str]) -> Box | None:
+        return box_between_rules(lines, RULE_RE, PROMPT_RE)
+
+    def box_text(self, lines: list[str], box: Box) -> str:
+        rows = [PROMPT_RE.sub("", lines[box.first]), *(line[2:] for line in lines[box.first + 1 : box.end])]
+        return "\n".join(row.replace(CURSOR, "").rstrip() for row in rows).strip()
+
+    def blocks(self, lines: list[str]) -> list[str]:
+        return bullet_blocks([line[2:] for line in lines], tuple(mark[2:] for mark in MARKS))
+
+    def queued(self, lines: list[str], box: Box | None, transcript: list[str]) -> int:
+        return sum(1 for line in transcript if line.strip() == QUEUED)
+
+    def with_box(self, lines: list[str], box: Box) -> Reading:
+        transcript = lines[: box.top]
         if any(BUSY_RE.search(line) for line in transcript[-4:]) or any(
             row.strip() == QUEUED for row in transcript
         ):
-            return TerminalStatus.PROCESSING
-        turn = _turn(transcript)
+            return Reading(TerminalStatus.PROCESSING)
+        turn = self.turn(transcript)
         marks = [line[2] for line in (transcript if turn is None else turn) if line.startswith(MARKS)]
         if not marks:
-            return TerminalStatus.IDLE if turn is None else TerminalStatus.COMPLETED
-        return TerminalStatus.ERROR if marks[-1] == "✕" else TerminalStatus.COMPLETED
-
-    def extract_last_message(self, screen: str) -> str:
-        lines = _lines(screen)
-        box = _box(lines)
-        transcript = lines[: box[0] - 1] if box else lines
-        turn = _turn(transcript)
-        blocks = _blocks(transcript if turn is None else turn)
-        return blocks[-1] if blocks else ""
-
-    def transcript(self, screen: str) -> str:
-        box = _box(_lines(screen))
-        return screen if box is None else head(screen, box[0] - 1)
-
-    def submit_confirmed(self, before: str, after: str) -> bool | None:
-        return judge_submit(self, before, after, _marks)
-
-    def input_text(self, screen: str) -> str | None:
-        lines = _lines(screen)
-        box = _box(lines)
-        if box is None:
-            return None
-        first, end = box
-        rows = [PROMPT_RE.sub("", lines[first]), *(line[2:] for line in lines[first + 1 : end])]
-        text = "\n".join(row.replace(CURSOR, "").rstrip() for row in rows).strip()
-        return "" if text in PLACEHOLDERS else text
+            return Reading(TerminalStatus.IDLE if turn is None else TerminalStatus.COMPLETED)
+        return Reading(TerminalStatus.ERROR if marks[-1] == "✕" else TerminalStatus.COMPLETED)

@@ -10,15 +10,28 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
 
+from cao import knobs
 from cao.states import HookPhase
+from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
+RULES = knobs.path(
+    "CAO_SCRIPTED_RULES",
+    "the rules file of every scripted agent (docs/scripted-agent.md)",
+    shown="`$CAO_HOME/scripted/<profile>.json`",
+)
+RECORD = knobs.flag(
+    "CAO_SCRIPTED_RECORD",
+    False,
+    "scripted agents append every message they receive to `$CAO_HOME/scripted/received/<id>.jsonl`",
+    shown="false (the rules file's `record`)",
+)
 
+# It speaks Claude Code's hook protocol when its rules say "hooks": true; a Notification is its question.
+HOOK_PHASES = {**cli.CLAUDE_HOOK_PHASES, "Notification": HookPhase.ASKING}
 SPINNER_RE = re.compile(r"^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] thinking… \(")
 QUEUED_RE = re.compile(r" · (\d+) queued")
 QUESTION_RE = re.compile(r"^\? .* \(y/n\)")
@@ -48,33 +61,27 @@ def _last_turn(lines: list[str]) -> list[str] | None:
 
 
 class ScriptedProvider(Provider):
-    name: ClassVar[str] = "scripted"
-    description: ClassVar[str] = "bundled scripted agent (no API key; rules from a JSON file)"
-    accepts_input_while_processing: ClassVar[bool] = False
-    paste_enter_delay: ClassVar[float] = 0.0
-    submit_timeout: ClassVar[float] = 2.0
-    exit_command: ClassVar[str] = "/exit"
-    idle_tail_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^❯")
+    name = "scripted"
+    description = "bundled scripted agent (no API key; rules from a JSON file)"
+    accepts_input_while_processing = False
+    paste_enter_delay = 0.0
+    submit_timeout = 2.0
+    exit_command = "/exit"
+    idle_tail_pattern = re.compile(r"^❯")
+    knobs = (RULES, RECORD)
+    hook_phases = HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         env = dict(ctx.base_env)
         env["CAO_SCRIPTED_DIR"] = str(ctx.cao_home / "scripted")
-        for key in ("CAO_SCRIPTED_RULES", "CAO_SCRIPTED_RECORD"):
-            if ctx.settings_env.get(key):
-                env[key] = ctx.settings_env[key]
+        if rules := ctx.knob(RULES):
+            env[RULES.name] = str(rules)
+        if (record := ctx.knob(RECORD, None)) is not None:  # set either way: it overrides the rules'
+            env[RECORD.name] = "1" if record else "0"
         if ctx.hooks:  # used only when its rules say "hooks": true (it speaks Claude Code's protocol)
             env["CAO_SCRIPTED_HOOK"] = json.dumps(ctx.hook_command("claude"))
         command = [sys.executable, "-I", "-S", str(AGENT_PATH), "--terminal-id", ctx.terminal_id]
         return LaunchSpec(command=command, env=env)
-
-    def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
-        return {
-            "UserPromptSubmit": HookPhase.TURN_START,
-            "Stop": HookPhase.TURN_END,
-            "Notification": HookPhase.ASKING,
-            "SessionStart": HookPhase.SESSION_START,
-            "SessionEnd": HookPhase.SESSION_END,
-        }.get(event)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status
@@ -152,6 +159,6 @@ def _queued(screen: str) -> int:
 
 
 class EagerScriptedProvider(ScriptedProvider):
-    name: ClassVar[str] = "scripted_eager"
-    description: ClassVar[str] = "scripted agent that queues input while busy (eager delivery allowed)"
-    accepts_input_while_processing: ClassVar[bool] = True
+    name = "scripted_eager"
+    description = "scripted agent that queues input while busy (eager delivery allowed)"
+    accepts_input_while_processing = True

@@ -6,13 +6,22 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cao.docgen import render
+from cao.docgen import KNOBS_BEGIN, render, with_knobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cli_reference_is_current():
     assert (ROOT / "docs" / "cli.md").read_text() == render(), "docs/cli.md is stale: run `make docs`"
+
+
+def test_knob_table_is_current():
+    """docs/providers.md's table of the providers' CAO_* knobs is made from their declarations."""
+    providers_md = (ROOT / "docs" / "providers.md").read_text()
+    assert KNOBS_BEGIN in providers_md
+    assert providers_md == with_knobs(providers_md), (
+        "docs/providers.md's knob table is stale: run `make docs`"
+    )
 
 
 def test_readme_and_docs_links_resolve():

@@ -13,6 +13,7 @@ import pytest
 
 import providers
 from cao.errors import ProviderError
+from cao.knobs import Knob
 from cao.profiles import Profile
 from providers.base import LaunchContext, LaunchSpec
 
@@ -406,3 +407,82 @@ def test_hooks_off_leaves_the_clis_config_alone(spec: Spec, tmp_path: Path) -> N
     launched = providers.get(spec.provider).launch(replace(context(tmp_path, knobs), hooks=False))
     assert not any("cao.hook" in content for content in launched.files.values())
     assert "--dangerously-bypass-hook-trust" not in launched.command
+
+
+# -- knobs (cao/knobs.py): declared by each provider, read only through ctx.knob -----------------------
+def flag_knobs() -> list[tuple[str, str]]:
+    return [
+        (name, knob.name)
+        for name in providers.names()
+        for knob in providers.get(name).knobs
+        if knob.kind == "flag"
+    ]
+
+
+@pytest.mark.parametrize(("provider", "knob"), flag_knobs(), ids=[f"{p}-{k}" for p, k in flag_knobs()])
+def test_a_mistyped_flag_fails_the_launch_naming_the_variable(
+    provider: str, knob: str, tmp_path: Path
+) -> None:
+    """``CAO_CLAUDE_BYPASS=ture`` once read as "off" without a word; cao-server's own flags refuse it."""
+    knobs = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081", knob: "ture"}
+    for cli in (k for k in providers.get(provider).knobs if k.name.endswith("_BIN")):
+        knobs[cli.name] = str(executable(tmp_path / "bin" / str(cli.default)))
+    with pytest.raises(ProviderError, match=rf"^{knob}='ture' is not a boolean; use true or false"):
+        providers.get(provider).launch(context(tmp_path, knobs))
+
+
+def test_every_knob_is_declared_once_and_listed() -> None:
+    """``providers.all_knobs()`` (what cao-server will check its environment against) holds every
+    provider's knobs, one declaration per name; each provider module declares every knob it holds."""
+    listed = {knob.name: knob for knob in providers.all_knobs()}
+    assert list(listed) == sorted(listed)
+    for name in providers.names():
+        prov = providers.get(name)
+        assert len({knob.name for knob in prov.knobs}) == len(prov.knobs), name
+        for knob in prov.knobs:
+            assert listed[knob.name] is knob, f"{knob.name} is declared twice"
+            assert knob.name.startswith("CAO_") and knob.doc, knob
+        module = sys.modules[type(prov).__module__]
+        held = {value for value in vars(module).values() if isinstance(value, Knob)}
+        assert held <= set(prov.knobs), f"{name} reads knobs it does not declare: {held - set(prov.knobs)}"
+
+
+class Reads(dict[str, str]):
+    """cao-server's environment for a launch, remembering every variable looked up in it."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        super().__init__(values)
+        self.looked_up: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.looked_up.add(key)
+        return super().get(key, default)
+
+
+def test_a_launch_reads_only_the_knobs_its_provider_declares(tmp_path: Path) -> None:
+    """Each provider launched with just a local model server, then with every knob it declares set
+    (keys, tokens, endpoints: the other branches), with and without a profile."""
+    rules = tmp_path / "rules.json"
+    rules.write_text("{}")
+    for name in providers.names():
+        prov = providers.get(name)
+        declared = {knob.name: knob for knob in prov.knobs}
+        local = {"CAO_MODEL_BASE_URL": "http://127.0.0.1:18081"}
+        everything = {knob: "true" if declared[knob].kind == "flag" else "some-value" for knob in declared}
+        for knob in (k for k in declared if k.endswith("_BIN")):
+            cli = str(executable(tmp_path / "bin" / str(declared[knob].default)))
+            local[knob] = everything[knob] = cli
+        everything.update({k: str(rules) for k, knob in declared.items() if knob.kind == "path"})
+        for knobs in (local, everything):
+            for profile in (None, replace(PROFILE, allowed_tools=("Read",))):
+                env = Reads(knobs)
+                prov.launch(replace(context(tmp_path, {}), settings_env=env, profile=profile))
+                assert env.looked_up <= set(declared), (name, env.looked_up - set(declared))
+                assert env.looked_up, name
+
+
+def test_providers_read_knobs_only_through_the_context() -> None:
+    """No provider pokes ``settings_env`` (raw strings, no parsing): ``ctx.knob(KNOB)`` reads them."""
+    for path in sorted(Path(providers.__file__).parent.glob("*.py")):
+        if path.name != "base.py":
+            assert "settings_env" not in path.read_text(), path.name
