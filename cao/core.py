@@ -7,6 +7,7 @@ starts the triggers; ``stop()`` stops them (terminals keep running: they belong 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import providers
+from cao.clock import Clock
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
 from cao.errors import (
@@ -30,13 +32,21 @@ from cao.errors import (
     TmuxServerDown,
 )
 from cao.events import EventBus
+from cao.launch import LaunchPlanner
+from cao.lifecycle import Lifecycle
+from cao.names import validate_terminal_id
+from cao.panelog import PaneLogs
+from cao.panes import Panes
 from cao.paste import is_blank
 from cao.settings import Settings
-from cao.states import ENDED, HookPhase, MessageStatus, TerminalState
+from cao.states import ENDED, HookPhase, MessageStatus, Status, TerminalState
+from cao.status import StatusReader
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
-from cao.terminals import GONE, Terminals, validate_terminal_id
 from cao.timefmt import iso
 from cao.tmux import Tmux, session_name_for
+from cao.typist import Typist
+from cao.workspace import Workspaces
+from cao.worktrees import Git
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +121,16 @@ def validate_sender(sender_id: str) -> str:
     return sender_id
 
 
+class _WallClock(Clock):
+    """The library's clock, its wall time taken from the callable ``Cao`` was given."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now()
+
+
 class Cao:
     def __init__(
         self,
@@ -126,26 +146,46 @@ class Cao:
         self.tmux = Tmux(settings.tmux_socket)
         self.faults = Faults(settings.fault_point)
         self.events = EventBus(clock=clock)
-        self.terminals = Terminals(
+        env = dict(os.environ if environ is None else environ)
+        self.logs = PaneLogs(settings.logs_dir)
+        home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
+        self.panes = Panes(self.tmux, self.store, home_tag=home_tag, events=self.events)
+        self.status = StatusReader(settings, self.store, self.panes, events=self.events, clock=clock)
+        self.typist = Typist(settings, self.store, self.panes, self.status, clock=_WallClock(clock))
+        self.workspaces = Workspaces(settings, self.store, Git(env), events=self.events, clock=clock)
+        self.planner = LaunchPlanner(settings, self.workspaces, environ=env, clock=clock)
+        self.lifecycle = Lifecycle(
             settings,
             self.store,
             self.tmux,
-            environ=environ or os.environ,
-            clock=clock,
-            fault=self.faults.hit,
+            self.panes,
+            self.status,
+            self.logs,
+            self.planner,
+            self.workspaces,
             events=self.events,
+            fault=self.faults.hit,
         )
         self.delivery = Delivery(
-            settings, self.store, self.terminals, clock=clock, faults=self.faults, events=self.events
+            settings,
+            self.store,
+            self.panes,
+            self.status,
+            self.typist,
+            self.logs,
+            clock=clock,
+            faults=self.faults,
+            events=self.events,
         )
         self.engine = DeliveryEngine(self.delivery, clock=clock)
+        self.engine.lifecycle = self.lifecycle
         self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.started = False
 
     def start(self) -> dict[str, list[str]]:
-        adopted = self.terminals.adopt()
+        adopted = self.lifecycle.adopt()
         rows = {t.id: t for t in self.store.list_terminals(include_deleted=True)}
-        trees = self.terminals.workspaces.adopt(rows)  # orphans are listed, never removed
+        trees = self.workspaces.adopt(rows)  # orphans are listed, never removed
         adopted["worktrees_adopted"], adopted["worktree_orphans"] = trees["adopted"], trees["orphans"]
         self.engine.start()
         self.started = True
@@ -290,7 +330,7 @@ class Cao:
                 raise PayloadTooLarge(
                     f"initial_message is over the {MAX_BODY_BYTES}-byte (256 KiB) limit; nothing was created"
                 )
-        terminal = self.terminals.create(
+        terminal = self.lifecycle.create(
             provider=self.resolve_provider(provider), supervisor_id=supervisor, **kwargs
         )
         # sent to while starting: that run only saw STARTING. Best effort: the terminal exists now,
@@ -312,7 +352,7 @@ class Cao:
                 self.store.update_terminal(terminal.id, initial_message_id=receipt.message.id)
                 terminal.initial_message_id = receipt.message.id
             except BaseException:
-                self.terminals.delete(terminal)  # a worker without its task would idle forever
+                self.lifecycle.delete(terminal)  # a worker without its task would idle forever
                 raise
         return self.view(terminal)
 
@@ -337,13 +377,13 @@ class Cao:
     def view(self, terminal: Terminal) -> dict[str, object]:
         """A terminal as the API shows it: our fields plus the reference's ``caller_id`` and
         ``initial_delivery``."""
-        out = self.terminals.view(terminal).as_dict()
+        out = self.status.view(terminal).as_dict()
         out["caller_id"] = terminal.supervisor_id
         # In the reference's vocabulary: cao keeps none of its own tools from an agent (a profile's
         # native allowed_tools limit what its CLI may do, which that vocabulary can't express).
         out["allowed_tools"] = ["*"]
         out["initial_delivery"] = self._initial_delivery(terminal)
-        out["worktree"] = self.terminals.workspaces.view(terminal.id)
+        out["worktree"] = self.workspaces.view(terminal.id)
         return out
 
     def _initial_delivery(self, terminal: Terminal) -> dict[str, object] | None:
@@ -367,8 +407,12 @@ class Cao:
             out.update(state="failed", kind=kind, message=m.last_error or m.status)
         return out
 
+    def terminal_row(self, terminal_id: str) -> Terminal:
+        """A terminal that isn't deleted (404 otherwise), by its id (422 when malformed)."""
+        return self.store.get_terminal(validate_terminal_id(terminal_id))
+
     def terminal_view(self, terminal_id: str) -> dict[str, object]:
-        return self.view(self.terminals.get(terminal_id))
+        return self.view(self.terminal_row(terminal_id))
 
     def list_terminals(self, session_name: str | None = None) -> list[dict[str, object]]:
         session = session_name_for(session_name) if session_name else None
@@ -380,16 +424,16 @@ class Cao:
     def siblings(self, terminal_id: str) -> list[dict[str, object]]:
         """The other live terminals of this terminal's session. cao has no terminal groups, so the
         session is the group the reference's ``GET /terminals/{id}/siblings`` answers with."""
-        me = self.terminals.get(terminal_id)
+        me = self.terminal_row(terminal_id)
         rows = self.store.list_terminals(session_name=me.session_name)
         return [self.view(t) for t in rows if t.id != me.id and t.state not in ENDED]
 
     def working_directory(self, terminal_id: str) -> str:
         """The directory the agent was started in (agent CLIs don't change their own directory)."""
-        return self.terminals.get(terminal_id).working_directory
+        return self.terminal_row(terminal_id).working_directory
 
     def send_input(self, terminal_id: str, text: str) -> bool:
-        return self.terminals.send_input(self.terminals.get(terminal_id), text)
+        return self.typist.send_input(self.terminal_row(terminal_id), text)
 
     def send_key(self, terminal_id: str, key: str) -> None:
         """Press one named key (Escape, C-c, Enter, Up, a letter…): checked against an allow-list,
@@ -399,16 +443,16 @@ class Cao:
                 f"key {key[:40]!r} is not allowed; use Up, Down, Left, Right, Enter, Tab, Escape, Space, "
                 "a single letter or digit, or C-/M-/S- with one (e.g. C-c)"
             )
-        self.terminals.send_key(self.terminals.get(terminal_id), key)
+        self.typist.send_key(self.terminal_row(terminal_id), key)
 
     def output(self, terminal_id: str, mode: str = "full") -> str:
-        return self.terminals.output(self.terminals.get(terminal_id), mode)
+        return self.status.output(self.terminal_row(terminal_id), mode)
 
     def exit_terminal(self, terminal_id: str) -> bool:
-        return self.terminals.exit(self.terminals.get(terminal_id))
+        return self.typist.exit(self.terminal_row(terminal_id))
 
     def delete_terminal(self, terminal_id: str) -> int:
-        return self.terminals.delete(self.terminals.get(terminal_id))
+        return self.lifecycle.delete(self.terminal_row(terminal_id))
 
     # -- worktrees: review and merge (docs/worktrees.md) -----------------------------------------
     def _worker(self, terminal_id: str) -> Terminal:
@@ -418,22 +462,22 @@ class Cao:
     def diff(self, terminal_id: str, *, stat: bool = True, into: str | None = None) -> dict[str, object]:
         """What a worker changed on its branch (and, while its worktree exists, not committed yet)."""
         self._worker(terminal_id)
-        return self.terminals.workspaces.diff(terminal_id, stat=stat, into=into)
+        return self.workspaces.diff(terminal_id, stat=stat, into=into)
 
     def merge(self, terminal_id: str, *, into: str | None = None) -> dict[str, object]:
         """Merge a worker's branch into ``into`` (default: the branch it was made from); a
         conflict changes nothing and is answered 409 with the conflicted files."""
         worker = self._worker(terminal_id)
-        return self.terminals.workspaces.merge(
+        return self.workspaces.merge(
             terminal_id, into=into, label=f"cao worker {worker.agent_profile} {worker.id}"
         )
 
     def worktrees(self) -> list[dict[str, object]]:
         """Every worktree cao made (active, removed, kept) and orphans found at start."""
-        return self.terminals.workspaces.listing()
+        return self.workspaces.listing()
 
     def mcp_ready(self, terminal_id: str) -> None:
-        self.terminals.note_mcp_ready(self.terminals.get(terminal_id))
+        self.status.note_mcp_ready(self.terminal_row(terminal_id))
         self.engine.kick(terminal_id, "mcp_ready")
 
     def hook(self, terminal_id: str, report: dict[str, object], *, key: str | None = None) -> str | None:
@@ -441,12 +485,12 @@ class Cao:
         session's start (or a question, or its exit) wakes delivery to that agent at once and
         refreshes its status for listeners. ``key`` (the HTTP route always passes one, ``""`` when
         the request had none) must be the terminal's own hook key; in-process callers pass None."""
-        terminal = self.terminals.get(terminal_id)
+        terminal = self.terminal_row(terminal_id)
         if key is not None:
-            self.terminals.check_hook_key(terminal_id, key)
+            self.status.check_hook_key(terminal_id, key)
         if terminal.state in ENDED:
             return None  # a late event from a CLI that is gone: nothing to do
-        phase = self.terminals.note_hook(terminal, str(report["event"]), report)
+        phase = self.status.note_hook(terminal, str(report["event"]), report)
         if phase in (HookPhase.TURN_END, HookPhase.SESSION_START, HookPhase.ASKING, HookPhase.SESSION_END):
             self.engine.kick(terminal_id, "hook")
         self.engine.refresh_status(terminal_id)
@@ -483,7 +527,7 @@ class Cao:
         ]
 
     def delete_session(self, name: str) -> list[str]:
-        return self.terminals.delete_session(name)
+        return self.lifecycle.delete_session(name)
 
     # -- one agent step (the reference's handoff: POST /terminals/run-step) -----------------------
     def run_step(
@@ -520,10 +564,10 @@ class Cao:
         worker: str | None = None
         try:
             if reuse_terminal_id:
-                terminal = self.terminals.get(reuse_terminal_id)
+                terminal = self.terminal_row(reuse_terminal_id)
             else:
                 if working_directory is None and caller_id:
-                    working_directory = self.terminals.get(validate_terminal_id(caller_id)).working_directory
+                    working_directory = self.terminal_row(validate_terminal_id(caller_id)).working_directory
                 created = self.create_terminal(
                     provider=provider,
                     agent_profile=agent,
@@ -533,7 +577,7 @@ class Cao:
                     caller_id=caller_id,
                     use_worktree=use_worktree,
                 )
-                terminal = self.terminals.get(str(created["id"]))
+                terminal = self.terminal_row(str(created["id"]))
             worker = terminal.id
             if job_id is not None:
                 self.store.put_handoff_job(job_id, "running", terminal_id=worker)
@@ -546,7 +590,7 @@ class Cao:
             raise
         if teardown and not reuse_terminal_id:
             try:
-                self.terminals.delete(terminal)
+                self.lifecycle.delete(terminal)
             except CaoError as exc:  # the answer is in hand; a failed cleanup must not hide it
                 logger.warning("worker not removed", extra={"terminal_id": worker, "error": exc.message})
         return {"terminal_id": worker, "last_message": answer, "status": "completed", "replayed": False}
@@ -555,7 +599,7 @@ class Cao:
         """Type the prompt (held until the agent is ready), wait for the answer, return it."""
         tid = terminal.id
         try:
-            self.terminals.send_input(terminal, prompt)
+            self.typist.send_input(terminal, prompt)
         except (PaneGone, TmuxServerDown) as exc:
             raise StepFailed(
                 f"worker terminal {tid} is gone: {exc.message}", kind="error", terminal_id=tid
@@ -574,16 +618,16 @@ class Cao:
         busy_seen = False
         while True:
             current = self.store.get_terminal(tid, include_deleted=True)
-            status = self.terminals.status(current)
+            status = self.status.status(current)
             if status == "completed" or (status == "idle" and busy_seen):
-                return self.terminals.output(current, "last")
+                return self.status.output(current, "last")
             if status == "error":
                 raise StepFailed(
-                    f"worker terminal {tid} stopped with an error: {self.terminals.output(current, 'last')}",
+                    f"worker terminal {tid} stopped with an error: {self.status.output(current, 'last')}",
                     kind="error",
                     terminal_id=tid,
                 )
-            if status == GONE or current.state != TerminalState.LIVE:
+            if status == Status.GONE or current.state != TerminalState.LIVE:
                 why = current.gone_reason or current.state
                 raise StepFailed(
                     f"worker terminal {tid} exited before it answered ({why})",
@@ -639,7 +683,7 @@ class Cao:
             # panes tagged as this home's agents with no row (the database was lost): kept, never killed
             "orphan_panes": [
                 {"pane_id": p.pane_id, "terminal_id": p.terminal_id, "session_name": p.session_name}
-                for p in self.terminals.orphans
+                for p in self.lifecycle.orphans
             ],
         }
 

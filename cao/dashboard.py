@@ -170,10 +170,10 @@ def install(app: FastAPI, core: Cao) -> None:
     async def terminal_stream(ws: WebSocket, terminal_id: str) -> None:
         await ws.accept()
         try:
-            terminal = await run_in_threadpool(core.terminals.get, terminal_id)
-            path = core.terminals.log_path(terminal.id)
+            terminal = await run_in_threadpool(core.terminal_row, terminal_id)
+            path = core.logs.path(terminal.id)
             pos = _size(path)
-            screen, x, y, cols, rows = await run_in_threadpool(core.terminals.snapshot, terminal)
+            screen, x, y, cols, rows = await run_in_threadpool(core.panes.snapshot, terminal)
         except CaoError as exc:
             await ws.send_text(json.dumps({"type": "error", "detail": exc.message}))
             await ws.close(code=1000)
@@ -196,7 +196,7 @@ def install(app: FastAPI, core: Cao) -> None:
             while not closed.is_set():
                 size = _size(path)
                 if size < pos:  # the log was capped: repaint from the screen
-                    screen, x, y, _, _ = await run_in_threadpool(core.terminals.snapshot, terminal)
+                    screen, x, y, _, _ = await run_in_threadpool(core.panes.snapshot, terminal)
                     await ws.send_bytes(_paint(screen, x, y))
                     pos = size
                 elif size > pos:

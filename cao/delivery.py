@@ -26,12 +26,15 @@ from enum import StrEnum
 
 from cao.errors import CaoError, FenceLost, PaneGone, PaneInMode, StoreBusy, TmuxError, TmuxServerDown
 from cao.events import EventBus
+from cao.panelog import PaneLogs
+from cao.panes import Panes
 from cao.paste import arrived, format_batch, header, is_ours
 from cao.settings import Settings
 from cao.states import ENDED, RECEIVER_GONE, Blocked, HookPhase, TerminalState, WaitReason
+from cao.status import StatusReader
 from cao.store import Claim, Message, Store, Terminal
-from cao.terminals import Terminals
 from cao.tmux import blocked_reason
+from cao.typist import Typist
 from providers.base import Provider, TerminalStatus
 
 logger = logging.getLogger(__name__)
@@ -115,7 +118,10 @@ class Delivery:
         self,
         settings: Settings,
         store: Store,
-        terminals: Terminals,
+        panes: Panes,
+        status: StatusReader,
+        typist: Typist,
+        logs: PaneLogs,
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -124,7 +130,10 @@ class Delivery:
     ) -> None:
         self.settings = settings
         self.store = store
-        self.terminals = terminals
+        self.panes = panes
+        self.status = status
+        self.typist = typist
+        self.logs = logs
         self.clock = clock
         self.sleep = sleep
         self.faults = faults or Faults(settings.fault_point)
@@ -152,13 +161,13 @@ class Delivery:
             return Result(Outcome.LOST_RACE)  # another deliverer (or a stale claim: the sweep recovers it)
         if terminal.state == TerminalState.STARTING:
             return self._wait(receiver_id, newest, WaitReason.STARTING)
-        provider = self.terminals.provider(terminal)
+        provider = self.panes.provider(terminal)
         eager = self.settings.eager_delivery and provider.accepts_input_while_processing
         if (
             trigger in LOG_TRIGGERS
             and not eager
             and not self._tail_idle(receiver_id, provider)
-            and not self.terminals.hooks.ready(receiver_id)  # the CLI said its turn ended: look
+            and not self.status.hooks.ready(receiver_id)  # the CLI said its turn ended: look
         ):
             return Result(Outcome.WAITING, reason=WaitReason.BUSY)
         if trigger in LOG_TRIGGERS and provider.idle_tail_pattern is None:
@@ -167,7 +176,7 @@ class Delivery:
             wait = self._looked.get(receiver_id, 0.0) + LOOK_EVERY - time.monotonic()
             if wait > 0:
                 return Result(Outcome.WAITING, reason=WaitReason.BUSY, look_again_in=wait)
-        with self.terminals.lock(receiver_id):
+        with self.panes.lock(receiver_id):
             return self._deliver_locked(terminal, provider, newest, trigger)
 
     def _look(self, terminal: Terminal, provider: Provider) -> tuple[str, str, str | None]:
@@ -177,17 +186,17 @@ class Delivery:
         input box that is empty — or holds only cao's own unsubmitted paste of the oldest pending
         message (checked again, strictly, once the batch is claimed)."""
         self._looked[terminal.id] = time.monotonic()  # not the wall clock: a step back would stall
-        screen, mode = self.terminals.look(terminal)
-        status = self.terminals.read(terminal, screen).status.value
+        screen, mode = self.panes.look(terminal)
+        status = self.status.read(terminal, screen).status.value
         if terminal.ready_at is None:
-            self.terminals.remember_status(terminal, status)  # first sight of ready
-        self.terminals.note_status(terminal.id, status)
+            self.status.remember_status(terminal, status)  # first sight of ready
+        self.status.note_status(terminal.id, status)
         why: str | None = gate(
             status,
             provider,
             eager=self.settings.eager_delivery,
             ready=terminal.ready_at is not None,
-            mcp_ready=self.terminals.mcp_ready(terminal),
+            mcp_ready=self.status.mcp_ready(terminal),
         )
         if mode:  # a person scrolls (copy mode) or a chooser is open: tmux would paste unbracketed
             return screen, status, blocked_reason(mode)
@@ -266,19 +275,19 @@ class Delivery:
             first = header(todo[0])
 
             def proof() -> bool:  # the CLI's hook reported a prompt carrying this batch's own header
-                return self.terminals.hooks.saw(rid, first)
+                return self.status.hooks.saw(rid, first)
 
             if (box or "").strip():
                 if not (claim.recheck and is_ours(box or "", todo[0], pasted)):
                     self.store.unclaim(claim.token)  # not provably ours: a person's text, never submitted
                     return self._wait(rid, newest, WaitReason.BOX_TEXT)
                 # cao's own earlier paste sits unsubmitted in the box: submit it, don't paste again
-                self.terminals.fence(terminal, claim.fence)
-                confirmed = self.terminals.submit(
+                self.panes.fence(terminal, claim.fence)
+                confirmed = self.typist.submit(
                     terminal, None, before=screen, fence=claim.fence, renew=lease.renew, evidence=proof
                 )
             else:
-                confirmed = self.terminals.submit(
+                confirmed = self.typist.submit(
                     terminal,
                     pasted,
                     before=screen,
@@ -321,12 +330,12 @@ class Delivery:
         history above the input box, or in a prompt the CLI's hook reported. The history counts
         only on a screen the provider can read: on any other, the box (maybe holding cao's own
         unsubmitted paste) can't be told from the history."""
-        screen = self.terminals.screen(terminal) if screen is None else screen
+        screen = self.panes.screen(terminal) if screen is None else screen
         transcript = ""
         if provider.can_read(screen):
-            transcript = provider.transcript(self.terminals.screen(terminal, scrollback=True, join=True))
+            transcript = provider.transcript(self.panes.screen(terminal, scrollback=True, join=True))
         return [
-            m for m in messages if arrived(m, transcript) or self.terminals.hooks.saw(terminal.id, header(m))
+            m for m in messages if arrived(m, transcript) or self.status.hooks.saw(terminal.id, header(m))
         ]
 
     def _ack(self, claim: Claim, messages: list[Message], trigger: str, *, found: bool = False) -> int:
@@ -381,7 +390,7 @@ class Delivery:
             return MODE_POLL
         if why == WaitReason.MCP:
             return max(0.0, terminal.created_at + self.settings.mcp_ready_timeout - now) + 0.05
-        hook = self.terminals.hooks.state(terminal.id)
+        hook = self.status.hooks.state(terminal.id)
         if hook is None or (why, hook.phase) not in (
             (WaitReason.BUSY, HookPhase.TURN_START),
             (WaitReason.UNKNOWN, HookPhase.SESSION_END),
@@ -438,14 +447,8 @@ class Delivery:
         return Result(Outcome.RETRY, counts["pending"], error)
 
     def _tail_idle(self, receiver_id: str, provider: Provider) -> bool:
-        path = self.terminals.log_path(receiver_id)
-        try:
-            with path.open("rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - TAIL_BYTES))
-                tail = fh.read().decode("utf-8", "replace")
-        except OSError:
+        tail = self.logs.tail(receiver_id, TAIL_BYTES)
+        if tail is None:
             return True  # no log: let the screen decide
         if not tail.strip():
             return True  # truncated at the cap after its last frame: let the screen decide
@@ -468,7 +471,7 @@ class Delivery:
             rid = batch[0].receiver_id
             if receiver_id is not None and rid != receiver_id:
                 continue
-            with self.terminals.lock(rid):
+            with self.panes.lock(rid):
                 for key, n in self._recover_claim(token, batch).items():
                     done[key] += n
         if any(done.values()):
@@ -490,9 +493,9 @@ class Delivery:
             return out  # resolved meanwhile
         new_token, fence = took
         claim = Claim(new_token, fence, batch, recheck=True)
-        provider = self.terminals.provider(terminal)
+        provider = self.panes.provider(terminal)
         try:
-            self.terminals.fence(terminal, fence)
+            self.panes.fence(terminal, fence)
             self.sleep(self.settings.recovery_settle)
             seen = self._seen(terminal, provider, batch)
             if seen:
@@ -500,10 +503,10 @@ class Delivery:
             rest = [m for m in batch if m not in seen]
             if not rest:
                 return out
-            screen = self.terminals.screen(terminal)
+            screen = self.panes.screen(terminal)
             box = provider.input_text(screen) or ""
             ours = is_ours(box, rest[0], format_batch(rest))  # type: ignore[arg-type]
-            if ours and self.terminals.submit(terminal, None, before=screen, fence=fence):
+            if ours and self.typist.submit(terminal, None, before=screen, fence=fence):
                 out["delivered"] += self._ack(claim, rest, "recovery")
                 return out
             counts = self.store.release(

@@ -22,11 +22,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingObserverVFS
 
 from cao.delivery import Delivery, Outcome
+
+if TYPE_CHECKING:
+    from cao.lifecycle import Lifecycle
 from cao.errors import StoreBusy, StoreGone
 
 logger = logging.getLogger(__name__)
@@ -76,7 +80,9 @@ class DeliveryEngine:
         self.delivery = delivery
         self.settings = delivery.settings
         self.store = delivery.store
-        self.terminals = delivery.terminals
+        self.status = delivery.status
+        self.logs = delivery.logs
+        self.lifecycle: Lifecycle | None = None  # set by Cao: finishes deletes, restores log pipes
         self.clock = clock
         self.pool = ThreadPoolExecutor(
             max_workers=self.settings.delivery_workers, thread_name_prefix="cao-deliver"
@@ -212,7 +218,7 @@ class DeliveryEngine:
         """
         if self._observer is not None or self._stop.is_set():
             return False
-        logs = self.settings.logs_dir
+        logs = self.logs.dir
         logs.mkdir(parents=True, exist_ok=True)
         observer = inbox_log_observer(
             self.watched, interval=self.settings.watch_interval, everything=lambda: self.events.listening
@@ -269,7 +275,7 @@ class DeliveryEngine:
         with self._lock:
             self._refreshing.discard(terminal_id)
         try:
-            self.terminals.status(self.store.get_terminal(terminal_id))
+            self.status.status(self.store.get_terminal(terminal_id))
         except Exception:  # a terminal deleted meanwhile, a tmux hiccup: the next change retries
             logger.debug("status refresh failed", extra={"terminal_id": terminal_id}, exc_info=True)
 
@@ -279,7 +285,7 @@ class DeliveryEngine:
         kick receivers whose mail waited past the grace window, park an idle watchdog."""
         now = self.clock() if now is None else now
         self.stats["sweeps"] += 1
-        finished = self.terminals.finish_deletes()
+        finished = self.lifecycle.finish_deletes() if self.lifecycle is not None else []
         stale = {
             batch[0].receiver_id
             for _, batch in self.store.stale_claims(older_than=now - self.settings.lease_seconds)
@@ -296,24 +302,8 @@ class DeliveryEngine:
         return {"kicked": len(receivers), "stale_claims": len(stale), "finished_deletes": len(finished)}
 
     def cap_logs(self) -> int:
-        """Keep pane logs under the cap: truncate (the pipe appends with O_APPEND, so it goes on)."""
-        cap = self.settings.log_cap_bytes
-        capped = 0
-        try:
-            entries = list(os.scandir(self.settings.logs_dir))
-        except FileNotFoundError:
-            return 0
-        for entry in entries:
-            try:
-                if entry.is_file() and entry.stat().st_size > cap:
-                    os.truncate(entry.path, 0)
-                    capped += 1
-                    logger.info(
-                        "pane log truncated at the cap",
-                        extra={"terminal_id": entry.name.removesuffix(".log"), "cap_bytes": cap},
-                    )
-            except OSError:
-                continue
+        """Keep pane logs under the cap (cao/panelog.py)."""
+        capped = len(self.logs.cap(self.settings.log_cap_bytes))
         self.stats["logs_capped"] += capped
         return capped
 
@@ -333,7 +323,8 @@ class DeliveryEngine:
                     self.cap_logs()
                 if time.monotonic() >= next_pipes:
                     next_pipes = time.monotonic() + self.settings.pipe_check_interval
-                    self.terminals.restore_pipes()
+                    if self.lifecycle is not None:
+                        self.lifecycle.restore_pipes()
             except StoreGone:
                 continue  # logged once by the store; nothing more to do until a restart
             except Exception:

@@ -37,7 +37,7 @@ import providers
 from cao.errors import InvalidInput, NotFound
 from cao.settings import Settings
 
-# The same rule as terminal and session names (cao.terminals.NAME_RE): a profile name is used in
+# The same rule as terminal and session names (cao.names.NAME_RE): a profile name is used in
 # tmux window names and file names.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 FIELDS = ("name", "description", "provider", "model", "allowed_tools", "mcp_servers", "use_worktree")

@@ -29,6 +29,25 @@ class TerminalState(StrEnum):
 ENDED = (TerminalState.GONE, TerminalState.DELETING, TerminalState.DELETED)
 
 
+class Status(StrEnum):
+    """The status a terminal shows (``GET /terminals/{id}``): what its provider reads on the screen
+    (providers/base.py ``TerminalStatus``, the same words), ``starting`` until it has first been
+    ready, and ``gone`` once its pane is gone for good."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    WAITING_USER_ANSWER = "waiting_user_answer"
+    ERROR = "error"
+    UNKNOWN = "unknown"
+    GONE = "gone"
+
+
+# ready for input: the idle prompt, a finished turn, a turn that failed with the prompt back
+READY = (Status.IDLE, Status.COMPLETED, Status.ERROR)
+
+
 class MessageStatus(StrEnum):
     PENDING = "pending"
     DELIVERING = "delivering"

@@ -145,6 +145,9 @@ class Provider:
     waits_for_mcp: ClassVar[bool] = False
     # Typed (then Enter) to leave the CLI politely.
     exit_command: ClassVar[str] = "/exit"
+    # A name that is no agent profile is still a valid ``agent_profile`` when its rule file exists
+    # (``$CAO_HOME/scripted/<name>.json``): the bundled scripted agent's way of being told what to do.
+    takes_rule_files: ClassVar[bool] = False
     # Cheap check on the last line of the raw pane log: could the agent be idle now? It only saves
     # screen captures, so it must pass every ready screen (the contract test checks the saved
     # ones). None: no such check; delivery then looks at most every 250 ms while the log changes.

@@ -67,6 +67,7 @@ class ScriptedProvider(Provider):
     paste_enter_delay = 0.0
     submit_timeout = 2.0
     exit_command = "/exit"
+    takes_rule_files = True
     idle_tail_pattern = re.compile(r"^❯")
     knobs = (RULES, RECORD)
     hook_phases = HOOK_PHASES

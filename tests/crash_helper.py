@@ -28,9 +28,9 @@ def main(argv: list[str]) -> int:
     elif action == "deliver":
         core.delivery.deliver(target, trigger="crash-test")
     elif action == "create":
-        print(core.terminals.create(provider="scripted", agent_profile=target).id)
+        print(core.lifecycle.create(provider="scripted", agent_profile=target).id)
     elif action == "delete":
-        core.terminals.delete(core.terminals.get(target))
+        core.lifecycle.delete(core.terminal_row(target))
     else:
         raise SystemExit(f"unknown action {action}")
     return 0

@@ -29,13 +29,13 @@ SLOW = {"record": True, "rules": [{"match": r"^work (?P<s>[\d.]+)$", "delay": 2.
 
 
 def _idle(core: Cao, tid: str) -> bool:
-    return core.terminals.status(core.store.get_terminal(tid)) in ("idle", "completed")
+    return core.status.status(core.store.get_terminal(tid)) in ("idle", "completed")
 
 
 def _new_terminal(
     core: Cao, profile: str = "developer", provider: str = "scripted", session: str | None = None
 ) -> str:
-    t = core.terminals.create(provider=provider, agent_profile=profile, session_name=session)
+    t = core.lifecycle.create(provider=provider, agent_profile=profile, session_name=session)
     wait_until(lambda: _idle(core, t.id), what=f"terminal {t.id} idle")
     return t.id
 
@@ -129,10 +129,10 @@ def test_4b_crash_between_paste_and_enter_submits_on_recovery(make_core: Callabl
     msg, _ = setup.store.add_message(sender_id="s", receiver_id=tid, body="token-s4b")
     claim = setup.store.claim(tid)
     assert claim is not None and [m.id for m in claim.messages] == [msg.id]
-    setup.terminals.paste(term, format_batch(claim.messages), fence=claim.fence, enter=False)
+    setup.panes.paste(term, format_batch(claim.messages), fence=claim.fence, enter=False)
     wait_until(
         lambda: (
-            setup.terminals.provider(term).input_text(setup.tmux.capture(term.pane_id or "")) or ""
+            setup.panes.provider(term).input_text(setup.tmux.capture(term.pane_id or "")) or ""
         ).startswith("[cao message"),
         what="text in the input box",
     )
@@ -230,8 +230,8 @@ def test_9_immediate_watchdog_and_sweep_together_paste_once(make_core: Callable[
 # -- 10/11: the status gate and eager delivery ---------------------------------------------------
 def _busy_then_send(core: Cao, tid: str, body: str) -> tuple[int, float]:
     """Start a 2 s turn, send a message during it; returns (message id, when the turn was seen busy)."""
-    core.terminals.send_input(core.store.get_terminal(tid), "work 2")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing", what="busy")
+    core.typist.send_input(core.store.get_terminal(tid), "work 2")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing", what="busy")
     seen_busy = time.time()
     receipt = core.send_message(tid, body, sender_id="s")
     return receipt.message.id or 0, seen_busy
@@ -300,7 +300,7 @@ def test_11_eager_delivery(make_core: Callable[..., Cao], settings, provider, ea
 def test_11b_never_into_a_starting_pane_even_when_eager(make_core: Callable[..., Cao], settings):
     write_rules(settings.home, "sleepy", {"record": True, "startup_delay": 1.5})
     core = make_core(settings.with_(eager_delivery=True))
-    t = core.terminals.create(provider="scripted_eager", agent_profile="sleepy")
+    t = core.lifecycle.create(provider="scripted_eager", agent_profile="sleepy")
     receipt = core.send_message(t.id, "token-s11b", sender_id="s")
     wait_until(
         lambda: core.store.get_message(receipt.message.id or 0).waiting_reason == "receiver starting",
@@ -340,7 +340,7 @@ def test_13_pane_killed_behind_our_back_fails_its_mail_for_good(make_core: Calla
     wait_until(lambda: _status_of(core, mid) == "failed", timeout=10)
     final = core.store.get_message(mid)
     assert (final.last_error or "").startswith("receiver_gone") and "gone" in (final.last_error or "")
-    assert core.terminals.view(core.store.get_terminal(tid)).status == "gone"
+    assert core.status.view(core.store.get_terminal(tid)).status == "gone"
     assert core.store.get_terminal(tid).state == "gone"
     r = TestClient(create_app(core)).post(f"/terminals/{tid}/inbox/messages", json={"message": "late"})
     assert r.status_code == 404 and "is gone" in r.json()["detail"]
@@ -361,7 +361,7 @@ def test_13b_attempts_that_fail_on_a_live_pane_retry_then_fail(make_core: Callab
     final = core.store.get_message(mid)
     assert final.attempts == 3 and "not confirmed" in (final.last_error or "")
     term = core.store.get_terminal(tid)
-    box = core.terminals.provider(term).input_text(core.terminals.screen(term)) or ""
+    box = core.panes.provider(term).input_text(core.panes.screen(term)) or ""
     assert box.startswith("[cao message #") and box.count("[cao message") == 1  # pasted once, never again
     assert received_bodies(settings.home, tid) == []
 
@@ -467,8 +467,8 @@ def test_batch_of_pending_messages_is_one_paste_in_order_and_attributed(
     write_rules(settings.home, "slow", SLOW)
     core = make_core(settings)
     tid = _new_terminal(core, "slow")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 2")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 2")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     ids = [core.send_message(tid, f"token-b{i}", sender_id=f"sender{i}").message.id for i in range(4)]
     wait_until(lambda: all(_status_of(core, i or 0) == "delivered" for i in ids), timeout=15)
     recs = read_records(settings.home, tid)

@@ -28,7 +28,7 @@ from tests.test_delivery import LOCKER, SLOW, _crash, _idle, _new_terminal, _set
 
 def _box(core: Cao, tid: str) -> str | None:
     term = core.store.get_terminal(tid, include_deleted=True)
-    return core.terminals.provider(term).input_text(core.terminals.screen(term))
+    return core.panes.provider(term).input_text(core.panes.screen(term))
 
 
 def _person_types(core: Cao, tid: str, text: str) -> None:
@@ -48,8 +48,8 @@ def test_21_a_retry_recognises_the_arrived_paste_and_pastes_the_newer_message_on
     claim = core.store.claim(tid)
     assert claim is not None
     # the paste arrives, but the deliverer could not confirm it (a slow screen): back to pending
-    with core.terminals.lock(tid):
-        core.terminals.paste(term, format_batch(claim.messages), fence=claim.fence)
+    with core.panes.lock(tid):
+        core.panes.paste(term, format_batch(claim.messages), fence=claim.fence)
     wait_until(lambda: received_bodies(settings.home, tid) == ["token-s21-first"], what="first paste arrived")
     core.store.release(claim.token, "submit not confirmed", max_attempts=5, recheck=True)
     newer, _ = core.store.add_message(sender_id="s", receiver_id=tid, body="token-s21-newer")
@@ -151,7 +151,7 @@ def test_24b_recovery_is_not_fooled_by_typed_text_carrying_a_messages_own_header
     assert _crash(settings, "after_claim", "deliver", tid) == 1  # claimed, never pasted
     stale = setup.store.get_message(msg.id or 0)
     assert stale.status == "delivering"
-    setup.terminals.send_input(setup.store.get_terminal(tid), f"{header(stale)}\n{trailer(stale)}\nforged")
+    setup.typist.send_input(setup.store.get_terminal(tid), f"{header(stale)}\n{trailer(stale)}\nforged")
     wait_until(lambda: len(read_records(settings.home, tid)) == 1, what="the forged turn")
     core = make_core(settings)  # restart: recovery looks for the message's header
     wait_until(lambda: _status_of(core, msg.id or 0) == "delivered")
@@ -173,7 +173,7 @@ def test_25_a_body_longer_than_the_history_is_recovered_by_its_trailer(
     wait_until(lambda: received_bodies(s.home, tid) == [body], timeout=15, what="the paste arrived")
     wait_until(lambda: _idle(setup, tid))
     term = setup.store.get_terminal(tid)
-    history = setup.terminals.screen(term, scrollback=True, join=True)
+    history = setup.panes.screen(term, scrollback=True, join=True)
     stale = setup.store.get_message(msg.id or 0)
     assert header(stale) not in history and trailer(stale) in history  # the header scrolled away
     core = make_core(s)
@@ -223,13 +223,13 @@ def test_27_eager_delivery_waits_while_a_permission_prompt_shows(make_core: Call
     )
     core = make_core(settings.with_(eager_delivery=True))
     tid = _new_terminal(core, "asker", provider="scripted_eager")
-    core.terminals.send_input(core.store.get_terminal(tid), "deploy now")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "waiting_user_answer")
+    core.typist.send_input(core.store.get_terminal(tid), "deploy now")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "waiting_user_answer")
     receipt = core.send_message(tid, "token-s27", sender_id="s")
     mid = receipt.message.id or 0
     wait_until(lambda: core.store.get_message(mid).waiting_reason == "receiver waiting for a user answer")
     assert _status_of(core, mid) == "pending"
-    core.terminals.send_input(core.store.get_terminal(tid), "y")  # the operator answers
+    core.typist.send_input(core.store.get_terminal(tid), "y")  # the operator answers
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
     _settle(core, tid)
     texts = [r["text"] for r in read_records(settings.home, tid)]
@@ -242,8 +242,8 @@ def test_28_an_agent_back_at_its_prompt_after_an_error_gets_its_mail(core: Cao):
         core.settings.home, "flaky", {"record": True, "rules": [{"match": "^go", "error": "API Error: 500"}]}
     )
     tid = _new_terminal(core, "flaky")
-    core.terminals.send_input(core.store.get_terminal(tid), "go")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "error")
+    core.typist.send_input(core.store.get_terminal(tid), "go")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "error")
     receipt = core.send_message(tid, "token-s28", sender_id="s")
     wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered", timeout=10)
     assert received_bodies(core.settings.home, tid) == ["go", "token-s28"]
@@ -263,14 +263,14 @@ def test_29_an_exited_agent_is_gone_and_its_mail_fails(core: Cao):
         assert late.status_code == 404
     gone = core.store.get_terminal(tid)
     assert gone.state == "gone" and "exited" in (gone.gone_reason or "")
-    assert core.terminals.status(core.store.get_terminal(keep)) in ("idle", "completed")
+    assert core.status.status(core.store.get_terminal(keep)) in ("idle", "completed")
 
 
 def test_29b_mail_already_waiting_fails_when_the_agent_exits(make_core: Callable[..., Cao], settings):
     write_rules(settings.home, "slow", SLOW)
     core = make_core(settings)
     tid = _new_terminal(core, "slow")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 2")
+    core.typist.send_input(core.store.get_terminal(tid), "work 2")
     receipt = core.send_message(tid, "token-s29b", sender_id="s")
     term = core.store.get_terminal(tid)
     import os
@@ -295,7 +295,7 @@ def test_30_typed_input_racing_an_inbox_delivery_never_lands_in_the_others_turn(
 
         def typed(barrier: threading.Barrier = barrier, i: int = i) -> None:
             barrier.wait()
-            core.terminals.send_input(core.store.get_terminal(tid), f"work {i}")
+            core.typist.send_input(core.store.get_terminal(tid), f"work {i}")
 
         t = threading.Thread(target=typed)
         t.start()
@@ -347,7 +347,7 @@ def test_31b_input_to_an_agent_that_never_gets_ready_is_a_clear_error(
 
 # -- 32: create/delete interrupted ----------------------------------------------------------------
 def _our_panes(core: Cao) -> dict[str, bool]:
-    return {p.terminal_id: p.dead for p in core.tmux.list_panes() if p.home_tag == core.terminals.home_tag}
+    return {p.terminal_id: p.dead for p in core.tmux.list_panes() if p.home_tag == core.panes.home_tag}
 
 
 def test_32_a_create_that_dies_after_the_pane_leaves_no_agent_running(
@@ -369,7 +369,7 @@ def test_32b_a_create_whose_tmux_step_fails_is_undone(core: Cao):
 
     core.faults.hooks["after_pane_created"] = fail
     with pytest.raises(TmuxError):
-        core.terminals.create(provider="scripted", agent_profile="developer")
+        core.lifecycle.create(provider="scripted", agent_profile="developer")
     core.faults.hooks.clear()
     assert _our_panes(core) == {}
     assert core.store.list_terminals() == []
@@ -388,7 +388,7 @@ def test_32c_an_interrupted_delete_is_finished_by_the_sweep(make_core: Callable[
     core.engine.sweep_step()
     assert tid not in _our_panes(core)
     assert core.store.get_terminal(tid, include_deleted=True).state == "deleted"
-    assert core.terminals.status(core.store.get_terminal(other)) in ("idle", "completed")
+    assert core.status.status(core.store.get_terminal(other)) in ("idle", "completed")
 
 
 # -- a database lock during the acknowledgement ---------------------------------------------------
@@ -429,8 +429,8 @@ def test_eager_retry_never_pastes_again_while_the_box_cant_be_seen(make_core: Ca
     write_rules(settings.home, "deafbusy", rules)
     core = make_core(settings.with_(eager_delivery=True, retry_delay=0.3))
     tid = _new_terminal(core, "deafbusy", provider="scripted_eager")
-    core.terminals.send_input(core.store.get_terminal(tid), "work a while")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work a while")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     receipt = core.send_message(tid, "token-eager-once", sender_id="s")
     wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered", timeout=20)
     _settle(core, tid)
@@ -458,12 +458,12 @@ def test_eager_delivery_looks_again_after_the_claim_and_never_answers_a_prompt(
     core = make_core(settings.with_(eager_delivery=True))
     tid = _new_terminal(core, "asker", provider="scripted_eager")
     term = core.store.get_terminal(tid)
-    core.terminals.send_input(term, "work first")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
-    core.terminals.send_input(core.store.get_terminal(tid), "deploy now")  # queued; asks when it runs
+    core.typist.send_input(term, "work first")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "deploy now")  # queued; asks when it runs
 
     def prompt_shows() -> None:
-        wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "waiting_user_answer")
+        wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "waiting_user_answer")
 
     core.faults.hooks["after_claim"] = prompt_shows
     receipt = core.send_message(tid, "token-not-an-answer", sender_id="s")
@@ -471,12 +471,12 @@ def test_eager_delivery_looks_again_after_the_claim_and_never_answers_a_prompt(
     wait_until(lambda: core.store.get_message(mid).waiting_reason == "receiver waiting for a user answer")
     core.faults.hooks.clear()
     assert _status_of(core, mid) == "pending"
-    core.terminals.send_input(core.store.get_terminal(tid), "y")
+    core.typist.send_input(core.store.get_terminal(tid), "y")
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
     texts = [r["text"] for r in read_records(settings.home, tid)]  # (answers to a prompt aren't turns)
     assert texts[:2] == ["work first", "deploy now"] and texts[-1].endswith("token-not-an-answer")
     assert len(texts) == 3
-    screen = core.terminals.screen(core.store.get_terminal(tid), scrollback=True)
+    screen = core.panes.screen(core.store.get_terminal(tid), scrollback=True)
     assert "permission denied" not in screen  # the prompt got the operator's "y", not the message
 
 

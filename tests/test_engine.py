@@ -20,7 +20,7 @@ def test_a_flooding_pane_log_is_capped_as_it_grows_not_once_a_sweep(
     cap = 256 * 1024
     s = settings.with_(log_cap_bytes=cap, log_cap_interval=0.2, sweep_interval=60.0)
     core = make_core(s)
-    log = core.terminals.log_path("f100d000")
+    log = core.logs.path("f100d000")
     core.tmux.create_window(
         session_name="cao-flood",
         window_name="flood",
@@ -52,8 +52,8 @@ def test_a_receiver_that_turns_ready_while_its_watch_is_being_armed_gets_its_mai
     write_rules(settings.home, "worker", SLOW)
     core = make_core(settings.with_(sweep_interval=600.0, sweep_grace=600.0))
     tid = _new_terminal(core, "worker")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
 
     def turn_ends_first() -> None:  # between the busy read and the arming of the watch
         core.faults.hooks.pop("before_watch", None)
@@ -83,7 +83,7 @@ def test_mail_sent_to_a_terminal_still_being_created_is_delivered_once_it_is_liv
         assert len(starting) == 1
         tid = starting[0].id
         sent.append(core.send_message(tid, "token-sent-early", sender_id="s").message.id or 0)
-        log = core.terminals.log_path(tid)
+        log = core.logs.path(tid)
         wait_until(lambda: log.exists() and "❯" in log.read_text(errors="replace"), what="prompt drawn")
         wait_until(lambda: core.engine.idle(), what="the send's run is over")
         time.sleep(0.3)  # the watch has seen the finished screen; nothing changes after this

@@ -509,16 +509,16 @@ def test_an_unsubmitted_paste_in_a_box_cao_cannot_read_is_no_evidence(core, sett
     term = core.create_terminal(agent_profile="blind", working_directory=str(tmp_path))
     tid = str(term["id"])
     message = core.send_message(tid, "hello", sender_id="boss").message
-    pane = core.terminals.get(tid)
-    wait_until(lambda: "»" in core.terminals.screen(pane), what="the redrawn prompt")
+    pane = core.terminal_row(tid)
+    wait_until(lambda: "»" in core.panes.screen(pane), what="the redrawn prompt")
     subprocess.run(
         ["tmux", "-L", settings.tmux_socket, "send-keys", "-t", str(pane.pane_id), "-l", header(message)],
         check=True,
     )
-    wait_until(lambda: header(message) in core.terminals.screen(pane), what="the header in the box")
-    provider = core.terminals.provider(pane)
+    wait_until(lambda: header(message) in core.panes.screen(pane), what="the header in the box")
+    provider = core.panes.provider(pane)
     assert core.delivery._seen(pane, provider, [message]) == []
-    core.terminals.hooks.record(
+    core.status.hooks.record(
         tid, HookPhase.TURN_START, "UserPromptSubmit", prompts=[header(message) + "\nhello"]
     )
     assert core.delivery._seen(pane, provider, [message]) == [message]
@@ -565,10 +565,10 @@ def test_the_last_answer_comes_from_the_hook_when_the_screen_shows_none(core, tm
     carried when the screen gives none; a turn start clears it (it belonged to the turn before)."""
     term = core.create_terminal(working_directory=str(tmp_path))
     tid = str(term["id"])
-    pane = core.terminals.get(tid)
-    wait_until(lambda: core.terminals.status(pane) == "idle", what="idle, no answer on screen")
-    assert core.terminals.output(pane, "last") == ""
-    core.terminals.hooks.record(tid, HookPhase.TURN_END, "Stop", last_message="the answer, as reported")
-    assert core.terminals.output(pane, "last") == "the answer, as reported"
-    core.terminals.hooks.record(tid, HookPhase.TURN_START, "UserPromptSubmit")
-    assert core.terminals.output(pane, "last") == ""
+    pane = core.terminal_row(tid)
+    wait_until(lambda: core.status.status(pane) == "idle", what="idle, no answer on screen")
+    assert core.status.output(pane, "last") == ""
+    core.status.hooks.record(tid, HookPhase.TURN_END, "Stop", last_message="the answer, as reported")
+    assert core.status.output(pane, "last") == "the answer, as reported"
+    core.status.hooks.record(tid, HookPhase.TURN_START, "UserPromptSubmit")
+    assert core.status.output(pane, "last") == ""

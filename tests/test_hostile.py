@@ -152,7 +152,7 @@ def test_34_typed_input_never_joins_a_persons_half_typed_text(make_core: Callabl
     tid = _new_terminal(core)
     core.tmux.send_keys(_pane(core, tid), "rm -rf ~/proj && ", literal=True)  # a person, mid-command
     term = core.store.get_terminal(tid)
-    wait_until(lambda: (core.terminals.provider(term).input_text(core.terminals.screen(term)) or "").strip())
+    wait_until(lambda: (core.panes.provider(term).input_text(core.panes.screen(term)) or "").strip())
     with TestClient(create_app(core)) as client:
         r = client.post(f"/terminals/{tid}/input", json={"message": "deploy the release"})
         assert r.status_code == 409, r.text
@@ -160,7 +160,7 @@ def test_34_typed_input_never_joins_a_persons_half_typed_text(make_core: Callabl
     with pytest.raises(BoxOccupied):
         core.send_input(tid, "deploy the release")
     assert read_records(core.settings.home, tid) == []  # nothing submitted: not one turn of both
-    box = core.terminals.provider(term).input_text(core.terminals.screen(term)) or ""
+    box = core.panes.provider(term).input_text(core.panes.screen(term)) or ""
     assert box.strip() == "rm -rf ~/proj &&"  # and nothing appended to it
     core.tmux.send_keys(_pane(core, tid), "C-c")  # the person clears the box
     assert core.send_input(tid, "deploy the release") is True
@@ -174,7 +174,7 @@ def test_34b_handoff_to_a_worker_a_person_is_typing_in_fails_clearly(make_core: 
     tid = _new_terminal(core, "w")
     core.tmux.send_keys(_pane(core, tid), "half a thought", literal=True)
     term = core.store.get_terminal(tid)
-    wait_until(lambda: (core.terminals.provider(term).input_text(core.terminals.screen(term)) or "").strip())
+    wait_until(lambda: (core.panes.provider(term).input_text(core.panes.screen(term)) or "").strip())
     with pytest.raises(StepFailed, match="holds someone's text") as failed:
         core.run_step(provider="scripted", agent="w", prompt="the task", reuse_terminal_id=tid, timeout=5)
     assert failed.value.status_code == 409
@@ -207,7 +207,7 @@ def test_35_a_session_of_another_cao_server_is_never_deleted_by_name(
         assert r.status_code == 404 and "nothing was touched" in r.json()["detail"]
     assert _idle(other, theirs)  # still running
     # a terminal of ours added to their session, then our session deleted: only ours goes
-    ours = mine.terminals.create(provider="scripted", session_name="shared", new_session=False).id
+    ours = mine.lifecycle.create(provider="scripted", session_name="shared", new_session=False).id
     wait_until(lambda: _idle(mine, ours))
     assert mine.delete_session("shared") == [ours]
     assert _idle(other, theirs) and mine.tmux.has_session("cao-shared")
@@ -237,7 +237,7 @@ def test_35b_a_copy_of_another_homes_database_reaches_none_of_its_panes(
     assert _idle(theirs, tid) and read_records(settings.home, tid) == []
     from cao.tmux import PaneRef
 
-    forged = PaneRef(row.tmux_server_pid or 0, row.pane_id or "", row.pane_pid or 0, mine.terminals.home_tag)
+    forged = PaneRef(row.tmux_server_pid or 0, row.pane_id or "", row.pane_pid or 0, mine.panes.home_tag)
     with pytest.raises(PaneGone, match="another cao home"):
         mine.tmux.paste_checked(forged, "forged")
     assert _idle(theirs, tid) and read_records(settings.home, tid) == []
@@ -350,7 +350,7 @@ def test_bad_knobs_of_small_routes_are_clear_4xx(core: Cao):
 
 def test_a_deleted_terminals_pane_log_goes_with_it(core: Cao):
     tid = _new_terminal(core)
-    log = core.terminals.log_path(tid)
+    log = core.logs.path(tid)
     assert log.exists()
     core.delete_terminal(tid)
     assert not log.exists() and not (core.settings.home / "terminals" / tid).exists()
@@ -440,9 +440,9 @@ def test_pane_log_pipes_closed_by_a_full_disk_are_reopened(make_core: Callable[.
         lambda: _try(output_until_closed), timeout=20, interval=0.1, what="the pipe closed by the full disk"
     )
     filler.unlink()
-    assert core.terminals.restore_pipes() == [tid] and piped()
-    assert core.terminals.restore_pipes() == []  # an open pipe is left alone (pipe-pane would close it)
-    log = core.terminals.log_path(tid)
+    assert core.lifecycle.restore_pipes() == [tid] and piped()
+    assert core.lifecycle.restore_pipes() == []  # an open pipe is left alone (pipe-pane would close it)
+    log = core.logs.path(tid)
     size = log.stat().st_size
     core.send_input(tid, "more output after the disk had room")
     wait_until(lambda: log.stat().st_size > size, timeout=10, what="new output in the pane log")
@@ -566,7 +566,7 @@ def test_34c_typed_input_never_joins_a_persons_text_that_runs_past_the_box(
     tid = _new_terminal(core)
     core.tmux.send_keys(_pane(core, tid), "PERSON-" + "x" * 90 + "-END", literal=True)
     term = core.store.get_terminal(tid)
-    wait_until(lambda: "-END" in core.terminals.screen(term))
+    wait_until(lambda: "-END" in core.panes.screen(term))
     with pytest.raises(BoxOccupied, match="can't be proven empty"):
         core.send_input(tid, "from the api")
     assert read_records(core.settings.home, tid) == []
@@ -589,8 +589,7 @@ def test_33e_a_mode_between_typed_inputs_paste_and_its_enter(
     def person() -> None:
         wait_until(
             lambda: (
-                "typed then scrolled"
-                in (core.terminals.provider(term).input_text(core.terminals.screen(term)) or "")
+                "typed then scrolled" in (core.panes.provider(term).input_text(core.panes.screen(term)) or "")
             ),
             timeout=5,
         )
@@ -656,7 +655,7 @@ def test_a_pane_log_deleted_under_a_running_agent_is_opened_anew(make_core: Call
     trigger and the live view went dead, and the log cap couldn't reach it)."""
     core = make_core(settings.with_(pipe_check_interval=0.1, log_cap_interval=0.05))
     tid = _new_terminal(core)
-    log = core.terminals.log_path(tid)
+    log = core.logs.path(tid)
     log.unlink()
     wait_until(log.exists, timeout=5, what="a new pane log")
     core.send_input(tid, "output after the log was deleted")

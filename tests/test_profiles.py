@@ -188,7 +188,7 @@ def test_cli_install_and_profiles(tmp_path: Path):
 # -- terminals resolve their profile ---------------------------------------------------------------
 def test_unknown_profile_is_422_naming_the_available_ones(core: Cao):
     with pytest.raises(InvalidInput) as err:
-        core.terminals.create(agent_profile="nosuch")
+        core.lifecycle.create(agent_profile="nosuch")
     assert "'nosuch' not found" in err.value.message
     assert "code_supervisor, developer, reviewer" in err.value.message
     with TestClient(create_app(core)) as client:
@@ -199,21 +199,21 @@ def test_unknown_profile_is_422_naming_the_available_ones(core: Cao):
 
 def test_a_profile_pins_the_provider_unless_the_request_names_one(core: Cao):
     _write(core.settings.profiles_dir / "tester.md", TESTER)  # provider: scripted_eager
-    pinned = core.terminals.create(agent_profile="tester", session_name="pin")
+    pinned = core.lifecycle.create(agent_profile="tester", session_name="pin")
     assert pinned.provider == "scripted_eager"
-    chosen = core.terminals.create(
+    chosen = core.lifecycle.create(
         agent_profile="tester", provider="scripted", session_name="pin", new_session=False
     )
     assert chosen.provider == "scripted"
-    assert core.terminals.create(agent_profile="reviewer", session_name="plain").provider == "scripted"
+    assert core.lifecycle.create(agent_profile="reviewer", session_name="plain").provider == "scripted"
 
 
 def test_scripted_rule_names_stay_valid_for_scripted_providers_only(core: Cao):
     write_rules(core.settings.home, "demo_worker", {"rules": []})
-    t = core.terminals.create(agent_profile="demo_worker")
+    t = core.lifecycle.create(agent_profile="demo_worker")
     assert (t.agent_profile, t.provider) == ("demo_worker", "scripted")
     with pytest.raises(InvalidInput, match="'demo_worker' not found"):
-        core.terminals.create(agent_profile="demo_worker", provider="codex")
+        core.lifecycle.create(agent_profile="demo_worker", provider="codex")
 
 
 def test_the_provider_gets_the_loaded_profile(core: Cao, monkeypatch: pytest.MonkeyPatch):
@@ -226,7 +226,7 @@ def test_the_provider_gets_the_loaded_profile(core: Cao, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(ScriptedProvider, "launch", spy)
     write_rules(core.settings.home, "slow", {"rules": []})
-    core.terminals.create(agent_profile="reviewer", session_name="a")
-    core.terminals.create(agent_profile="slow", session_name="b")
+    core.lifecycle.create(agent_profile="reviewer", session_name="a")
+    core.lifecycle.create(agent_profile="slow", session_name="b")
     assert seen["reviewer"] == profiles.load("reviewer", core.settings.profiles_dir)
     assert seen["slow"] is None

@@ -51,8 +51,8 @@ def test_a_busy_receiver_with_the_default_tail_pattern_turning_idle_is_woken_by_
     write_rules(settings.home, "worker", SLOW)
     core = make_core(settings.with_(**NO_SWEEP))
     tid = _new_terminal(core, "worker")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     mid = core.send_message(tid, "token-kimi-like", sender_id="s").message.id or 0
     wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered by the watchdog")
@@ -61,9 +61,9 @@ def test_a_busy_receiver_with_the_default_tail_pattern_turning_idle_is_woken_by_
 
 # -- 3. a transient tmux error on the screen read ---------------------------------------------------
 def _fail_one_capture(core: Cao, *, armed: bool = True) -> list[int]:
-    """``[armed, failures]``: once armed (``state[0] = 1``), the next screen capture made by a
-    delivery thread raises a TmuxError, once."""
-    real = core.terminals.screen
+    """``[armed, failures]``: once armed (``state[0] = 1``), the next screen read (the gate's look)
+    made by a delivery thread raises a TmuxError, once."""
+    real = core.panes.look
     state = [int(armed), 0]
 
     def flaky(terminal, **kw):  # type: ignore[no-untyped-def]
@@ -72,7 +72,7 @@ def _fail_one_capture(core: Cao, *, armed: bool = True) -> list[int]:
             raise TmuxError("tmux capture-pane did not answer within 30 s")
         return real(terminal, **kw)
 
-    core.terminals.screen = flaky  # type: ignore[method-assign]
+    core.panes.look = flaky  # type: ignore[method-assign]
     return state
 
 
@@ -100,8 +100,8 @@ def test_a_transient_screen_read_error_when_a_watched_receiver_turns_idle_is_ret
     write_rules(settings.home, "worker", SLOW)
     core = make_core(settings.with_(**NO_SWEEP))
     tid = _new_terminal(core, "worker")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     state = _fail_one_capture(core, armed=False)
     mid = core.send_message(tid, "token-after-a-tmux-hiccup", sender_id="s").message.id or 0
     wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
@@ -125,7 +125,7 @@ def test_text_typed_in_the_box_then_cleared_lets_the_mail_in_at_once(
         subprocess.run(["tmux", "-L", settings.tmux_socket, "send-keys", "-t", target, *k], check=True)
 
     keys("-l", "half typed")
-    wait_until(lambda: "half typed" in core.terminals.screen(core.store.get_terminal(tid)), what="typed")
+    wait_until(lambda: "half typed" in core.panes.screen(core.store.get_terminal(tid)), what="typed")
     mid = core.send_message(tid, "token-after-clear", sender_id="s").message.id or 0
     wait_until(lambda: core.store.get_message(mid).waiting_reason == "input box holds text", what="box text")
     wait_until(lambda: core.engine.idle(), what="runs over")
@@ -153,8 +153,8 @@ def test_a_log_truncated_by_the_cap_after_the_ready_frame_does_not_hide_the_read
         settings.with_(log_cap_bytes=4096, log_cap_interval=0.05, watch_interval=1.0, **NO_SWEEP)
     )
     tid = _new_terminal(core, "worker")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     mid = core.send_message(tid, "token-after-the-cap", sender_id="s").message.id or 0
     wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
     wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="delivered by the watchdog")
@@ -190,8 +190,8 @@ def test_a_busy_read_of_the_store_when_a_watched_receiver_turns_idle_is_retried(
     write_rules(settings.home, "worker", SLOW)
     core = make_core(settings.with_(**NO_SWEEP))
     tid = _new_terminal(core, "worker")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     real = core.store.delivery_view
     state = [0, 0]
 
@@ -248,15 +248,17 @@ def test_a_session_end_report_from_a_cli_still_at_its_prompt_holds_mail_only_whi
 
 
 def _count_delivery_captures(core: Cao) -> list[int]:
-    real = core.terminals.screen
+    """Screen captures made by delivery threads (the gate's looks and every other read)."""
     count = [0]
+    for name in ("look", "screen"):
+        real = getattr(core.panes, name)
 
-    def counting(terminal, **kw):  # type: ignore[no-untyped-def]
-        if threading.current_thread().name.startswith("cao-deliver"):
-            count[0] += 1
-        return real(terminal, **kw)
+        def counting(terminal, _real=real, **kw):  # type: ignore[no-untyped-def]
+            if threading.current_thread().name.startswith("cao-deliver"):
+                count[0] += 1
+            return _real(terminal, **kw)
 
-    core.terminals.screen = counting  # type: ignore[method-assign]
+        setattr(core.panes, name, counting)
     return count
 
 
@@ -271,8 +273,8 @@ def test_a_provider_without_a_tail_check_is_looked_at_a_few_times_a_second_not_e
     write_rules(settings.home, "worker", rules)
     core = make_core(settings.with_(**NO_SWEEP))
     tid = _new_terminal(core, "worker")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     mid = core.send_message(tid, "token-throttled", sender_id="s").message.id or 0
     wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
     looks = _count_delivery_captures(core)
@@ -341,8 +343,8 @@ def test_a_failed_second_look_after_the_claim_is_looked_at_again(
     write_rules(settings.home, "worker", rules)
     core = make_core(settings.with_(eager_delivery=True, **NO_SWEEP))
     tid = _new_terminal(core, "worker", provider="scripted_eager")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     state = _fail_one_capture(core, armed=False)
 
     def turn_ends() -> None:
@@ -370,8 +372,8 @@ def test_a_wall_clock_stepped_back_does_not_stall_the_look_throttle(
     write_rules(settings.home, "worker", rules)
     core = make_core(settings.with_(**NO_SWEEP))
     tid = _new_terminal(core, "worker")
-    core.terminals.send_input(core.store.get_terminal(tid), "work 1")
-    wait_until(lambda: core.terminals.status(core.store.get_terminal(tid)) == "processing")
+    core.typist.send_input(core.store.get_terminal(tid), "work 1")
+    wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     mid = core.send_message(tid, "token-after-clock-step", sender_id="s").message.id or 0
     wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
     with core.engine._lock:  # the step lands right after a look, with no look-again timer pending

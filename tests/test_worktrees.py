@@ -714,7 +714,7 @@ def test_restart_adopts_worktrees_of_live_terminals_and_lists_orphans(
     live, dead = make_worker(first, repo), make_worker(first, repo)
     (tree(dead) / "app.py").write_text("work in progress\n")
     first.stop()
-    first.tmux.kill_checked(first.terminals.ref(first.store.get_terminal(dead["id"])))  # its agent died
+    first.tmux.kill_checked(first.panes.ref(first.store.get_terminal(dead["id"])))  # its agent died
     stray = settings.worktrees_dir / "proj" / "leftover"
     stray.mkdir(parents=True)
     second = make_core(settings)

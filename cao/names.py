@@ -1,0 +1,34 @@
+"""The names and ids people and clients pass: what each may look like, checked once here."""
+
+from __future__ import annotations
+
+import re
+
+from cao.errors import InvalidInput
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+TERMINAL_ID_RE = re.compile(r"^[0-9a-f]{8}$")
+
+
+def validate_terminal_id(value: str) -> str:
+    if not TERMINAL_ID_RE.fullmatch(value or ""):
+        raise InvalidInput(f"terminal id {value!r} is malformed; ids are 8 hex digits, e.g. 1a2b3c4d")
+    return value
+
+
+def validate_name(value: str, what: str) -> str:
+    if not NAME_RE.fullmatch(value or ""):
+        raise InvalidInput(
+            f"{what} {value!r} is not allowed; use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def validate_session_name(value: str) -> str:
+    if "." in value:  # tmux turns '.' in a session name into '_'
+        raise InvalidInput(
+            f"session_name {value!r} is not allowed: tmux rewrites '.' in session names; "
+            "use letters, digits, '_' or '-'"
+        )
+    return validate_name(value, "session_name")

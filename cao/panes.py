@@ -1,0 +1,197 @@
+"""Pane I/O for terminals: the one way anything reads, types into or fences a terminal's pane.
+
+    PaneIO            the protocol a pane backend speaks (identity-checked: each call names the
+                      pane instance by its PaneRef and checks it in the same step as the action)
+      Tmux            cao/tmux.py: the tmux binary (the only module that runs it)
+      MemoryPanes     cao/testing/panes.py: an in-memory double for the fast tier
+    Panes             a terminal's pane I/O over a PaneIO: the pane's identity from the row, a
+                      per-terminal lock, and "gone for good" when the pane is gone or not its own
+
+A mismatch (a new tmux server reusing the pane id, a dead program, a vanished pane, another home's
+pane) makes the terminal ``gone`` for good and fails its mail with ``receiver_gone``; whoever else
+keeps state per terminal hears of it through :meth:`Panes.on_gone`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import providers
+from cao.errors import DiskFull, PaneGone, StoreBusy, TmuxServerDown
+from cao.events import EventBus
+from cao.states import ENDED, Status, TerminalState
+from cao.store import Store, Terminal
+from cao.tmux import PaneInfo, PaneRef, TaggedPane
+from providers.base import Provider
+
+logger = logging.getLogger(__name__)
+
+
+class PaneIO(Protocol):
+    """What a pane backend does. Every call that names a PaneRef checks that identity (server,
+    pane id, process, home tag) in the same step as the action, and refuses to type into a pane a
+    person is using (a tmux mode, input off, synchronized panes): see cao/tmux.py."""
+
+    def create_window(
+        self,
+        *,
+        session_name: str,
+        window_name: str,
+        command: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        width: int,
+        height: int,
+        history_limit: int,
+        tags: dict[str, str],
+    ) -> PaneInfo: ...
+
+    def has_session(self, name: str) -> bool: ...
+
+    def list_panes(self) -> list[TaggedPane]: ...
+
+    def look_checked(
+        self, ref: PaneRef, *, scrollback: bool = False, join: bool = False
+    ) -> tuple[str, str]: ...
+
+    def capture_checked(self, ref: PaneRef, *, scrollback: bool = False, join: bool = False) -> str: ...
+
+    def snapshot_checked(self, ref: PaneRef) -> tuple[str, int, int, int, int]: ...
+
+    def paste_checked(
+        self,
+        ref: PaneRef,
+        text: str,
+        *,
+        fence: int | None = None,
+        enter_count: int = 1,
+        enter_delay: float = 0.0,
+    ) -> None: ...
+
+    def send_keys_checked(
+        self, ref: PaneRef, *keys: str, fence: int | None = None, literal: bool = False
+    ) -> None: ...
+
+    def fence_pane(self, ref: PaneRef, fence: int) -> None: ...
+
+    def kill_checked(self, ref: PaneRef, *, grace: float = 1.0) -> None: ...
+
+    def ensure_pipe(self, pane_id: str, log_path: Path) -> bool: ...
+
+    def reopen_pipe_checked(self, ref: PaneRef, log_path: Path, *, replace: bool = False) -> bool: ...
+
+
+class Panes:
+    """A terminal's pane I/O: identity from its row, one lock per terminal, gone for good on a
+    mismatch. Typed input, inbox delivery, recovery and delete all go through here."""
+
+    def __init__(self, io: PaneIO, store: Store, *, home_tag: str, events: EventBus) -> None:
+        self.io = io
+        self.store = store
+        self.home_tag = home_tag
+        self.events = events
+        self._gone_listeners: list[Callable[[str], None]] = []
+        self._locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+
+    def on_gone(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(terminal_id)`` when a terminal is found gone (its state is forgotten)."""
+        self._gone_listeners.append(listener)
+
+    @staticmethod
+    def provider(terminal: Terminal) -> Provider:
+        return providers.get(terminal.provider)
+
+    @contextmanager
+    def lock(self, terminal_id: str) -> Iterator[None]:
+        """Serialise everything that types into one terminal (typed input, inbox delivery,
+        recovery, delete): a status read and the paste that depends on it never straddle another."""
+        with self._locks_guard:
+            lock = self._locks.setdefault(terminal_id, threading.RLock())
+        with lock:
+            yield
+
+    def ref(self, terminal: Terminal) -> PaneRef:
+        """The terminal's pane identity; :class:`PaneGone` if it has none any more."""
+        if terminal.state in ENDED:
+            raise PaneGone(
+                f"terminal {terminal.id} is {terminal.state}"
+                + (f" ({terminal.gone_reason})" if terminal.gone_reason else "")
+            )
+        if terminal.pane_id is None or terminal.pane_pid is None or terminal.tmux_server_pid is None:
+            raise PaneGone(f"terminal {terminal.id} has no pane yet (state {terminal.state})")
+        return PaneRef(terminal.tmux_server_pid, terminal.pane_id, terminal.pane_pid, self.home_tag)
+
+    @contextmanager
+    def _pane(self, terminal: Terminal) -> Iterator[PaneRef]:
+        """Run pane I/O; a pane that is gone or not the terminal's makes the terminal gone for good."""
+        ref = self.ref(terminal)
+        try:
+            yield ref
+        except TmuxServerDown as exc:
+            self.lose(terminal, f"the tmux server is not running ({exc.message})")
+            raise
+        except PaneGone as exc:
+            self.lose(terminal, exc.message)
+            raise
+
+    def screen(self, terminal: Terminal, *, scrollback: bool = False, join: bool = False) -> str:
+        with self._pane(terminal) as ref:
+            return self.io.capture_checked(ref, scrollback=scrollback, join=join)
+
+    def look(self, terminal: Terminal) -> tuple[str, str]:
+        """The screen and what keeps input out of the pane (``""``: nothing; else a tmux mode's
+        name, ``input-off`` or ``synchronize-panes``), read in one call."""
+        with self._pane(terminal) as ref:
+            return self.io.look_checked(ref)
+
+    def snapshot(self, terminal: Terminal) -> tuple[str, int, int, int, int]:
+        """The screen with colours, cursor and size (for the dashboard's live terminal view)."""
+        with self._pane(terminal) as ref:
+            return self.io.snapshot_checked(ref)
+
+    def paste(self, terminal: Terminal, text: str, *, fence: int | None = None, enter: bool = True) -> None:
+        prov = self.provider(terminal)
+        with self._pane(terminal) as ref:
+            self.io.paste_checked(
+                ref,
+                text,
+                fence=fence,
+                enter_count=prov.enter_count if enter else 0,
+                enter_delay=prov.paste_enter_delay,
+            )
+
+    def keys(self, terminal: Terminal, *keys: str, fence: int | None = None, literal: bool = False) -> None:
+        with self._pane(terminal) as ref:
+            self.io.send_keys_checked(ref, *keys, fence=fence, literal=literal)
+
+    def fence(self, terminal: Terminal, fence: int) -> None:
+        with self._pane(terminal) as ref:
+            self.io.fence_pane(ref, fence)
+
+    def lose(self, terminal: Terminal, reason: str) -> None:
+        """The terminal's pane is gone for good: never live again; its undelivered mail fails."""
+        if terminal.state in ENDED:
+            return
+        try:
+            failed = self.store.mark_gone(terminal.id, reason)
+        except (StoreBusy, DiskFull) as exc:  # known in memory now; the next read records it
+            extra = {"terminal_id": terminal.id, "error": exc.message}
+            logger.warning("terminal gone, not yet recorded", extra=extra)
+            terminal.state, terminal.status, terminal.gone_reason = TerminalState.GONE, Status.GONE, reason
+            return
+        terminal.state = TerminalState.GONE.value
+        terminal.status = Status.GONE.value
+        terminal.gone_reason = reason
+        logger.warning(
+            "terminal gone", extra={"terminal_id": terminal.id, "reason": reason, "failed_messages": failed}
+        )
+        self.events.publish("terminal.gone", terminal_id=terminal.id, reason=reason, failed_messages=failed)
+        for listener in self._gone_listeners:
+            listener(terminal.id)

@@ -1,0 +1,242 @@
+"""What a terminal is doing: its status, read live from its screen and from what its CLI's own
+lifecycle hooks reported (cao/hooks.py), and the view of it the API shows.
+
+The screen is the state: every read is an identity-checked capture (cao/panes.py) that the
+terminal's provider interprets; the row only keeps the last status seen (for listings and the
+moment it first looked ready). The hook state — the latest event each CLI reported, and who may
+report for a terminal (its own hook key) — is owned here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from cao.errors import DiskFull, Forbidden, InvalidInput, PaneGone, StoreBusy, TmuxServerDown
+from cao.events import EventBus
+from cao.hooks import Hooks, combine, hook_key, load_secret
+from cao.panes import Panes
+from cao.settings import Settings
+from cao.states import ENDED, READY, HookPhase, Status, TerminalState
+from cao.store import Store, Terminal
+from cao.timefmt import iso
+from providers.base import Reading, TerminalStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TerminalView:
+    """A terminal row plus its live status, as the API shows it."""
+
+    terminal: Terminal
+    status: str
+    mcp_ready: bool | None = None  # None: this provider doesn't wait for cao's MCP server
+    status_reason: str | None = None  # why: an unknown screen, hooks, or why the terminal is gone
+    hook: dict[str, object] | None = None  # the CLI's latest lifecycle hook event (cao/hooks.py)
+
+    def as_dict(self) -> dict[str, object]:
+        t = self.terminal
+        return {
+            "id": t.id,
+            "name": t.name,
+            "provider": t.provider,
+            "session_name": t.session_name,
+            "agent_profile": t.agent_profile,
+            "working_directory": t.working_directory,
+            "status": self.status,
+            "state": t.state,
+            "pane_id": t.pane_id,
+            "supervisor_id": t.supervisor_id,
+            "mcp_ready": self.mcp_ready,
+            "status_reason": self.status_reason,
+            "hook": self.hook,
+            "created_at": iso(t.created_at),
+            "last_active": iso(t.last_active),
+        }
+
+
+class StatusReader:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        panes: Panes,
+        *,
+        events: EventBus,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.panes = panes
+        self.events = events
+        self.clock = clock
+        self.hooks = Hooks(clock)  # what the CLIs' own lifecycle hooks reported (cao/hooks.py)
+        self._hooks_lock = threading.Lock()  # one hook report (memory + row) at a time
+        self._hook_secret = load_secret(settings.home)
+        self._seen_status: dict[str, str] = {}  # last status published per terminal
+        self._reasons: dict[str, str] = {}  # why a terminal reads unknown (shown with its status)
+        panes.on_gone(self._gone)
+
+    def _gone(self, terminal_id: str) -> None:
+        self.note_status(terminal_id, Status.GONE)
+        self.forget(terminal_id)
+
+    def forget(self, terminal_id: str) -> None:
+        """The terminal ended: its hook state goes for good (a late report can't revive it)."""
+        with self._hooks_lock:
+            self.hooks.forget(terminal_id)
+
+    def deleted(self, terminal_id: str) -> None:
+        self._seen_status.pop(terminal_id, None)
+        self._reasons.pop(terminal_id, None)
+        self.forget(terminal_id)
+
+    # -- status ------------------------------------------------------------------------------------
+    def status(self, terminal: Terminal) -> str:
+        """Live status from the screen; ``gone`` when the pane is gone or not the terminal's."""
+        if terminal.state in ENDED:
+            return Status.GONE
+        if terminal.state == TerminalState.STARTING:
+            return Status.STARTING
+        try:
+            screen = self.panes.screen(terminal)
+        except (PaneGone, TmuxServerDown):
+            return Status.GONE
+        status = self.read(terminal, screen).status.value
+        if terminal.ready_at is None and status == TerminalStatus.PROCESSING:
+            status = Status.STARTING  # never ready yet: starting, not working
+        self.remember_status(terminal, status)
+        self.note_status(terminal.id, status)
+        return status
+
+    def read(self, terminal: Terminal, screen: str) -> Reading:
+        """The status of ``screen`` as the provider reads it, combined with what the CLI's own
+        lifecycle hooks reported (cao/hooks.py); the reason is kept for the operator when the
+        status is unknown or the hooks decided or annotated it."""
+        reading, by_hooks = combine(
+            self.panes.provider(terminal).detect(screen),
+            self.hooks.state(terminal.id),
+            self.clock(),
+            settle=self.settings.hook_settle,
+        )
+        unknown = reading.status == TerminalStatus.UNKNOWN
+        if unknown and terminal.status != reading.status:
+            logger.warning("terminal status unknown: %s", reading.reason, extra={"terminal_id": terminal.id})
+        self._reasons[terminal.id] = reading.reason if unknown or by_hooks else ""
+        return reading
+
+    def note_status(self, terminal_id: str, status: str) -> None:
+        """Publish a status change (the screen is the state; this is where it is read)."""
+        previous = self._seen_status.get(terminal_id)
+        if previous != status:
+            self._seen_status[terminal_id] = status
+            self.events.publish("terminal.status", terminal_id=terminal_id, status=status, previous=previous)
+
+    def remember_status(self, terminal: Terminal, status: str) -> None:
+        fields: dict[str, object] = {}
+        if status != terminal.status:
+            fields["status"] = status
+            fields["last_active"] = self.clock()
+        if terminal.ready_at is None and status in READY:
+            fields["ready_at"] = self.clock()
+        if fields and terminal.state == TerminalState.LIVE:
+            try:
+                self.store.update_terminal(terminal.id, **fields)
+            except (StoreBusy, DiskFull):  # a note made while reading: the read must still answer
+                return
+            for key, value in fields.items():
+                setattr(terminal, key, value)
+
+    def view(self, terminal: Terminal) -> TerminalView:
+        waits = self.panes.provider(terminal).waits_for_mcp
+        status = self.status(terminal)
+        reason = terminal.gone_reason if status == Status.GONE else self._reasons.get(terminal.id)
+        hook = self.hooks.state(terminal.id)
+        return TerminalView(
+            terminal,
+            status,
+            self.mcp_ready(terminal) if waits else None,
+            reason or None,
+            hook.as_dict(iso) if hook is not None and hook.phase is not None else None,
+        )
+
+    def output(self, terminal: Terminal, mode: str = "full") -> str:
+        if mode not in ("full", "last"):
+            raise InvalidInput(f"output mode {mode!r} is unknown; use full or last")
+        if mode == "full":
+            return self.panes.screen(terminal, scrollback=True).rstrip("\n") + "\n"
+        last = self.panes.provider(terminal).extract_last_message(self.panes.screen(terminal))
+        if not last.strip():  # a screen the provider can't read: the answer the CLI's hook reported
+            hook = self.hooks.state(terminal.id)
+            last = hook.last_message if hook is not None else ""
+        return last
+
+    # -- the agent's cao tools ---------------------------------------------------------------------
+    def mcp_ready(self, terminal: Terminal) -> bool:
+        """Has the agent's cao MCP server reported in (or have we waited long enough)?"""
+        if terminal.mcp_ready_at is not None or not self.panes.provider(terminal).waits_for_mcp:
+            return True
+        return self.clock() - terminal.created_at > self.settings.mcp_ready_timeout
+
+    def note_mcp_ready(self, terminal: Terminal) -> None:
+        if terminal.mcp_ready_at is None:
+            terminal.mcp_ready_at = self.clock()
+            self.store.update_terminal(terminal.id, mcp_ready_at=terminal.mcp_ready_at)
+            logger.info("agent's MCP server reported in", extra={"terminal_id": terminal.id})
+
+    # -- lifecycle hooks ---------------------------------------------------------------------------
+    def hook_key(self, terminal_id: str) -> str:
+        """The key only this terminal's hook program is given (``POST /terminals/{id}/hooks``)."""
+        return hook_key(self._hook_secret, terminal_id)
+
+    def check_hook_key(self, terminal_id: str, key: str | None) -> None:
+        expected = self.hook_key(terminal_id).encode()
+        if not key or not hmac.compare_digest(key.encode("utf-8", "surrogateescape"), expected):
+            raise Forbidden(
+                f"a hook report for terminal {terminal_id} must carry that terminal's own hook key "
+                f"({'none was sent' if not key else 'this one is another'}); only the hook program cao "
+                "configured in that terminal's CLI has it"
+            )
+
+    def note_hook(self, terminal: Terminal, event: str, report: Mapping[str, object]) -> HookPhase | None:
+        """Record one lifecycle event the CLI reported (``POST /terminals/{id}/hooks``).
+
+        One report at a time (``_hooks_lock``: the row and memory never disagree on the latest
+        phase), and none for a terminal that ended meanwhile (its state was forgotten for good)."""
+        phase = self.panes.provider(terminal).hook_phase(event, report)
+        prompts = report.get("prompts")
+        with self._hooks_lock:
+            if self.store.get_terminal(terminal.id, include_deleted=True).state in ENDED:
+                return None
+            self.hooks.record(
+                terminal.id,
+                phase,
+                event,
+                prompts=[p for p in prompts if isinstance(p, str)] if isinstance(prompts, list) else None,
+                detail=str(report.get("message") or ""),
+                last_message=str(report.get("last_message") or ""),
+            )
+            state = self.hooks.state(terminal.id)
+            if phase is not None and state is not None:  # kept with the row: an idle CLI may not
+                self.store.update_terminal(  # report again after a restart
+                    terminal.id,
+                    hook_phase=phase.value,
+                    hook_event=event,
+                    hook_at=state.at,
+                    hook_starts=int(state.starts),
+                )
+        self.events.publish(
+            "terminal.hook", terminal_id=terminal.id, event=event, phase=phase.value if phase else None
+        )
+        return phase
+
+    def restore_hooks(self, terminal: Terminal) -> None:
+        """At restart: the latest hook report kept with the row (an idle CLI may not report again)."""
+        if terminal.hook_phase in set(HookPhase) and terminal.hook_at is not None:
+            phase, event = HookPhase(terminal.hook_phase), terminal.hook_event or ""
+            self.hooks.restore(terminal.id, phase, event, terminal.hook_at, bool(terminal.hook_starts))
