@@ -224,6 +224,7 @@ def create_app(core: Cao) -> FastAPI:
             session_name=_str(p, "session_name"),
             reuse_terminal_id=_str(p, "reuse_terminal_id"),
             teardown=_bool(p, "teardown", default=True),
+            remove_on_failure=_bool(p, "remove_on_failure", default=False),
             timeout=_number(p, "timeout", 600.0),
             working_directory=_str(p, "working_directory"),
             caller_id=_str(p, "caller_id"),

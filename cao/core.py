@@ -21,17 +21,14 @@ from cao.clock import Clock
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
 from cao.errors import (
-    BoxOccupied,
     CaoError,
     InvalidInput,
     NotFound,
-    PaneGone,
-    PaneInMode,
     PayloadTooLarge,
     StoreGone,
-    TmuxServerDown,
 )
 from cao.events import EventBus
+from cao.handoff import Handoffs, StepFailed  # noqa: F401 - StepFailed: the API maps it
 from cao.launch import LaunchPlanner
 from cao.lifecycle import Lifecycle
 from cao.names import validate_terminal_id
@@ -39,7 +36,7 @@ from cao.panelog import PaneLogs
 from cao.panes import Panes
 from cao.paste import is_blank
 from cao.settings import Settings
-from cao.states import ENDED, HookPhase, MessageStatus, Status, TerminalState
+from cao.states import ENDED, HookPhase, MessageStatus
 from cao.status import StatusReader
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
 from cao.timefmt import iso
@@ -72,28 +69,12 @@ REFERENCE_PROVIDERS = (
 )
 # Named keys POST /terminals/{id}/key accepts (the reference's list): no text, no key sequences.
 KEY_RE = re.compile(r"^(?:Up|Down|Left|Right|Enter|Tab|Escape|Space|[A-Za-z0-9]|[CMS]-[A-Za-z0-9])$")
-JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
-STEP_POLL = 0.2  # seconds between status reads while a run-step waits
-MAX_STEP_TIMEOUT = 24 * 3600.0
 
 
 class BadRequest(InvalidInput):
     """A malformed value on a route whose reference clients expect 400 rather than 422."""
 
     status_code = 400
-
-
-class StepFailed(CaoError):
-    """``POST /terminals/run-step``: the worker errored (502), ran out of time (504) or a person is
-    using its pane (409: text in its box, or scrolling it).
-
-    ``fields`` go into the error body next to ``detail``, so the reference's clients read ``kind``
-    and ``terminal_id`` without parsing the text."""
-
-    def __init__(self, message: str, *, kind: str, terminal_id: str | None) -> None:
-        super().__init__(message)
-        self.status_code = {"timeout": 504, "busy": 409}.get(kind, 502)
-        self.fields = {"kind": kind, "terminal_id": terminal_id}
 
 
 @dataclass(frozen=True)
@@ -179,6 +160,14 @@ class Cao:
         )
         self.engine = DeliveryEngine(self.delivery, clock=clock)
         self.engine.lifecycle = self.lifecycle
+        self.handoffs = Handoffs(
+            self.store,
+            self.status,
+            self.typist,
+            self.lifecycle,
+            self.create_terminal,
+            clock=_WallClock(clock),
+        )
         self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.started = False
 
@@ -529,134 +518,12 @@ class Cao:
     def delete_session(self, name: str) -> list[str]:
         return self.lifecycle.delete_session(name)
 
-    # -- one agent step (the reference's handoff: POST /terminals/run-step) -----------------------
-    def run_step(
-        self,
-        *,
-        provider: str | None,
-        agent: str,
-        prompt: str,
-        session_name: str | None = None,
-        reuse_terminal_id: str | None = None,
-        teardown: bool = True,
-        timeout: float = 600.0,
-        working_directory: str | None = None,
-        caller_id: str | None = None,
-        job_id: str | None = None,
-        use_worktree: bool | None = None,
-    ) -> dict[str, object]:
-        """Create a worker (or reuse one), type ``prompt`` once it is ready, wait until it has
-        answered, return its last message, and delete it (``teardown``, only a worker created
-        here, only on success: a failed one stays for inspection, as in the reference).
-
-        With ``job_id`` the state and result are kept under that id (``handoff_result``), so a
-        client whose request timed out can fetch them. Raises :class:`StepFailed` (kind ``error``
-        or ``timeout``) naming the worker.
-        """
-        if job_id is not None and not JOB_ID_RE.match(job_id):
-            raise InvalidInput("job_id must be a 32-character lowercase hex string (e.g. uuid4().hex)")
-        if not 0 < timeout <= MAX_STEP_TIMEOUT:
-            raise InvalidInput(f"timeout must be between 0 and {MAX_STEP_TIMEOUT:g} seconds")
-        if is_blank(prompt):
-            raise InvalidInput("prompt is empty (only whitespace or invisible characters)")
-        if job_id is not None:
-            self.store.put_handoff_job(job_id, "running")
-        worker: str | None = None
-        try:
-            if reuse_terminal_id:
-                terminal = self.terminal_row(reuse_terminal_id)
-            else:
-                if working_directory is None and caller_id:
-                    working_directory = self.terminal_row(validate_terminal_id(caller_id)).working_directory
-                created = self.create_terminal(
-                    provider=provider,
-                    agent_profile=agent,
-                    session_name=session_name,
-                    working_directory=working_directory,
-                    new_session=session_name is None,
-                    caller_id=caller_id,
-                    use_worktree=use_worktree,
-                )
-                terminal = self.terminal_row(str(created["id"]))
-            worker = terminal.id
-            if job_id is not None:
-                self.store.put_handoff_job(job_id, "running", terminal_id=worker)
-            answer = self._step(terminal, prompt, timeout)
-            if job_id is not None:
-                self.store.put_handoff_job(job_id, "completed", last_message=answer)
-        except CaoError as exc:
-            if job_id is not None:
-                self.store.put_handoff_job(job_id, "error", terminal_id=worker, error_message=exc.message)
-            raise
-        if teardown and not reuse_terminal_id:
-            try:
-                self.lifecycle.delete(terminal)
-            except CaoError as exc:  # the answer is in hand; a failed cleanup must not hide it
-                logger.warning("worker not removed", extra={"terminal_id": worker, "error": exc.message})
-        return {"terminal_id": worker, "last_message": answer, "status": "completed", "replayed": False}
-
-    def _step(self, terminal: Terminal, prompt: str, timeout: float) -> str:
-        """Type the prompt (held until the agent is ready), wait for the answer, return it."""
-        tid = terminal.id
-        try:
-            self.typist.send_input(terminal, prompt)
-        except (PaneGone, TmuxServerDown) as exc:
-            raise StepFailed(
-                f"worker terminal {tid} is gone: {exc.message}", kind="error", terminal_id=tid
-            ) from None
-        except (BoxOccupied, PaneInMode) as exc:  # a person types in it or scrolls it: nothing typed
-            raise StepFailed(f"worker terminal {tid}: {exc.message}", kind="busy", terminal_id=tid) from None
-        except CaoError as exc:
-            if exc.status_code == 409:  # never became ready: nothing was typed
-                raise StepFailed(
-                    f"worker terminal {tid} did not become ready: {exc.message}",
-                    kind="timeout",
-                    terminal_id=tid,
-                ) from None
-            raise
-        deadline = time.monotonic() + timeout
-        busy_seen = False
-        while True:
-            current = self.store.get_terminal(tid, include_deleted=True)
-            status = self.status.status(current)
-            if status == "completed" or (status == "idle" and busy_seen):
-                return self.status.output(current, "last")
-            if status == "error":
-                raise StepFailed(
-                    f"worker terminal {tid} stopped with an error: {self.status.output(current, 'last')}",
-                    kind="error",
-                    terminal_id=tid,
-                )
-            if status == Status.GONE or current.state != TerminalState.LIVE:
-                why = current.gone_reason or current.state
-                raise StepFailed(
-                    f"worker terminal {tid} exited before it answered ({why})",
-                    kind="error",
-                    terminal_id=tid,
-                )
-            busy_seen = busy_seen or status in ("processing", "waiting_user_answer")
-            if time.monotonic() > deadline:
-                raise StepFailed(
-                    f"worker terminal {tid} did not finish within {timeout:g} s (status {status}); it is "
-                    "still running: look at it, or delete it",
-                    kind="timeout",
-                    terminal_id=tid,
-                )
-            time.sleep(STEP_POLL)
+    # -- one agent step (the reference's handoff: POST /terminals/run-step; cao/handoff.py) --------
+    def run_step(self, **kwargs: Any) -> dict[str, object]:
+        return self.handoffs.run(**kwargs)
 
     def handoff_result(self, job_id: str) -> dict[str, object]:
-        if not JOB_ID_RE.match(job_id):
-            raise InvalidInput("job_id must be a 32-character lowercase hex string (e.g. uuid4().hex)")
-        job = self.store.get_handoff_job(job_id)
-        return {
-            "job_id": job.job_id,
-            "state": job.state,
-            "terminal_id": job.terminal_id,
-            "last_message": job.last_message,
-            "error_message": job.error_message,
-            "created_at": iso(job.created_at),
-            "updated_at": iso(job.updated_at),
-        }
+        return self.handoffs.result(job_id)
 
     def info(self) -> dict[str, object]:
         s = self.settings

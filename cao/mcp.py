@@ -20,12 +20,13 @@ instead of storing a second. The window slides with each retry. An agent that re
 the same text twice in a row is told so and changes the text. Keys live in this process: a retry
 after the MCP server itself restarted is a new message.
 
-**Waiting in handoff.** No request is held open for the task: the worker's status is polled with
-short requests (``POLL_INTERVAL``), so neither an HTTP timeout nor a slow agent start cuts the wait
-short; only ``timeout`` does. While waiting, MCP progress notifications go out on every status change
-and at least every ``PROGRESS_EVERY`` seconds (clients that reset their request timeout on progress
-keep waiting). Whatever happens (answer, error, timeout, cancellation) the worker is sent its exit
-command and then deleted (pane and processes), shielded from cancellation.
+**handoff is cao-server's.** The tool calls ``POST /terminals/run-step`` (cao/handoff.py: one
+implementation for agents and the reference's clients), asking it to remove the worker whether it
+answers or fails, under a job id. While that request runs, the worker's status is read with short
+requests (``POLL_INTERVAL``) for MCP progress notifications on every status change and at least
+every ``PROGRESS_EVERY`` seconds (clients that reset their request timeout on progress keep
+waiting). If the call is cancelled (the client gave up), the worker is sent its exit command and
+deleted, shielded from cancellation.
 """
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
@@ -49,7 +49,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 import cao
-from cao import apitoken, profiles
+from cao import apitoken
 from cao.errors import CaoError
 from cao.settings import Settings
 
@@ -61,7 +61,7 @@ PROGRESS_EVERY = 5.0  # seconds between progress notifications when nothing chan
 EXIT_GRACE = 3.0  # seconds a worker gets to leave after its exit command, before it is killed
 HTTP_TIMEOUT = 20.0  # one request; no request waits for an agent
 MAX_TIMEOUT = 24 * 3600.0
-READY = ("idle", "completed")
+STEP_GRACE = 120.0  # seconds a handoff's request may outlast its timeout (start-up, the answer's read)
 
 Report = Callable[[float, float, str], Awaitable[None]]
 
@@ -135,7 +135,6 @@ class AgentTools:
         self.process_tag = secrets.token_hex(4)
         self._sent: dict[str, _Sent] = {}
         self._count = 0
-        self._profiles_dir: Path | None = None  # cao-server's profile store, asked once
 
     # -- plumbing ----------------------------------------------------------------------------------
     async def _call(self, method: str, path: str, *, what: str, busy_retries: int = 0, **kw: Any) -> Any:
@@ -230,16 +229,6 @@ class AgentTools:
         return supervisor
 
     # -- workers -----------------------------------------------------------------------------------
-    async def _pinned_provider(self, agent_profile: str) -> str | None:
-        """The provider the profile pins, read from cao-server's own profile store (or a built-in)."""
-        try:
-            if self._profiles_dir is None:
-                info = await self._call("GET", "/info", what="reading cao-server's settings")
-                self._profiles_dir = Settings(home=Path(info["home"])).profiles_dir
-            return profiles.load(agent_profile, self._profiles_dir).provider
-        except (CaoError, ToolError, KeyError):
-            return None  # cao-server names the problem when it creates the worker
-
     async def _start_worker(
         self,
         me: dict[str, Any],
@@ -247,9 +236,10 @@ class AgentTools:
         working_directory: str | None,
         use_worktree: bool | None = None,
     ) -> dict[str, Any]:
+        """A worker in the caller's session, supervised by the caller; cao-server chooses its
+        provider (the profile's pinned one, else the caller's: cao/launch.py)."""
         body = {
             "agent_profile": agent_profile,
-            "provider": await self._pinned_provider(agent_profile) or me["provider"],
             "supervisor_id": me["id"],
             "working_directory": working_directory or me["working_directory"],
         }
@@ -341,153 +331,100 @@ class AgentTools:
         report: Report | None = None,
         use_worktree: bool | None = None,
     ) -> str:
+        """cao-server's one handoff (``POST /terminals/run-step``, cao/handoff.py), followed here:
+        its job's worker is read while it runs, for progress notifications, and removed if this
+        call is cancelled (the client gave up)."""
         if not message.strip():
             raise ToolError("message is empty; describe the task for the worker")
         if not 0 < timeout <= MAX_TIMEOUT:
             raise ToolError(f"timeout must be between 0 and {MAX_TIMEOUT:g} seconds, got {timeout:g}")
         me = await self.me()
-        worker = await self._start_worker(me, agent_profile, None, use_worktree)
-        wid = worker["id"]
-        try:
-            answer = await self._run_task(worker, message, timeout, report)
-        finally:
-            with anyio.move_on_after(self.exit_grace + 2 * HTTP_TIMEOUT, shield=True):
-                await self._remove(wid)
-        if worker.get("worktree"):  # removed: uncommitted work became a wip commit on the branch
-            answer += (
-                f"\n\n(cao) Worker {wid} worked on branch {worker['worktree']['branch']}; its work (if "
-                f"it changed anything) stays there. Review it with worker_diff(worker_id={wid!r}) and "
-                f"merge it with merge_worker(worker_id={wid!r}).)"
-            )
-        return answer
+        job = secrets.token_hex(16)
+        body: dict[str, Any] = {
+            "agent": agent_profile,
+            "prompt": message,
+            "caller_id": me["id"],
+            "session_name": me["session_name"],
+            "timeout": timeout,
+            "job_id": job,
+            "remove_on_failure": True,
+        }
+        if use_worktree is not None:
+            body["use_worktree"] = use_worktree
+        done = anyio.Event()
+        outcome: dict[str, Any] = {}
 
-    async def _run_task(
-        self, worker: dict[str, Any], message: str, timeout: float, report: Report | None
-    ) -> str:
-        wid, started = worker["id"], self.clock()
-        deadline = started + timeout
-        async with self._status_events(wid) as wake:
-            await self._wait(worker, started, deadline, timeout, report, task_sent=False, wake=wake)
-            await self._call(
-                "POST",
-                f"/terminals/{wid}/input",
-                json={"message": message},
-                what=f"sending the task to {wid}",
-            )
-            await self._wait(worker, started, deadline, timeout, report, task_sent=True, wake=wake)
-        out = await self._call(
-            "GET", f"/terminals/{wid}/output", params={"mode": "last"}, what=f"reading {wid}'s answer"
-        )
-        answer = str(out.get("output") or "").strip()
-        return answer or f"(worker {wid} finished without a reply)"
-
-    async def _wait(
-        self,
-        worker: dict[str, Any],
-        started: float,
-        deadline: float,
-        timeout: float,
-        report: Report | None,
-        *,
-        task_sent: bool,
-        wake: Callable[[float], Awaitable[None]] | None = None,
-    ) -> None:
-        """Read the worker's status until it is ready (before the task) or done (after it); errors
-        fail fast. ``wake(seconds)`` returns early when the event stream reports a status change of
-        the worker, so the reads follow the worker instead of a fixed beat."""
-        wid, profile = worker["id"], worker["agent_profile"]
-        status, last_status, last_report, busy_seen = "starting", "", -1e9, False
-        while True:
+        async def step() -> None:
             try:
-                term = await self._call("GET", f"/terminals/{wid}", what=f"reading {wid}'s status")
-                status = str(term["status"])
-            except Unreachable as exc:  # a blip: keep polling until the deadline
-                logger.warning("status read failed: %s", exc, extra={"terminal_id": wid})
-            if status == "error":
-                raise ToolError(
-                    f"worker {wid} ({profile}) stopped with an error: {await self._last_words(wid)}. "
-                    "It has been removed; fix the cause (see the error) or retry the handoff"
+                outcome["result"] = await self._call(
+                    "POST",
+                    "/terminals/run-step",
+                    json=body,
+                    what=f"handing the task to a {agent_profile!r} worker",
+                    timeout=httpx.Timeout(HTTP_TIMEOUT, read=timeout + STEP_GRACE),
                 )
-            if status == "gone":
-                raise ToolError(
-                    f"worker {wid} ({profile}) exited before it finished (its pane is gone); it has been "
-                    "removed. Retry the handoff, or check the agent CLI starts (`cao launch --agents "
-                    f"{profile}`)"
-                )
-            if not task_sent and status in READY and term.get("mcp_ready") is not False:
-                return
-            if task_sent:
-                if status == "completed" or (status == "idle" and busy_seen):
-                    return
-                busy_seen = busy_seen or status in ("processing", "waiting_user_answer")
-            now = self.clock()
-            if now >= deadline:
-                doing = "finish the task" if task_sent else "become ready"
-                raise ToolError(
-                    f"worker {wid} ({profile}) did not {doing} within {timeout:g} s (last status: {status}); "
-                    "it has been stopped and removed. Retry with a larger timeout, split the task, or use "
-                    "assign for long work (the worker reports back by message)"
-                )
-            if status != last_status or now - last_report >= self.progress_every:
-                note = f"worker {wid} ({profile}): {status}"
-                if status == "waiting_user_answer":
-                    note += f" (it asks a question: answer it in tmux session {worker['session_name']})"
-                await _quietly(report, round(now - started, 1), timeout, note)
-                last_status, last_report = status, now
-            if wake is not None:
-                await wake(self.poll_interval)
-            else:
-                await anyio.sleep(self.poll_interval)
-
-    @contextlib.asynccontextmanager
-    async def _status_events(self, wid: str) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
-        """Follow cao-server's event stream for ``wid``'s status changes while a handoff waits (the
-        status reads stay the source of truth; this only says when to read). Without a stream
-        (an older server, a dropped connection) the reads keep their plain beat."""
-        send, receive = anyio.create_memory_object_stream[None](64)
-        needle = f'"terminal_id":"{wid}"'
-
-        async def follow() -> None:
-            with contextlib.suppress(httpx.HTTPError, anyio.EndOfStream, anyio.ClosedResourceError):
-                async with self.http.stream(
-                    "GET", "/events", params={"keepalive": 15}, timeout=httpx.Timeout(HTTP_TIMEOUT, read=None)
-                ) as resp:
-                    if resp.status_code != 200:
-                        return
-                    async for line in resp.aiter_lines():
-                        if line.startswith("data:") and needle in line and '"type":"terminal.' in line:
-                            with contextlib.suppress(anyio.WouldBlock):
-                                send.send_nowait(None)
-
-        async def wake(seconds: float) -> None:
-            with anyio.move_on_after(seconds):
-                await receive.receive()
-            while True:  # several changes at once: one read covers them
-                try:
-                    receive.receive_nowait()
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
+            except ToolError as exc:
+                outcome["error"] = exc
+            finally:
+                done.set()
 
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(follow)
-                try:
-                    yield wake
-                finally:
-                    tg.cancel_scope.cancel()
-        except BaseExceptionGroup as group:  # the waiting body's own error, not a group of them
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
+                tg.start_soon(step)
+                await self._follow(job, agent_profile, timeout, report, done)
+        except BaseException:
+            with anyio.move_on_after(self.exit_grace + 2 * HTTP_TIMEOUT, shield=True):
+                await self._abandon(job)  # cancelled: the worker must not outlive the call
             raise
-
-    async def _last_words(self, worker_id: str) -> str:
-        try:
-            out = await self._call(
-                "GET", f"/terminals/{worker_id}/output", params={"mode": "last"}, what="reading the error"
+        if "error" in outcome:
+            raise outcome["error"]
+        result: dict[str, Any] = outcome["result"]
+        wid = result["terminal_id"]
+        answer = str(result.get("last_message") or "").strip() or f"(worker {wid} finished without a reply)"
+        if result.get("worktree"):  # removed: uncommitted work became a wip commit on the branch
+            answer += (
+                f"\n\n(cao) Worker {wid} worked on branch {result['worktree']['branch']}; its work (if it "
+                f"changed anything) stays there. Review it with worker_diff(worker_id={wid!r}) and merge "
+                f"it with merge_worker(worker_id={wid!r}).)"
             )
-            return str(out.get("output") or "").strip() or "(no error text on its screen)"
-        except ToolError as exc:
-            return f"(could not read its screen: {exc})"
+        return answer
+
+    async def _follow(
+        self, job: str, profile: str, timeout: float, report: Report | None, done: anyio.Event
+    ) -> None:
+        """Progress while the step runs: the worker's status on every change, and at least every
+        ``progress_every`` seconds (clients that reset their request timeout on progress wait on)."""
+        started, wid, last, last_report = self.clock(), None, "", -1e9
+        while not done.is_set():
+            with contextlib.suppress(ToolError):
+                if wid is None:
+                    wid = (await self._call("GET", f"/handoff-results/{job}", what="following the handoff"))[
+                        "terminal_id"
+                    ]
+                if wid is not None:
+                    status = str(
+                        (await self._call("GET", f"/terminals/{wid}", what="reading its status"))["status"]
+                    )
+                    now = self.clock()
+                    if status != last or now - last_report >= self.progress_every:
+                        note = f"worker {wid} ({profile}): {status}"
+                        if status == "waiting_user_answer":
+                            note += " (it asks a question: answer it in its tmux pane)"
+                        await _quietly(report, round(now - started, 1), timeout, note)
+                        last, last_report = status, now
+            with anyio.move_on_after(self.poll_interval):
+                await done.wait()
+
+    async def _abandon(self, job: str) -> None:
+        """The handoff was cancelled: remove its worker (found through the job)."""
+        try:
+            wid = (await self._call("GET", f"/handoff-results/{job}", what="finding the worker"))[
+                "terminal_id"
+            ]
+        except ToolError:
+            return
+        if wid:
+            await self._remove(wid)
 
     # -- reads -------------------------------------------------------------------------------------
     async def whoami(self) -> dict[str, Any]:

@@ -88,6 +88,7 @@ BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
         "session_name": _name,
         "reuse_terminal_id": _name,
         "teardown": _flag,
+        "remove_on_failure": _flag,
         "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400, "default": 600},
         "working_directory": _name,
         "caller_id": _name,

@@ -85,6 +85,14 @@ class Blocked(StrEnum):
     SYNCHRONIZED = "this pane's window has synchronize-panes on (cao's keys would reach a person's panes)"
 
 
+class JobState(StrEnum):
+    """A handoff job's (``POST /terminals/run-step`` with a ``job_id``; GET /handoff-results)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    ERROR = "error"
+
+
 class HookPhase(StrEnum):
     """What an agent CLI's lifecycle hook event says about its turn (see cao/hooks.py)."""
 

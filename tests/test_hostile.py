@@ -18,8 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cao.api import create_app
-from cao.core import Cao, StepFailed
+from cao.core import Cao
 from cao.errors import BoxOccupied, NotFound, PaneGone, PaneInMode
+from cao.handoff import StepFailed
 from tests.conftest import read_records, wait_until, write_rules
 from tests.test_delivery import _idle, _new_terminal, _settle, _status_of
 
