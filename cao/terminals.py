@@ -56,8 +56,7 @@ from cao.states import ENDED, HookPhase, TerminalState
 from cao.store import MAX_BODY_BYTES, Store, Terminal
 from cao.timefmt import iso
 from cao.tmux import PaneInfo, PaneRef, TaggedPane, Tmux, in_mode_error, session_name_for
-from cao.workspace import Workspaces
-from cao.worktrees import Git
+from cao.worktrees import Git, Workspaces
 from providers.base import LaunchContext, Provider, Reading, TerminalStatus
 from providers.scripted import ScriptedProvider
 

@@ -1,6 +1,7 @@
-"""A worker's git worktree through its life: made when the terminal is created, retired when it
-is deleted, adopted (or listed as an orphan) when the server starts, reviewed and merged on
-request. The rows are in the store (``worktree`` table), the git work in :mod:`cao.worktrees`.
+"""A worker's git worktree through its life — the service the terminal layer calls: made when
+the terminal is created, retired when it is deleted, adopted (or listed as an orphan) when the
+server starts, reviewed and merged on request. The rows are in the store (``worktree`` table),
+the git work in the other modules of :mod:`cao.worktrees`.
 
     create ──► plan()      422 before anything exists: not a repository, no commit, bad setup file
            ──► make()      after the terminal's row: git worktree add, copy/link setup files;
@@ -27,18 +28,11 @@ from cao.events import EventBus
 from cao.settings import Settings
 from cao.states import TerminalState
 from cao.store import Store, Terminal, Worktree
-from cao.worktrees import (
-    Git,
-    NotMergeable,
-    Repo,
-    SetupPlan,
-    WorktreeError,
-    dumps,
-    load_plan,
-    loads,
-    setup_command,
-    validate_branch,
-)
+from cao.worktrees import retire as retiring
+from cao.worktrees import review
+from cao.worktrees.git import Git, Repo, WorktreeError, validate_branch
+from cao.worktrees.review import NotMergeable
+from cao.worktrees.setup import SetupPlan, dumps, load_plan, loads, prepare, setup_command
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +106,7 @@ class Workspaces:
         # copy that fails half-way is not kept as if it were the worker's ignored files
         self.store.update_worktree_paths(terminal_id, dumps(plan.setup.copy + plan.setup.link))
         try:
-            prepared = self.git.prepare(repo, plan.path, plan.setup)
+            prepared = prepare(self.git, repo, plan.path, plan.setup)
         except WorktreeError:
             self.retire(terminal_id, label=f"terminal {terminal_id}")
             raise
@@ -143,7 +137,8 @@ class Workspaces:
     # -- delete ----------------------------------------------------------------------------------
     def retire(self, terminal_id: str, *, label: str) -> Worktree | None:
         """The terminal is being deleted: keep its work, drop what holds none (see
-        :meth:`Git.retire`). Never raises; a failure leaves the row ``active`` (an orphan)."""
+        :func:`cao.worktrees.retire.retire`). Never raises; a failure leaves the row ``active``
+        (an orphan)."""
         wt = self.store.get_worktree(terminal_id)
         if wt is None or wt.state != "active":
             return wt
@@ -153,7 +148,8 @@ class Workspaces:
         except WorktreeError:
             discard = ()  # an unreadable file lets nothing go
         try:
-            state, note = self.git.retire(
+            state, note = retiring.retire(
+                self.git,
                 common_dir=Path(wt.common_dir),
                 path=Path(wt.path),
                 branch=wt.branch,
@@ -261,7 +257,7 @@ class Workspaces:
         if cached is not None and now - cached[0] < STAT_TTL:
             return cached[1]
         try:
-            stat = self.git.shortstat(Path(wt.path), wt.base_commit)
+            stat = review.shortstat(self.git, Path(wt.path), wt.base_commit)
         except CaoError:
             return None
         with self._lock:
@@ -302,12 +298,18 @@ class Workspaces:
         common = Path(wt.common_dir)
         target = (validate_branch(into) if into is not None else None) or wt.base_branch or wt.base_commit
         try:
-            base = self.git.fork_point(common, target, wt.branch)
+            base = review.fork_point(self.git, common, target, wt.branch)
         except WorktreeError:
             base = wt.base_commit
         path = self._tree(wt)
-        text = self.git.diff(
-            common_dir=common, path=path, base=base, branch=wt.branch, skip=loads(wt.setup_paths), stat=stat
+        text = review.diff(
+            self.git,
+            common_dir=common,
+            path=path,
+            base=base,
+            branch=wt.branch,
+            skip=loads(wt.setup_paths),
+            stat=stat,
         )
         return {
             "terminal_id": terminal_id,
@@ -342,7 +344,7 @@ class Workspaces:
                 f"({wt.note}); merge its branch {wt.branch} with git yourself once you have reviewed it"
             )
         if path is not None:
-            dirty = self.git.dirty(path, loads(wt.setup_paths))
+            dirty = review.dirty(self.git, path, loads(wt.setup_paths))
             if dirty:
                 todo = (
                     "The worker is gone and its worktree was kept at delete: commit them there yourself"
@@ -354,7 +356,9 @@ class Workspaces:
                     f"{', '.join(line[3:] for line in dirty[:5])}); they would not be merged. {todo}, "
                     "then merge"
                 )
-        result = self.git.merge(common_dir=Path(wt.common_dir), branch=wt.branch, target=target, label=label)
+        result = review.merge(
+            self.git, common_dir=Path(wt.common_dir), branch=wt.branch, target=target, label=label
+        )
         self._stats.pop(terminal_id, None)
         self.events.publish(
             "terminal.worktree",

@@ -1,0 +1,437 @@
+"""A worker is deleted: keep its work, drop what holds none (docs/worktrees.md, "Nothing is ever
+lost"). The rule: every commit stays reachable from a named ref, nothing untracked or ignored is
+deleted unless the operator asked for it, and cao only ever writes in the worktree it made.
+
+    identify  is it still cao's worktree? (its .git and git's entry agree: :meth:`Git.identify`)
+              — if not, nothing is touched
+    holds     would anything be lost with it? (an operation in progress, conflicts, a lock,
+              ignored files, nested repositories, submodules with work) — if so, it is kept
+              exactly as it is
+    save      uncommitted work as wip commits on the branch HEAD is on (or a new one), commits
+              left on a detached HEAD onto a branch of their own
+    remove    git worktree remove; cao's branch deleted only if another named ref has its tip
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cao.worktrees.git import GUARD, Git, Pinned, WorktreeError, config_env
+from cao.worktrees.setup import exclude, inside, under
+
+IN_PROGRESS = (  # marker in the worktree's git dir → what is going on
+    ("rebase-merge", "a rebase"),
+    ("rebase-apply", "a rebase (or `git am`)"),
+    ("MERGE_HEAD", "a merge"),
+    ("CHERRY_PICK_HEAD", "a cherry-pick"),
+    ("REVERT_HEAD", "a revert"),
+    ("sequencer", "a cherry-pick or revert sequence"),
+    ("BISECT_LOG", "a bisect"),
+)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A worktree's state as trees (:func:`snapshot`)."""
+
+    head: str | None  # HEAD's commit (None: an unborn branch)
+    base: str  # HEAD's tree (the empty tree on an unborn branch)
+    staged: str  # the worker's index as a tree
+    work: str  # everything in the worktree as a tree
+
+
+def _some(items: Sequence[str], limit: int = 5) -> str:
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _groups(paths: Sequence[str], limit: int = 8) -> str:
+    """Paths summed up by their first directory: ``.env, build/ (2 files), run.log``."""
+    groups: dict[str, int] = {}
+    for path in paths:
+        top, sep, _ = path.partition("/")
+        groups[top + sep] = groups.get(top + sep, 0) + 1
+    return _some(
+        [f"{g} ({n} file{'s' * (n != 1)})" if g.endswith("/") else g for g, n in groups.items()], limit
+    )
+
+
+def holds(git: Git, p: Pinned, skip: Sequence[str], discard: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Why the worktree can't go without losing something (empty: it can), and notes. Reads
+    only: nothing in the worktree or the repository is written."""
+    assert p.path is not None
+    why: list[str] = []
+    locked = p.admin / "locked"
+    if locked.exists():
+        reason = locked.read_text(encoding="utf-8", errors="replace").strip()[:200]
+        why.append(f"it is locked (`git worktree lock`{': ' + reason if reason else ''})")
+    doing = [what for marker, what in IN_PROGRESS if (p.admin / marker).exists()]
+    why += [f"{what} is in progress (finish or abort it there first)" for what in doing[:1]]
+    unmerged = sorted({e.split("\t", 1)[-1] for e in git.lines(p.where, "ls-files", "-u", "-z", env=p.env())})
+    if unmerged:
+        why.append(f"its index has unresolved conflicts ({_some(unmerged)})")
+    untracked = git.lines(p.where, "ls-files", "-z", "--others", "--exclude-standard", env=p.env())
+    ignored = git.lines(p.where, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", env=p.env())
+    mine = [x for x in ignored if not under(x, skip)]
+    nested = sorted(x.rstrip("/") for x in untracked + mine if x.endswith("/") and not under(x, skip))
+    why += [f"a git repository is nested at {n}/ (its commits and files live only there)" for n in nested]
+    for entry in git.lines(p.where, "ls-files", "-s", "-z", env=p.env()):
+        mode, _, rel = entry.partition("\t")
+        here = p.path / rel
+        if not mode.startswith("160000") or here.is_symlink() or not here.is_dir():
+            continue
+        if (here / ".git").exists():
+            why += _submodule_holds(git, p, rel)
+        elif any(here.iterdir()):  # git doesn't look inside a submodule that is not checked out
+            why.append(f"{rel}/ is a submodule's path with files in it but no .git: git can't see them")
+    mine = [x for x in mine if not x.endswith("/")]
+    notes = []
+    if mine and discard:
+        let_go = set(
+            git.lines(
+                p.where,
+                "ls-files",
+                "-z",
+                "--others",
+                "--ignored",
+                *(f"--exclude={d}" for d in discard),
+                env=p.env(),
+            )
+        )
+        mine, gone = [x for x in mine if x not in let_go], len([x for x in mine if x in let_go])
+        if gone:
+            notes.append(f"discarded {gone} ignored file(s) matching .cao/worktree.yaml's discard: list")
+    if mine:
+        why.append(f"{len(mine)} ignored file(s) would be deleted with it: {_groups(mine)}")
+    return why, notes
+
+
+def _submodule_holds(git: Git, p: Pinned, rel: str) -> list[str]:
+    """Why a checked-out submodule (or a committed nested repository) holds work: changes,
+    untracked or ignored files, its own submodules, or — when its git directory goes with the
+    worktree (a submodule checked out in a linked worktree keeps it in the worktree's entry)
+    — a commit that none of its remote-tracking branches has."""
+    assert p.path is not None
+    sub = p.path / rel
+    env = {**git.guard(sub), "GIT_OPTIONAL_LOCKS": "0"}
+    probe = git.run(sub, "rev-parse", "--path-format=absolute", "--git-dir", env=env, check=False)
+    if probe.returncode != 0:
+        return [f"submodule {rel}: git can't read it ({probe.stderr.strip()[:200]})"]
+    status = git.run(
+        sub,
+        "status",
+        "--porcelain",
+        "--ignored",
+        "--untracked-files=all",
+        "--ignore-submodules=all",
+        env=env,
+        check=False,
+    )
+    if status.returncode != 0 or status.stdout.strip():
+        return [f"submodule {rel} has uncommitted changes, untracked or ignored files"]
+    inner = git.run(sub, "ls-files", "-s", env=env).stdout
+    if any(line.startswith("160000") for line in inner.splitlines()):
+        return [f"submodule {rel} has submodules of its own"]
+    gitdir = Path(probe.stdout.strip()).resolve()
+    if inside(gitdir, p.path.resolve()) or inside(gitdir, p.admin.resolve()):
+        only = git.run(sub, "rev-list", "-n1", "--all", "--not", "--remotes", env=env, check=False)
+        if only.returncode != 0 or only.stdout.strip():
+            return [
+                f"submodule {rel} has commits none of its remotes has "
+                f"({only.stdout.strip()[:10] or 'unreadable'}); they live only in this worktree"
+            ]
+    return []
+
+
+def snapshot(git: Git, p: Pinned, skip: Sequence[str], tmp: Path) -> Snapshot:
+    """The worktree's state as trees, through a scratch copy of the worker's index (a
+    leftover ``index.lock`` doesn't block it, the worker's index is never written): what is
+    staged, and everything in the tree (tracked and new files, not ignored, not the setup's;
+    files hidden by assume-unchanged or skip-worktree that exist on disk included)."""
+    assert p.path is not None
+    index = tmp / "index"
+    env = p.env(GIT_INDEX_FILE=str(index))
+    head = git.run(p.where, "rev-parse", "-q", "--verify", "HEAD^{commit}", env=env, check=False)
+    commit = head.stdout.strip() or None
+    if (p.admin / "index").is_file():
+        shutil.copyfile(p.admin / "index", index)
+    elif commit:
+        git.run(p.where, "read-tree", commit, env=env)
+    staged = git.out(p.where, "write-tree", env=env)
+    entries = [
+        e for e in git.lines(p.where, "ls-files", "-v", "-z", env=env) if os.path.lexists(p.path / e[2:])
+    ]
+    # one flag per call: update-index applies only the first of --no-assume-unchanged and
+    # --no-skip-worktree to a path
+    for flag, hidden in (
+        ("--no-assume-unchanged", str.islower),
+        ("--no-skip-worktree", lambda t: t in "Ss"),
+    ):
+        paths = [e[2:] for e in entries if hidden(e[0])]
+        if paths:
+            git.run(p.where, "update-index", flag, "-z", "--stdin", env=env, input="\0".join(paths) + "\0")
+    git.run(p.where, "add", "-A", *exclude(git, p.where, skip, env), env=env)
+    work = git.out(p.where, "write-tree", env=env)
+    if commit:
+        base = git.out(p.where, "rev-parse", f"{commit}^{{tree}}", env=env)
+    else:  # an unborn branch: nothing committed yet
+        base = git.run(p.where, "mktree", env=env, input="").stdout.strip()
+    return Snapshot(commit, base, staged, work)
+
+
+def _commit(git: Git, p: Pinned, tree: str, parent: str | None, message: str) -> str:
+    parents = ["-p", parent] if parent else []
+    return git.out(p.where, "commit-tree", tree, *parents, "-m", message, env=p.env(), commit=True)
+
+
+def _side(git: Git, p: Pinned, prefix: str, commit: str) -> str:
+    """A new branch ``<prefix>-<short sha>`` at ``commit`` (created only if it doesn't exist)."""
+    for name in (f"{prefix}-{commit[:10]}", f"{prefix}-{commit}"):
+        made = git.run(
+            p.where,
+            "update-ref",
+            "-m",
+            "cao: work saved at delete",
+            f"refs/heads/{name}",
+            commit,
+            "",
+            env=p.env(),
+            check=False,
+        )
+        if made.returncode == 0:
+            return name
+    raise WorktreeError(f"could not make a branch {prefix}-{commit[:10]} for commit {commit[:10]}")
+
+
+def _stranded(git: Git, p: Pinned) -> list[tuple[str, str, str]]:
+    """Commits only the worktree's own things hold, which go with it, and no branch, tag or
+    remote branch has: those the worker left behind on a detached HEAD (``checkout: moving
+    from <sha> to ...`` in its HEAD reflog), newest first, and those only a per-worktree
+    ref (``refs/worktree/*``) holds. Each as (commit, branch suffix, what it was)."""
+    found: dict[str, tuple[str, str]] = {}
+    try:
+        lines = (p.admin / "logs" / "HEAD").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        old, _, rest = line.partition(" ")
+        if rest.partition("\t")[2].startswith(f"checkout: moving from {old} "):
+            found.setdefault(old, ("detached", "left behind on a detached HEAD"))
+    refs = git.run(
+        p.where,
+        "for-each-ref",
+        "--format=%(objecttype) %(objectname) %(refname)",
+        "refs/worktree/",
+        env=p.env(),
+    )
+    for kind, _, rest in (line.partition(" ") for line in refs.stdout.splitlines()):
+        commit, _, ref = rest.partition(" ")
+        if kind == "commit":
+            found.setdefault(commit, ("saved", f"held only by {ref}, which goes with the worktree"))
+    if not found:
+        return []
+    args = ("rev-list", "--ignore-missing", "--stdin", "--not", "--branches", "--tags", "--remotes")
+    unnamed = set(git.run(p.where, *args, env=p.env(), input="\n".join(found) + "\n").stdout.split())
+    return [(c, *found[c]) for c in found if c in unnamed]
+
+
+def save(git: Git, p: Pinned, snap: Snapshot | None, *, branch: str, label: str) -> list[str]:
+    """Put the worker's work where a named ref holds it (see :func:`retire`); notes."""
+    notes: list[str] = []
+    env = p.env()
+    head_ref = git.run(p.where, "symbolic-ref", "-q", "HEAD", env=env, check=False).stdout.strip()
+    if snap is None:  # the folder is gone: only HEAD is left to save
+        found = git.run(p.where, "rev-parse", "-q", "--verify", "HEAD^{commit}", env=env, check=False)
+        head = found.stdout.strip() or None
+    else:
+        head = snap.head
+    tip, made = head, None
+    if snap and snap.staged not in (snap.base, snap.work):
+        tip = _commit(git, p, snap.staged, tip, f"wip: staged changes of {label}, saved by cao at delete")
+        notes.append(f"staged changes committed as {tip[:10]}")
+    if snap and snap.work != (snap.staged if tip != head else snap.base):
+        tip = _commit(git, p, snap.work, tip, f"wip: uncommitted work of {label}, saved by cao at delete")
+    if tip != head:
+        made = tip
+    ours = f"refs/heads/{branch}"
+    if head_ref == ours:
+        if made:
+            git.run(p.where, "update-ref", "-m", "cao: work saved at delete", ours, made, head or "", env=env)
+            notes.append(f"uncommitted work committed as {made[:10]} on {branch}")
+    elif head_ref:
+        name = head_ref.removeprefix("refs/heads/")
+        if made:
+            side = _side(git, p, f"{branch}-wip", made)
+            base = f"on top of {name}, which cao did not move" if head else f"{name} has no commit yet"
+            notes.append(
+                f"the worker had switched to branch {name}: its uncommitted work committed as "
+                f"{made[:10]} on new branch {side} ({base})"
+            )
+        else:
+            notes.append(f"the worker had switched to branch {name}; its commits are there")
+    elif tip and not git.named(p.where, tip, p.env()):
+        side = _side(git, p, f"{branch}-detached", tip)
+        what = f"uncommitted work committed as {made[:10]} and" if made else "its commits"
+        notes.append(f"HEAD was detached at {(head or '?')[:10]}: {what} saved as new branch {side}")
+    elif tip:
+        notes.append(f"HEAD was detached at {tip[:10]}, a commit a branch has already")
+    for commit, suffix, what in _stranded(git, p):
+        if not git.named(p.where, commit, p.env()):  # a branch made just now may have it by now
+            side = _side(git, p, f"{branch}-{suffix}", commit)
+            notes.append(f"commit {commit[:10]}, {what}, saved as new branch {side}")
+    return notes
+
+
+def retire(
+    git: Git,
+    *,
+    common_dir: Path,
+    path: Path,
+    branch: str,
+    skip: Sequence[str],
+    label: str,
+    discard: Sequence[str] = (),
+    since: float = 0.0,
+) -> tuple[str, str]:
+    """A worker is deleted: keep its work, drop what holds none. Returns (state, note).
+
+    First the worktree's identity is checked (:meth:`Git.identify`): if it is not the one cao
+    made, nothing is touched and it is ``kept``. Then what would be lost with it
+    (:func:`holds`: an operation in progress, unresolved conflicts, a lock, ignored files,
+    nested repositories, submodules with work of their own): any of those keeps it ``kept``
+    exactly as it is, nothing committed. Else every commit is put on a named ref: the
+    uncommitted work (staged, then the rest) as "wip" commits on the worker's branch, or on a
+    new branch ``<branch>-wip-<sha>`` when HEAD is on another branch (which is not moved),
+    or ``<branch>-detached-<sha>`` when HEAD is detached; commits left behind on a detached
+    HEAD get such a branch too, and those only a ``refs/worktree/*`` ref holds get
+    ``<branch>-saved-<sha>``. Then the worktree is removed, and cao's branch is deleted only
+    when another branch, tag or remote branch contains its tip. All of it without the
+    repository's hooks, fsmonitor or filters (:meth:`Git.guard`), through the checked
+    directories (``GIT_DIR``, ``GIT_WORK_TREE``).
+    """
+    if path.exists() and not path.is_dir():
+        return "kept", f"worktree kept: {path} is not a directory any more; nothing was touched"
+    if not path.is_dir():
+        return _retire_gone(git, common_dir, path, branch)
+    try:
+        p = git.identify(common_dir, path)
+    except WorktreeError as exc:
+        return "kept", f"worktree kept at {path}, not touched: {exc.message}"
+    try:
+        why, notes = holds(git, p, skip, discard)
+        if why:
+            return "kept", _kept_note(git, p, why)
+        if (p.admin / "index.lock").exists():
+            notes.append(
+                "an index.lock was left in it (a git command crashed or was killed): the work was "
+                "saved without the worker's index"
+            )
+        with tempfile.TemporaryDirectory(prefix="cao-retire-") as tmp:
+            (Path(tmp) / "a").mkdir()
+            (Path(tmp) / "b").mkdir()
+            snap = snapshot(git, p, skip, Path(tmp) / "a")
+            if snapshot(git, p, skip, Path(tmp) / "b") != snap:  # something still writes there
+                return "kept", f"worktree kept at {path}: it changed while cao was saving it"
+        notes = save(git, p, snap, branch=branch, label=label) + notes
+    except WorktreeError as exc:
+        return "kept", f"worktree kept at {path}: its work could not be committed ({exc.message})"
+    notes += _stashes(git, p, since)
+    git.run(p.common, "worktree", "remove", "--force", str(path), env=config_env(GUARD))
+    notes.append("worktree removed")
+    notes.append(_branch_fate(git, p.common, branch))
+    return "removed", "; ".join(notes)
+
+
+def _retire_gone(git: Git, common_dir: Path, path: Path, branch: str) -> tuple[str, str]:
+    """The worktree's folder is gone: what its entry in the repository still holds (a
+    detached HEAD, commits left behind) goes on named refs, then that entry is removed (only
+    it: ``git worktree prune`` would drop other workers' entries too)."""
+    common = common_dir.resolve()
+    admin = git.admin_of(common, path)
+    notes = []
+    if admin is None:
+        notes.append(f"its folder {path} was already gone and git knows no worktree there (moved?)")
+    elif (admin / "locked").exists():
+        return "kept", f"worktree {path} kept: its folder is gone but it is locked (`git worktree lock`)"
+    else:
+        p = Pinned(None, admin, common, {})
+        probe = git.run(
+            admin, "rev-parse", "--path-format=absolute", "--git-common-dir", env=p.env(), check=False
+        )
+        if probe.returncode != 0 or Path(probe.stdout.strip()).resolve() != common:
+            seen = (probe.stdout or probe.stderr).strip()[:300]
+            return "kept", (
+                f"worktree entry {admin} kept, not touched: its folder {path} is gone and the entry "
+                f"points at another repository ({seen})"
+            )
+        p = Pinned(None, admin, common, git.guard(admin, p.env()))
+        try:
+            notes += save(git, p, None, branch=branch, label="")
+        except WorktreeError as exc:
+            return "kept", f"worktree entry {admin} kept: its commits could not be saved ({exc.message})"
+        git.run(common, "worktree", "remove", "--force", str(path), env=config_env(GUARD))
+        notes.append("its folder was already gone; git's entry for it removed")
+    notes.append(_branch_fate(git, common, branch))
+    return "removed", "; ".join(notes)
+
+
+def _kept_note(git: Git, p: Pinned, why: Sequence[str]) -> str:
+    """What a kept worktree holds, and why it was kept."""
+    assert p.path is not None
+    env = p.env()
+    head = git.run(p.where, "rev-parse", "-q", "--verify", "HEAD", env=env, check=False).stdout.strip()
+    on = git.run(p.where, "symbolic-ref", "-q", "--short", "HEAD", env=env, check=False).stdout.strip()
+    changed = git.run(
+        p.where,
+        "status",
+        "--porcelain",
+        "--untracked-files=all",
+        "--ignore-submodules=all",
+        env=env,
+        check=False,
+    ).stdout.splitlines()
+    where = f"it is on branch {on}" if on else f"its HEAD is detached at {head[:10]}"
+    if head and not on and not git.named(p.where, head, p.env()):
+        where += f" (on no branch: `git branch <name> {head[:10]}` keeps it)"
+    return (
+        f"worktree kept at {p.path} as it was, nothing committed or removed: {'; '.join(why)}. "
+        f"{where[0].upper()}{where[1:]}, with {len(changed)} uncommitted change(s). Keep what you "
+        f"need, then `git worktree remove --force {p.path}`"
+    )
+
+
+def _stashes(git: Git, p: Pinned, since: float) -> list[str]:
+    """Stashes live in the repository, shared by every worktree: they stay. Say so."""
+    done = git.run(p.where, "log", "-g", "--format=%ct", "refs/stash", env=p.env(), check=False)
+    n = sum(1 for t in done.stdout.split() if t.isdigit() and int(t) >= int(since))
+    if not n:
+        return []
+    entries = "1 stash entry was" if n == 1 else f"{n} stash entries were"
+    return [
+        f"{entries} made in the repository while it worked; stashes are shared by all worktrees "
+        "and stay (`git stash list`)"
+    ]
+
+
+def _branch_fate(git: Git, common: Path, branch: str) -> str:
+    """cao's branch is deleted only when another branch, tag or remote branch has its tip (and
+    no worktree has it checked out); never when only the stash has it."""
+    env = config_env(GUARD)
+    ref = f"refs/heads/{branch}"
+    tip = git.run(common, "rev-parse", "-q", "--verify", ref, env=env, check=False).stdout.strip()
+    if not tip:
+        return f"branch {branch} no longer exists"
+    where = next((w for w, b in git.registered(common, env).items() if b == branch), None)
+    if where is not None:
+        return f"branch {branch} kept: it is checked out at {where}"
+    other = git.contained_elsewhere(common, branch, env)
+    if other is None:
+        return f"branch {branch} kept: it has commits not merged anywhere"
+    git.run(common, "update-ref", "-m", "cao: worker deleted", "-d", ref, tip, env=env)
+    short = other.removeprefix("refs/heads/")
+    return f"branch {branch} deleted (merged: no commit of its own left, {short} has them)"
