@@ -633,6 +633,30 @@ def test_stashes_stay_and_a_branch_only_a_stash_contains_is_kept(wt_core: Cao, r
     assert "stash" in git(repo, "stash", "list") and "1 stash" in note, note
 
 
+# -- nothing is ever lost: what a second hostile review found -----------------------------------------
+def test_a_worktree_folder_replaced_by_a_symlink_is_not_followed(wt_core: Cao, repo: Path):
+    """Worker B's folder made a symlink to live worker A's worktree: cao touches nothing of A's."""
+    a, b = make_worker(wt_core, repo), make_worker(wt_core, repo)
+    pa, pb = tree(a), tree(b)
+    (pa / "app.py").write_text("line 1\nA's uncommitted work\nline 3\n")
+
+    def seen() -> tuple[str, ...]:
+        return (
+            git(pa, "status", "--porcelain"),
+            git(repo, "for-each-ref"),
+            git(repo, "worktree", "list", "--porcelain"),
+        )
+
+    before = seen()
+    pb.rename(pb.with_name(pb.name + ".bak"))
+    pb.symlink_to(pa)
+    assert wt_core.diff(b["id"])["includes_uncommitted"] is False  # review doesn't follow it either
+    state, note = retired(wt_core, b)
+    assert state == "kept" and "symlink" in note and "nothing was touched" in note, note
+    assert seen() == before and pb.is_symlink()
+    assert "A's uncommitted work" in (pa / "app.py").read_text()
+
+
 # -- review and merge ------------------------------------------------------------------------------
 def test_diff_shows_stat_and_full_including_uncommitted(wt_core: Cao, repo: Path):
     term = make_worker(wt_core, repo)

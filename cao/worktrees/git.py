@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,6 +112,23 @@ def config_env(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     for i, (key, value) in enumerate(pairs):
         env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
     return env
+
+
+def not_the_folder(path: Path) -> str | None:
+    """Why ``path`` is not (any more) the real directory cao made there, or None. Never follows
+    a symlink: ``path`` itself must be a directory (``lstat``) that resolves to itself."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path} can't be read ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symlink now (to {os.readlink(path)[:300]}), not the folder cao made"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory any more"
+    real = os.path.realpath(path)
+    if real != os.path.abspath(path):
+        return f"{path} resolves to {real} now (a symlink on the way?), not to itself"
+    return None
 
 
 class Git:
@@ -303,10 +321,14 @@ class Git:
         return None
 
     def identify(self, common_dir: Path, path: Path) -> Pinned:
-        """The worktree cao made at ``path`` in the repository ``common_dir``, verified: git's
-        entry for it exists, its ``.git`` file points at that entry, and git run there resolves to
-        that entry, that repository and that directory. Raises :class:`WorktreeError` saying
-        what is wrong otherwise (a worker rewrote ``.git``, made a repository of its own...)."""
+        """The worktree cao made at ``path`` in the repository ``common_dir``, verified: ``path``
+        is a real directory (no symlink, :func:`not_the_folder`), git's entry for it exists, its
+        ``.git`` file points at that entry, and git run there resolves to that entry, that
+        repository and that directory. Raises :class:`WorktreeError` saying what is wrong
+        otherwise (a worker rewrote ``.git``, made a repository of its own...)."""
+        problem = not_the_folder(path)
+        if problem:
+            raise WorktreeError(problem)
         common = common_dir.resolve()
         admin = self.admin_of(common, path)
         if admin is None:

@@ -2,8 +2,8 @@
 lost"). The rule: every commit stays reachable from a named ref, nothing untracked or ignored is
 deleted unless the operator asked for it, and cao only ever writes in the worktree it made.
 
-    identify  is it still cao's worktree? (its .git and git's entry agree: :meth:`Git.identify`)
-              — if not, nothing is touched
+    identify  is it still cao's worktree? (a real folder, not a symlink; its .git and git's entry
+              agree: :meth:`Git.identify`) — if not, nothing is touched
     holds     would anything be lost with it? (an operation in progress, conflicts, a lock,
               ignored files, nested repositories, submodules with work) — if so, it is kept
               exactly as it is
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cao.worktrees.git import GUARD, Git, Pinned, WorktreeError, config_env
+from cao.worktrees.git import GUARD, Git, Pinned, WorktreeError, config_env, not_the_folder
 from cao.worktrees.setup import exclude, inside, under
 
 IN_PROGRESS = (  # marker in the worktree's git dir → what is going on
@@ -314,10 +314,11 @@ def retire(
     repository's hooks, fsmonitor or filters (:meth:`Git.guard`), through the checked
     directories (``GIT_DIR``, ``GIT_WORK_TREE``).
     """
-    if path.exists() and not path.is_dir():
-        return "kept", f"worktree kept: {path} is not a directory any more; nothing was touched"
-    if not path.is_dir():
+    if not os.path.lexists(path):
         return _retire_gone(git, common_dir, path, branch)
+    problem = not_the_folder(path)
+    if problem:
+        return "kept", f"worktree kept, nothing was touched: {problem}"
     try:
         p = git.identify(common_dir, path)
     except WorktreeError as exc:
@@ -341,7 +342,15 @@ def retire(
     except WorktreeError as exc:
         return "kept", f"worktree kept at {path}: its work could not be committed ({exc.message})"
     notes += _stashes(git, p, since)
-    git.run(p.common, "worktree", "remove", "--force", str(path), env=config_env(GUARD))
+    problem = not_the_folder(path)  # once more, right before the one destructive step
+    removed = None
+    if not problem:
+        removed = git.run(
+            p.common, "worktree", "remove", "--force", str(path), env=config_env(GUARD), check=False
+        )
+    if removed is None or removed.returncode != 0:
+        failed = problem or (removed.stderr.strip()[:300] if removed else "")
+        return "kept", "; ".join([*notes, f"worktree kept at {path}: git worktree remove failed ({failed})"])
     notes.append("worktree removed")
     notes.append(_branch_fate(git, p.common, branch))
     return "removed", "; ".join(notes)

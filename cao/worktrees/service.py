@@ -17,6 +17,7 @@ the git work in the other modules of :mod:`cao.worktrees`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from cao.states import TerminalState
 from cao.store import Store, Terminal, Worktree
 from cao.worktrees import retire as retiring
 from cao.worktrees import review
-from cao.worktrees.git import Git, Repo, WorktreeError, validate_branch
+from cao.worktrees.git import Git, Repo, WorktreeError, not_the_folder, validate_branch
 from cao.worktrees.review import NotMergeable
 from cao.worktrees.setup import SetupPlan, dumps, load_plan, loads, prepare, setup_command
 
@@ -76,7 +77,9 @@ class Workspaces:
     def plan(self, directory: Path, profile: str, terminal_id: str) -> Plan:
         repo = self.git.inspect(directory)
         setup = load_plan(repo.toplevel)
-        path = self.settings.worktrees_dir / repo.name / f"{profile}-{terminal_id}"
+        # the path as it really is: at delete it must still resolve to itself (no symlink)
+        root = Path(os.path.realpath(self.settings.worktrees_dir))
+        path = root / repo.name / f"{profile}-{terminal_id}"
         if path.resolve().is_relative_to(repo.toplevel.resolve()):
             raise WorktreeError(
                 f"use_worktree: the worktrees directory {self.settings.worktrees_dir} is inside the "
@@ -188,7 +191,8 @@ class Workspaces:
             if wt.state == "removed":
                 continue
             term = terminals.get(wt.terminal_id)
-            live = term is not None and term.state == TerminalState.LIVE and Path(wt.path).is_dir()
+            real = not_the_folder(Path(wt.path)) is None
+            live = term is not None and term.state == TerminalState.LIVE and real
             if live and wt.state == "active":
                 adopted.append(wt.terminal_id)
                 continue
@@ -197,8 +201,10 @@ class Workspaces:
                 if wt.state == "kept"
                 else f"its terminal is {term.state if term else 'unknown'}"
             )
-            if not Path(wt.path).is_dir():
+            if not os.path.lexists(wt.path):
                 why += "; its folder is missing"
+            elif not real:
+                why += f"; {not_the_folder(Path(wt.path))}"
             orphans.append({**self._row_view(wt), "reason": why})
         root = self.settings.worktrees_dir
         if root.is_dir():
@@ -221,6 +227,8 @@ class Workspaces:
         return {"adopted": adopted, "orphans": [str(o["path"]) for o in orphans]}
 
     def _branch(self, path: Path) -> str | None:
+        if not_the_folder(path):  # a symlink: git is not run where it points
+            return None
         try:
             return self.git.branch_of(path)
         except CaoError:
@@ -249,7 +257,7 @@ class Workspaces:
         return out
 
     def _diffstat(self, wt: Worktree) -> dict[str, int] | None:
-        if wt.state != "active" or not Path(wt.path).is_dir():
+        if wt.state != "active" or not_the_folder(Path(wt.path)):
             return None
         now = time.monotonic()
         with self._lock:
@@ -316,16 +324,17 @@ class Workspaces:
             "branch": wt.branch,
             "base": base,
             "against": target,
-            "includes_uncommitted": path is not None and path.is_dir(),
+            "includes_uncommitted": path is not None,
             "mode": "stat" if stat else "full",
             "diff": text,
         }
 
     def _tree(self, wt: Worktree) -> Path | None:
         """The worker's worktree while it holds work cao can read: active, or kept at delete
-        (its uncommitted work is still only there) and still the worktree cao made."""
+        (its uncommitted work is still only there) and still the worktree cao made (a real
+        folder, never a symlink; kept: :meth:`Git.identify`)."""
         path = Path(wt.path)
-        if wt.state not in ("active", "kept") or not path.is_dir():
+        if wt.state not in ("active", "kept") or not_the_folder(path):
             return None
         if wt.state == "kept":
             try:
@@ -338,10 +347,11 @@ class Workspaces:
         wt = self.get(terminal_id)
         target = self.target(wt, into)
         path = self._tree(wt)
-        if wt.state == "kept" and path is None and Path(wt.path).is_dir():
+        if path is None and os.path.lexists(wt.path) and wt.state in ("active", "kept"):
+            how = f"was kept at delete ({wt.note})" if wt.state == "kept" else "is no longer the one cao made"
             raise NotMergeable(
-                f"worker {terminal_id}'s worktree was kept at delete and cao can't tell what it holds "
-                f"({wt.note}); merge its branch {wt.branch} with git yourself once you have reviewed it"
+                f"worker {terminal_id}'s worktree {how} and cao can't tell what it holds; merge its "
+                f"branch {wt.branch} with git yourself once you have reviewed it"
             )
         if path is not None:
             dirty = review.dirty(self.git, path, loads(wt.setup_paths))
