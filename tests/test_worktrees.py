@@ -264,13 +264,14 @@ def test_commits_on_a_detached_head_stay_on_a_named_branch(wt_core: Cao, repo: P
     state, note = retired(wt_core, term)
     assert state == "removed" and not path.exists()
     assert on_a_branch(repo, left) and on_a_branch(repo, last)
-    assert list(heads(repo, f"{branch}-saved-*").values()) == [loose] and "refs/worktree/mine" in note
-    saved = heads(repo, f"{branch}-detached-*")
-    assert len(saved) == 2 and all(name in note for name in saved), (saved, note)
-    [wip] = [c for c in saved.values() if git(repo, "rev-parse", f"{c}~1") == last]
+    # the commits that went with the worktree's reflog and its own refs: a branch each
+    saved = heads(repo, f"{branch}-saved-*")
+    assert sorted(saved.values()) == sorted([left, loose]) and "refs/worktree/mine" in note
+    assert all(name in note for name in saved) and f"{branch}-saved-{left[:10]}" in saved  # its sha
+    # HEAD, detached at delete: its commits and the wip commit on top
+    [(name, wip)] = heads(repo, f"{branch}-detached-*").items()
+    assert git(repo, "rev-parse", f"{wip}~1") == last and name in note and "detached" in note
     assert "uncommitted" in git(repo, "show", f"{wip}:app.py")
-    assert left in saved.values()  # named after the commit it points at
-    assert "detached" in note
 
 
 def test_a_detached_head_is_saved_even_when_the_worktree_folder_is_already_gone(wt_core: Cao, repo: Path):
@@ -634,6 +635,35 @@ def test_stashes_stay_and_a_branch_only_a_stash_contains_is_kept(wt_core: Cao, r
 
 
 # -- nothing is ever lost: what a second hostile review found -----------------------------------------
+class Dropped(NamedTuple):
+    drop: Callable[[Path, str], object]  # (worktree, cao's branch), after one commit on it
+
+
+DROPPED = {
+    "cao's branch deleted": Dropped(
+        lambda p, b: (git(p, "checkout", "-q", "--detach", "main"), git(p, "branch", "-q", "-D", b))
+    ),
+    "reset --hard": Dropped(lambda p, b: git(p, "reset", "-q", "--hard", "HEAD~1")),
+    "commit --amend": Dropped(lambda p, b: git(p, "commit", "-q", "--amend", "-m", "amended")),
+}
+
+
+@pytest.mark.parametrize("case", DROPPED.values(), ids=DROPPED.keys())
+def test_a_commit_the_worker_dropped_from_every_branch_gets_one(wt_core: Cao, repo: Path, case: Dropped):
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    (path / "app.py").write_text("line 1\nC1\nline 3\n")
+    c1 = commit_all(path, "C1")
+    case.drop(path, branch)
+    seen = set(git(path, "log", "-g", "--format=%H", "HEAD").split())
+    assert c1 in seen and not on_a_branch(repo, c1)
+    state, note = retired(wt_core, term)
+    assert state == "removed", note
+    assert all(on_a_branch(repo, c) for c in seen), note  # every commit the worker's HEAD had
+    saved = f"{branch}-saved-{c1[:10]}"
+    assert heads(repo, saved) == {saved: c1} and saved in note, note
+
+
 def test_a_worktree_folder_replaced_by_a_symlink_is_not_followed(wt_core: Cao, repo: Path):
     """Worker B's folder made a symlink to live worker A's worktree: cao touches nothing of A's."""
     a, b = make_worker(wt_core, repo), make_worker(wt_core, repo)

@@ -7,8 +7,9 @@ deleted unless the operator asked for it, and cao only ever writes in the worktr
     holds     would anything be lost with it? (an operation in progress, conflicts, a lock,
               ignored files, nested repositories, submodules with work) — if so, it is kept
               exactly as it is
-    save      uncommitted work as wip commits on the branch HEAD is on (or a new one), commits
-              left on a detached HEAD onto a branch of their own
+    save      uncommitted work as wip commits on the branch HEAD is on (or a new one), and
+              every commit the worktree's reflogs or refs hold that no named ref has onto a
+              branch of its own
     remove    git worktree remove; cao's branch deleted only if another named ref has its tip
 """
 
@@ -208,20 +209,13 @@ def _side(git: Git, p: Pinned, prefix: str, commit: str) -> str:
     raise WorktreeError(f"could not make a branch {prefix}-{commit[:10]} for commit {commit[:10]}")
 
 
-def _stranded(git: Git, p: Pinned) -> list[tuple[str, str, str]]:
-    """Commits only the worktree's own things hold, which go with it, and no branch, tag or
-    remote branch has: those the worker left behind on a detached HEAD (``checkout: moving
-    from <sha> to ...`` in its HEAD reflog), newest first, and those only a per-worktree
-    ref (``refs/worktree/*``) holds. Each as (commit, branch suffix, what it was)."""
-    found: dict[str, tuple[str, str]] = {}
-    try:
-        lines = (p.admin / "logs" / "HEAD").read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        lines = []
-    for line in reversed(lines):
-        old, _, rest = line.partition(" ")
-        if rest.partition("\t")[2].startswith(f"checkout: moving from {old} "):
-            found.setdefault(old, ("detached", "left behind on a detached HEAD"))
+def _stranded(git: Git, p: Pinned, branch: str) -> list[tuple[str, str]]:
+    """Commits that go with the worktree and that no branch, tag or remote branch has: every
+    commit of the worktree's HEAD reflog and of cao's branch's reflog (a commit left behind on a
+    detached HEAD, dropped by a reset or an amend, on a branch the worker deleted) and those only
+    a per-worktree ref (``refs/worktree/*``) holds. Only the independent tips, each as (commit,
+    what it was): a branch at a tip keeps everything below it."""
+    found: dict[str, str] = {}
     refs = git.run(
         p.where,
         "for-each-ref",
@@ -232,16 +226,51 @@ def _stranded(git: Git, p: Pinned) -> list[tuple[str, str, str]]:
     for kind, _, rest in (line.partition(" ") for line in refs.stdout.splitlines()):
         commit, _, ref = rest.partition(" ")
         if kind == "commit":
-            found.setdefault(commit, ("saved", f"held only by {ref}, which goes with the worktree"))
+            found.setdefault(commit, f"held only by {ref}, which goes with the worktree")
+    logs = (
+        (
+            p.admin / "logs" / "HEAD",
+            "on no branch (the worktree's HEAD had it: a reset, amend, checkout or deleted branch)",
+        ),
+        (p.common / "logs" / "refs" / "heads" / branch, f"on no branch (it was on {branch} before)"),
+    )
+    for log, what in logs:
+        try:
+            lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(lines):
+            for commit in line.split(" ")[:2]:
+                if len(commit) >= 40 and commit.strip("0"):
+                    found.setdefault(commit, what)
     if not found:
         return []
-    args = ("rev-list", "--ignore-missing", "--stdin", "--not", "--branches", "--tags", "--remotes")
-    unnamed = set(git.run(p.where, *args, env=p.env(), input="\n".join(found) + "\n").stdout.split())
-    return [(c, *found[c]) for c in found if c in unnamed]
+    args = (
+        "rev-list",
+        "--parents",
+        "--ignore-missing",
+        "--stdin",
+        "--not",
+        "--branches",
+        "--tags",
+        "--remotes",
+    )
+    out = git.run(p.where, *args, env=p.env(), input="\n".join(found) + "\n").stdout
+    unnamed, parents = [], set()
+    for line in out.splitlines():
+        commit, *above = line.split()
+        unnamed.append(commit)
+        parents.update(above)
+    return [(c, found.get(c, "on no branch")) for c in unnamed if c not in parents]
 
 
 def save(git: Git, p: Pinned, snap: Snapshot | None, *, branch: str, label: str) -> list[str]:
-    """Put the worker's work where a named ref holds it (see :func:`retire`); notes."""
+    """Put the worker's work where a named ref holds it; notes.
+
+    The uncommitted work (staged, then the rest) as wip commits on the worker's branch, or on a
+    new branch ``<branch>-wip-<sha>`` when HEAD is on another branch (which is not moved), or
+    ``<branch>-detached-<sha>`` when HEAD is detached; then every other commit that would go
+    with the worktree gets ``<branch>-saved-<sha>`` (:func:`_stranded`)."""
     notes: list[str] = []
     env = p.env()
     head_ref = git.run(p.where, "symbolic-ref", "-q", "HEAD", env=env, check=False).stdout.strip()
@@ -280,10 +309,9 @@ def save(git: Git, p: Pinned, snap: Snapshot | None, *, branch: str, label: str)
         notes.append(f"HEAD was detached at {(head or '?')[:10]}: {what} saved as new branch {side}")
     elif tip:
         notes.append(f"HEAD was detached at {tip[:10]}, a commit a branch has already")
-    for commit, suffix, what in _stranded(git, p):
-        if not git.named(p.where, commit, p.env()):  # a branch made just now may have it by now
-            side = _side(git, p, f"{branch}-{suffix}", commit)
-            notes.append(f"commit {commit[:10]}, {what}, saved as new branch {side}")
+    for commit, what in _stranded(git, p, branch):
+        side = _side(git, p, f"{branch}-saved", commit)
+        notes.append(f"commit {commit[:10]}, {what}, saved as new branch {side}")
     return notes
 
 
@@ -298,22 +326,8 @@ def retire(
     discard: Sequence[str] = (),
     since: float = 0.0,
 ) -> tuple[str, str]:
-    """A worker is deleted: keep its work, drop what holds none. Returns (state, note).
-
-    First the worktree's identity is checked (:meth:`Git.identify`): if it is not the one cao
-    made, nothing is touched and it is ``kept``. Then what would be lost with it
-    (:func:`holds`: an operation in progress, unresolved conflicts, a lock, ignored files,
-    nested repositories, submodules with work of their own): any of those keeps it ``kept``
-    exactly as it is, nothing committed. Else every commit is put on a named ref: the
-    uncommitted work (staged, then the rest) as "wip" commits on the worker's branch, or on a
-    new branch ``<branch>-wip-<sha>`` when HEAD is on another branch (which is not moved),
-    or ``<branch>-detached-<sha>`` when HEAD is detached; commits left behind on a detached
-    HEAD get such a branch too, and those only a ``refs/worktree/*`` ref holds get
-    ``<branch>-saved-<sha>``. Then the worktree is removed, and cao's branch is deleted only
-    when another branch, tag or remote branch contains its tip. All of it without the
-    repository's hooks, fsmonitor or filters (:meth:`Git.guard`), through the checked
-    directories (``GIT_DIR``, ``GIT_WORK_TREE``).
-    """
+    """A worker is deleted: keep its work, drop what holds none. Returns (state, note): ``kept``
+    (nothing touched, the note says why) or ``removed`` (the note says where its work went)."""
     if not os.path.lexists(path):
         return _retire_gone(git, common_dir, path, branch)
     problem = not_the_folder(path)
