@@ -635,6 +635,48 @@ def test_stashes_stay_and_a_branch_only_a_stash_contains_is_kept(wt_core: Cao, r
 
 
 # -- nothing is ever lost: what a second hostile review found -----------------------------------------
+class DotGit(NamedTuple):
+    make: Callable[[Path], Path]  # makes it in the worktree, returns a file that must survive
+    where: str
+
+
+def _dotgit_dir(path: Path) -> Path:
+    (path / "fixtures" / ".git").mkdir(parents=True)
+    (path / "fixtures" / ".git" / "notes.txt").write_text("precious\n")
+    return path / "fixtures" / ".git" / "notes.txt"
+
+
+def _dotgit_file(path: Path) -> Path:
+    (path / "pkg").mkdir()
+    (path / "pkg" / ".git").write_text("precious, and no gitdir: line\n")
+    return path / "pkg" / ".git"
+
+
+def _dotgit_upper(path: Path) -> Path:
+    (path / "data" / ".GIT").mkdir(parents=True)
+    (path / "data" / ".GIT" / "notes.txt").write_text("precious\n")
+    return path / "data" / ".GIT" / "notes.txt"
+
+
+DOTGITS = {
+    "a .git directory that is no repository": DotGit(_dotgit_dir, "fixtures/.git"),
+    "a .git file that is no repository": DotGit(_dotgit_file, "pkg/.git"),
+    "a .GIT directory": DotGit(_dotgit_upper, "data/.GIT"),
+}
+
+
+@pytest.mark.parametrize("case", DOTGITS.values(), ids=DOTGITS.keys())
+def test_a_dot_git_entry_that_is_no_repository_keeps_the_worktree(wt_core: Cao, repo: Path, case: DotGit):
+    """git never stores a path named .git (nor looks inside one), so a wip commit can't save it."""
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    precious = case.make(path)
+    (path / "app.py").write_text("line 1\nchanged\nline 3\n")
+    state, note = retired(wt_core, term)
+    assert state == "kept" and case.where in note and "git never stores" in note, note
+    assert precious.read_text().startswith("precious")
+
+
 class Dropped(NamedTuple):
     drop: Callable[[Path, str], object]  # (worktree, cao's branch), after one commit on it
 

@@ -114,6 +114,12 @@ def config_env(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     return env
 
 
+def dotgit_like(name: str) -> bool:
+    """A name git refuses as a path part (``.git`` in any case, ``.git.``, NTFS's ``git~1``...)."""
+    n = name.casefold().split(":", 1)[0].rstrip(" .")
+    return n in (".git", "git~1")
+
+
 def not_the_folder(path: Path) -> str | None:
     """Why ``path`` is not (any more) the real directory cao made there, or None. Never follows
     a symlink: ``path`` itself must be a directory (``lstat``) that resolves to itself."""

@@ -5,8 +5,8 @@ deleted unless the operator asked for it, and cao only ever writes in the worktr
     identify  is it still cao's worktree? (a real folder, not a symlink; its .git and git's entry
               agree: :meth:`Git.identify`) — if not, nothing is touched
     holds     would anything be lost with it? (an operation in progress, conflicts, a lock,
-              ignored files, nested repositories, submodules with work) — if so, it is kept
-              exactly as it is
+              ignored files, nested repositories, .git entries git can't see into, submodules
+              with work) — if so, it is kept exactly as it is
     save      uncommitted work as wip commits on the branch HEAD is on (or a new one), and
               every commit the worktree's reflogs or refs hold that no named ref has onto a
               branch of its own
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cao.worktrees.git import GUARD, Git, Pinned, WorktreeError, config_env, not_the_folder
+from cao.worktrees.git import GUARD, Git, Pinned, WorktreeError, config_env, dotgit_like, not_the_folder
 from cao.worktrees.setup import exclude, inside, under
 
 IN_PROGRESS = (  # marker in the worktree's git dir → what is going on
@@ -81,15 +81,23 @@ def holds(git: Git, p: Pinned, skip: Sequence[str], discard: Sequence[str]) -> t
     mine = [x for x in ignored if not under(x, skip)]
     nested = sorted(x.rstrip("/") for x in untracked + mine if x.endswith("/") and not under(x, skip))
     why += [f"a git repository is nested at {n}/ (its commits and files live only there)" for n in nested]
+    submodules = []
     for entry in git.lines(p.where, "ls-files", "-s", "-z", env=p.env()):
         mode, _, rel = entry.partition("\t")
         here = p.path / rel
         if not mode.startswith("160000") or here.is_symlink() or not here.is_dir():
             continue
+        submodules.append(rel)
         if (here / ".git").exists():
             why += _submodule_holds(git, p, rel)
         elif any(here.iterdir()):  # git doesn't look inside a submodule that is not checked out
             why.append(f"{rel}/ is a submodule's path with files in it but no .git: git can't see them")
+    hidden = _dotgits(p.path, {*nested, *submodules})
+    if hidden:
+        why.append(
+            f"{_some(hidden)}: named like .git but no repository git can use; git never stores a path "
+            "named .git nor looks inside one, so what is in it would be deleted unseen"
+        )
     mine = [x for x in mine if not x.endswith("/")]
     notes = []
     if mine and discard:
@@ -110,6 +118,19 @@ def holds(git: Git, p: Pinned, skip: Sequence[str], discard: Sequence[str]) -> t
     if mine:
         why.append(f"{len(mine)} ignored file(s) would be deleted with it: {_groups(mine)}")
     return why, notes
+
+
+def _dotgits(root: Path, skip: set[str]) -> list[str]:
+    """Entries named like ``.git`` below ``root`` (not its own ``.git``, not inside the
+    repositories and submodules in ``skip``, which are looked at on their own). Never follows a
+    symlink."""
+    found = []
+    for here, dirs, files in os.walk(root):
+        rel = Path(here).relative_to(root).as_posix()
+        at = "" if rel == "." else rel + "/"
+        found += [at + n for n in sorted([*dirs, *files]) if dotgit_like(n) and (at or n != ".git")]
+        dirs[:] = [d for d in dirs if not dotgit_like(d) and at + d not in skip]
+    return found
 
 
 def _submodule_holds(git: Git, p: Pinned, rel: str) -> list[str]:
