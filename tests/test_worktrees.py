@@ -635,6 +635,97 @@ def test_stashes_stay_and_a_branch_only_a_stash_contains_is_kept(wt_core: Cao, r
 
 
 # -- nothing is ever lost: what a second hostile review found -----------------------------------------
+def _copy_config(repo: Path) -> None:
+    """A committed setup copying the directory config/ (with an untracked local.toml) and the
+    ignored .env from the checkout."""
+    (repo / ".cao").mkdir()
+    (repo / ".cao" / "worktree.yaml").write_text('copy: ["config", ".env"]\n')
+    (repo / "config").mkdir()
+    (repo / "config" / "shared.toml").write_text("shared = true\n")
+    commit_all(repo, "setup config")
+    (repo / "config" / "local.toml").write_text("secret = 1\n")  # untracked, not ignored
+    (repo / ".env").write_text("TOKEN=operator\n")  # ignored
+
+
+def files_on(repo: Path, branch: str) -> list[str]:
+    return git(repo, "ls-tree", "-r", "--name-only", branch).splitlines()
+
+
+def test_new_files_in_a_copied_directory_are_the_workers(wt_core: Cao, repo: Path):
+    _copy_config(repo)
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    assert (path / "config" / "local.toml").read_text() == "secret = 1\n"
+    (path / "config" / "worker-new.toml").write_text("mine = 1\n")
+    (path / "config" / "sub").mkdir()
+    (path / "config" / "sub" / "deep.txt").write_text("deep\n")
+    diff = wt_core.diff(term["id"])["diff"]
+    assert "config/worker-new.toml" in diff and "config/sub/deep.txt" in diff, diff
+    assert "local.toml" not in diff and ".env" not in diff  # what cao copied is not the worker's
+    state, note = retired(wt_core, term)
+    assert state == "removed" and "deleted (merged" not in note, note
+    on_branch = files_on(repo, branch)
+    assert "config/worker-new.toml" in on_branch and "config/sub/deep.txt" in on_branch
+    assert "config/local.toml" not in on_branch and ".env" not in on_branch
+
+
+class CopyEdit(NamedTuple):
+    edit: Callable[[Path], object]  # what the worker does to the setup's copies
+    state: str
+    words: str
+
+
+def _edit_and_commit(path: Path) -> None:
+    (path / "config" / "local.toml").write_text("secret = 2\n")
+    commit_all(path, "the worker commits the copy it changed")
+
+
+COPY_EDITS = {
+    "a copied file edited": CopyEdit(
+        lambda p: (p / "config" / "local.toml").write_text("secret = 2\n"), "kept", "config/local.toml"
+    ),
+    "an ignored copied file edited": CopyEdit(
+        lambda p: (p / ".env").write_text("TOKEN=the worker's\n"), "kept", ".env"
+    ),
+    "a copied file deleted": CopyEdit(lambda p: (p / "config" / "local.toml").unlink(), "removed", ""),
+    "a copied file edited and committed by the worker": CopyEdit(_edit_and_commit, "removed", ""),
+    "the copies untouched": CopyEdit(lambda p: None, "removed", ""),
+}
+
+
+@pytest.mark.parametrize("case", COPY_EDITS.values(), ids=COPY_EDITS.keys())
+def test_a_workers_edit_of_a_copied_file_is_never_lost(wt_core: Cao, repo: Path, case: CopyEdit):
+    """cao never commits its copies (they are often secrets), so a copy the worker changed and
+    did not commit keeps the worktree, with the reason."""
+    _copy_config(repo)
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    case.edit(path)
+    before = {f: f.read_text() for f in (path / "config" / "local.toml", path / ".env") if f.exists()}
+    state, note = retired(wt_core, term)
+    assert state == case.state and case.words in note, note
+    if state == "kept":
+        assert "changed" in note and "copied" in note, note
+        assert {f: f.read_text() for f in before} == before
+
+
+def test_setup_paths_are_literal_not_glob_patterns(wt_core: Cao, repo: Path):
+    (repo / ".cao").mkdir()
+    (repo / ".cao" / "worktree.yaml").write_text('copy: ["[id].env"]\n')
+    commit_all(repo, "setup config")
+    (repo / "[id].env").write_text("KEY=operator\n")
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    assert (path / "[id].env").read_text() == "KEY=operator\n"
+    (path / "i.env").write_text("the worker's i\n")
+    (path / "d.env").write_text("the worker's d\n")
+    diff = wt_core.diff(term["id"])["diff"]
+    assert "i.env" in diff and "d.env" in diff and "[id].env" not in diff, diff
+    state, note = retired(wt_core, term)
+    assert state == "removed", note
+    assert sorted(f for f in files_on(repo, branch) if f.endswith(".env")) == ["d.env", "i.env"]
+
+
 class DotGit(NamedTuple):
     make: Callable[[Path], Path]  # makes it in the worktree, returns a file that must survive
     where: str

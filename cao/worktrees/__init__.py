@@ -5,7 +5,9 @@
                  diff, merge) and the ``worktree`` rows it keeps
     git.py       Git: the one git runner and its guard (a repository's own config runs nothing),
                  a worktree's identity check (Pinned)
-    setup.py     .cao/worktree.yaml: files copied and linked in, commands run in the pane
+    setup.py     .cao/worktree.yaml: files copied and linked in, commands run in the pane, and
+                 the record of exactly what cao put there
+    scratch.py   a worker's tree read through a scratch index (what its work is, for all below)
     retire.py    a worker is deleted: every commit onto a named ref, or the worktree kept as it is
     review.py    diff, diffstat and merge
 

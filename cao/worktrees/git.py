@@ -80,6 +80,7 @@ class Pinned:
     admin: Path  # its entry in the repository, <common>/worktrees/<name>
     common: Path
     config: Mapping[str, str]
+    object_format: str = "sha1"
 
     @property
     def where(self) -> Path:
@@ -150,7 +151,10 @@ class Git:
     ) -> None:
         source = os.environ if environ is None else environ
         self.env = {k: source[k] for k in ENV_KEEP if source.get(k)}
-        self.env.update(LC_ALL="C", LANG="C", GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true")
+        # a path is a path, never a pattern (a setup file's "[id].env" is not "i.env")
+        self.env.update(
+            LC_ALL="C", LANG="C", GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true", GIT_LITERAL_PATHSPECS="1"
+        )
         self.identity = ("-c", f"user.name={name}", "-c", f"user.email={email}")
         self.timeout = timeout
 
@@ -359,10 +363,12 @@ class Git:
             "--git-dir",
             "--git-common-dir",
             "--show-toplevel",
+            "--show-object-format",
             env=config_env(GUARD),
             check=False,
         )
-        got = [Path(p).resolve() for p in probe.stdout.splitlines()]
+        found = probe.stdout.splitlines()
+        got = [Path(p).resolve() for p in found[:3]]
         want = [admin.resolve(), common, path.resolve()]
         if probe.returncode != 0 or got != want:
             seen = ", ".join(map(str, got)) or (probe.stderr.strip()[:300] or "nothing")
@@ -371,4 +377,5 @@ class Git:
                 "repository or work tree (core.worktree?)"
             )
         pinned = Pinned(path, admin, common, {})
-        return Pinned(path, admin, common, self.guard(path, pinned.env()))
+        fmt = found[3] if len(found) > 3 else "sha1"
+        return Pinned(path, admin, common, self.guard(path, pinned.env()), fmt)

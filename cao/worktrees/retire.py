@@ -6,7 +6,8 @@ deleted unless the operator asked for it, and cao only ever writes in the worktr
               agree: :meth:`Git.identify`) — if not, nothing is touched
     holds     would anything be lost with it? (an operation in progress, conflicts, a lock,
               ignored files, nested repositories, .git entries git can't see into, submodules
-              with work) — if so, it is kept exactly as it is
+              with work, copies of the setup the worker changed) — if so, it is kept exactly
+              as it is
     save      uncommitted work as wip commits on the branch HEAD is on (or a new one), and
               every commit the worktree's reflogs or refs hold that no named ref has onto a
               branch of its own
@@ -16,14 +17,15 @@ deleted unless the operator asked for it, and cao only ever writes in the worktr
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cao.worktrees import scratch
 from cao.worktrees.git import GUARD, Git, Pinned, WorktreeError, config_env, dotgit_like, not_the_folder
-from cao.worktrees.setup import exclude, inside, under
+from cao.worktrees.scratch import Scratch
+from cao.worktrees.setup import SetupFile, blob_id
 
 IN_PROGRESS = (  # marker in the worktree's git dir → what is going on
     ("rebase-merge", "a rebase"),
@@ -38,7 +40,7 @@ IN_PROGRESS = (  # marker in the worktree's git dir → what is going on
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A worktree's state as trees (:func:`snapshot`)."""
+    """A worktree's state as trees."""
 
     head: str | None  # HEAD's commit (None: an unborn branch)
     base: str  # HEAD's tree (the empty tree on an unborn branch)
@@ -62,7 +64,7 @@ def _groups(paths: Sequence[str], limit: int = 8) -> str:
     )
 
 
-def holds(git: Git, p: Pinned, skip: Sequence[str], discard: Sequence[str]) -> tuple[list[str], list[str]]:
+def holds(git: Git, p: Pinned, s: Scratch, discard: Sequence[str]) -> tuple[list[str], list[str]]:
     """Why the worktree can't go without losing something (empty: it can), and notes. Reads
     only: nothing in the worktree or the repository is written."""
     assert p.path is not None
@@ -76,10 +78,9 @@ def holds(git: Git, p: Pinned, skip: Sequence[str], discard: Sequence[str]) -> t
     unmerged = sorted({e.split("\t", 1)[-1] for e in git.lines(p.where, "ls-files", "-u", "-z", env=p.env())})
     if unmerged:
         why.append(f"its index has unresolved conflicts ({_some(unmerged)})")
-    untracked = git.lines(p.where, "ls-files", "-z", "--others", "--exclude-standard", env=p.env())
     ignored = git.lines(p.where, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", env=p.env())
-    mine = [x for x in ignored if not under(x, skip)]
-    nested = sorted(x.rstrip("/") for x in untracked + mine if x.endswith("/") and not under(x, skip))
+    mine = [x for x in ignored if not s.setup.cao_owns(x) and x.rstrip("/") not in s.setup.changed]
+    nested = sorted({*s.nested, *(x.rstrip("/") for x in mine if x.endswith("/"))})
     why += [f"a git repository is nested at {n}/ (its commits and files live only there)" for n in nested]
     submodules = []
     for entry in git.lines(p.where, "ls-files", "-s", "-z", env=p.env()):
@@ -97,6 +98,12 @@ def holds(git: Git, p: Pinned, skip: Sequence[str], discard: Sequence[str]) -> t
         why.append(
             f"{_some(hidden)}: named like .git but no repository git can use; git never stores a path "
             "named .git nor looks inside one, so what is in it would be deleted unseen"
+        )
+    changed = _changed_copies(git, p, s)
+    if changed:
+        why.append(
+            f"{len(changed)} file(s) the setup copied in were changed by the worker and not committed: "
+            f"{_some(changed)} (cao never commits the setup's copies, which often hold secrets)"
         )
     mine = [x for x in mine if not x.endswith("/")]
     notes = []
@@ -133,11 +140,33 @@ def _dotgits(root: Path, skip: set[str]) -> list[str]:
     return found
 
 
+def _changed_copies(git: Git, p: Pinned, s: Scratch) -> list[str]:
+    """Copies of the setup the worker changed, other than to what HEAD has (committed: kept)."""
+    assert p.path is not None
+    if not s.setup.changed:
+        return []
+    committed: dict[str, str] = {}
+    if s.head:
+        for line in git.lines(p.where, "ls-tree", "-r", "-z", "--full-tree", s.head, env=p.env()):
+            meta, _, rel = line.partition("\t")
+            if rel in s.setup.changed:
+                committed[rel] = meta.split(" ")[-1]
+    out = []
+    for rel in s.setup.changed:
+        here = p.path / rel
+        if here.is_dir() and not here.is_symlink():
+            continue  # replaced by a directory: its files are the worker's, like any other
+        if here.is_file() and not here.is_symlink() and committed.get(rel) == blob_id(here, p.object_format):
+            continue
+        out.append(rel)
+    return out
+
+
 def _submodule_holds(git: Git, p: Pinned, rel: str) -> list[str]:
     """Why a checked-out submodule (or a committed nested repository) holds work: changes,
     untracked or ignored files, its own submodules, or — when its git directory goes with the
-    worktree (a submodule checked out in a linked worktree keeps it in the worktree's entry)
-    — a commit that none of its remote-tracking branches has."""
+    worktree (a submodule checked out in a linked worktree keeps it in the worktree's entry) —
+    a commit that none of its remote-tracking branches has."""
     assert p.path is not None
     sub = p.path / rel
     env = {**git.guard(sub), "GIT_OPTIONAL_LOCKS": "0"}
@@ -160,7 +189,7 @@ def _submodule_holds(git: Git, p: Pinned, rel: str) -> list[str]:
     if any(line.startswith("160000") for line in inner.splitlines()):
         return [f"submodule {rel} has submodules of its own"]
     gitdir = Path(probe.stdout.strip()).resolve()
-    if inside(gitdir, p.path.resolve()) or inside(gitdir, p.admin.resolve()):
+    if gitdir.is_relative_to(p.path.resolve()) or gitdir.is_relative_to(p.admin.resolve()):
         only = git.run(sub, "rev-list", "-n1", "--all", "--not", "--remotes", env=env, check=False)
         if only.returncode != 0 or only.stdout.strip():
             return [
@@ -170,40 +199,16 @@ def _submodule_holds(git: Git, p: Pinned, rel: str) -> list[str]:
     return []
 
 
-def snapshot(git: Git, p: Pinned, skip: Sequence[str], tmp: Path) -> Snapshot:
-    """The worktree's state as trees, through a scratch copy of the worker's index (a
-    leftover ``index.lock`` doesn't block it, the worker's index is never written): what is
-    staged, and everything in the tree (tracked and new files, not ignored, not the setup's;
-    files hidden by assume-unchanged or skip-worktree that exist on disk included)."""
-    assert p.path is not None
-    index = tmp / "index"
-    env = p.env(GIT_INDEX_FILE=str(index))
-    head = git.run(p.where, "rev-parse", "-q", "--verify", "HEAD^{commit}", env=env, check=False)
-    commit = head.stdout.strip() or None
-    if (p.admin / "index").is_file():
-        shutil.copyfile(p.admin / "index", index)
-    elif commit:
-        git.run(p.where, "read-tree", commit, env=env)
-    staged = git.out(p.where, "write-tree", env=env)
-    entries = [
-        e for e in git.lines(p.where, "ls-files", "-v", "-z", env=env) if os.path.lexists(p.path / e[2:])
-    ]
-    # one flag per call: update-index applies only the first of --no-assume-unchanged and
-    # --no-skip-worktree to a path
-    for flag, hidden in (
-        ("--no-assume-unchanged", str.islower),
-        ("--no-skip-worktree", lambda t: t in "Ss"),
-    ):
-        paths = [e[2:] for e in entries if hidden(e[0])]
-        if paths:
-            git.run(p.where, "update-index", flag, "-z", "--stdin", env=env, input="\0".join(paths) + "\0")
-    git.run(p.where, "add", "-A", *exclude(git, p.where, skip, env), env=env)
-    work = git.out(p.where, "write-tree", env=env)
-    if commit:
-        base = git.out(p.where, "rev-parse", f"{commit}^{{tree}}", env=env)
+def snapshot(git: Git, p: Pinned, s: Scratch) -> Snapshot:
+    """The scratch index ``s`` (read with ``staged=True``) as trees."""
+    work = git.out(p.where, "write-tree", env=s.env)
+    if s.head:
+        base = git.out(p.where, "rev-parse", f"{s.head}^{{tree}}", env=s.env)
     else:  # an unborn branch: nothing committed yet
-        base = git.run(p.where, "mktree", env=env, input="").stdout.strip()
-    return Snapshot(commit, base, staged, work)
+        base = git.run(p.where, "mktree", env=s.env, input="").stdout.strip()
+    if s.staged is None:
+        raise WorktreeError("the worker's index can't be written as a tree (unresolved conflicts?)")
+    return Snapshot(s.head, base, s.staged, work)
 
 
 def _commit(git: Git, p: Pinned, tree: str, parent: str | None, message: str) -> str:
@@ -214,12 +219,13 @@ def _commit(git: Git, p: Pinned, tree: str, parent: str | None, message: str) ->
 def _side(git: Git, p: Pinned, prefix: str, commit: str) -> str:
     """A new branch ``<prefix>-<short sha>`` at ``commit`` (created only if it doesn't exist)."""
     for name in (f"{prefix}-{commit[:10]}", f"{prefix}-{commit}"):
+        ref = f"refs/heads/{name}"
         made = git.run(
             p.where,
             "update-ref",
             "-m",
             "cao: work saved at delete",
-            f"refs/heads/{name}",
+            ref,
             commit,
             "",
             env=p.env(),
@@ -324,7 +330,7 @@ def save(git: Git, p: Pinned, snap: Snapshot | None, *, branch: str, label: str)
             )
         else:
             notes.append(f"the worker had switched to branch {name}; its commits are there")
-    elif tip and not git.named(p.where, tip, p.env()):
+    elif tip and not git.named(p.where, tip, env):
         side = _side(git, p, f"{branch}-detached", tip)
         what = f"uncommitted work committed as {made[:10]} and" if made else "its commits"
         notes.append(f"HEAD was detached at {(head or '?')[:10]}: {what} saved as new branch {side}")
@@ -342,7 +348,7 @@ def retire(
     common_dir: Path,
     path: Path,
     branch: str,
-    skip: Sequence[str],
+    setup: Sequence[SetupFile],
     label: str,
     discard: Sequence[str] = (),
     since: float = 0.0,
@@ -359,19 +365,21 @@ def retire(
     except WorktreeError as exc:
         return "kept", f"worktree kept at {path}, not touched: {exc.message}"
     try:
-        why, notes = holds(git, p, skip, discard)
-        if why:
-            return "kept", _kept_note(git, p, why)
-        if (p.admin / "index.lock").exists():
-            notes.append(
-                "an index.lock was left in it (a git command crashed or was killed): the work was "
-                "saved without the worker's index"
-            )
         with tempfile.TemporaryDirectory(prefix="cao-retire-") as tmp:
             (Path(tmp) / "a").mkdir()
             (Path(tmp) / "b").mkdir()
-            snap = snapshot(git, p, skip, Path(tmp) / "a")
-            if snapshot(git, p, skip, Path(tmp) / "b") != snap:  # something still writes there
+            first = scratch.read(git, p, setup, Path(tmp) / "a", strict=True, staged=True)
+            why, notes = holds(git, p, first, discard)
+            if why:
+                return "kept", _kept_note(git, p, first, why)
+            if (p.admin / "index.lock").exists():
+                notes.append(
+                    "an index.lock was left in it (a git command crashed or was killed): the work was "
+                    "saved without the worker's index"
+                )
+            snap = snapshot(git, p, first)
+            second = scratch.read(git, p, setup, Path(tmp) / "b", strict=True, staged=True)
+            if snapshot(git, p, second) != snap or second.refused:
                 return "kept", f"worktree kept at {path}: it changed while cao was saving it"
         notes = save(git, p, snap, branch=branch, label=label) + notes
     except WorktreeError as exc:
@@ -392,9 +400,9 @@ def retire(
 
 
 def _retire_gone(git: Git, common_dir: Path, path: Path, branch: str) -> tuple[str, str]:
-    """The worktree's folder is gone: what its entry in the repository still holds (a
-    detached HEAD, commits left behind) goes on named refs, then that entry is removed (only
-    it: ``git worktree prune`` would drop other workers' entries too)."""
+    """The worktree's folder is gone: what its entry in the repository still holds (a detached
+    HEAD, commits in its reflog) goes on named refs, then that entry is removed (only it: ``git
+    worktree prune`` would drop other workers' entries too)."""
     common = common_dir.resolve()
     admin = git.admin_of(common, path)
     notes = []
@@ -424,23 +432,14 @@ def _retire_gone(git: Git, common_dir: Path, path: Path, branch: str) -> tuple[s
     return "removed", "; ".join(notes)
 
 
-def _kept_note(git: Git, p: Pinned, why: Sequence[str]) -> str:
+def _kept_note(git: Git, p: Pinned, s: Scratch, why: Sequence[str]) -> str:
     """What a kept worktree holds, and why it was kept."""
-    assert p.path is not None
     env = p.env()
     head = git.run(p.where, "rev-parse", "-q", "--verify", "HEAD", env=env, check=False).stdout.strip()
     on = git.run(p.where, "symbolic-ref", "-q", "--short", "HEAD", env=env, check=False).stdout.strip()
-    changed = git.run(
-        p.where,
-        "status",
-        "--porcelain",
-        "--untracked-files=all",
-        "--ignore-submodules=all",
-        env=env,
-        check=False,
-    ).stdout.splitlines()
+    changed = scratch.changes(git, p, s)
     where = f"it is on branch {on}" if on else f"its HEAD is detached at {head[:10]}"
-    if head and not on and not git.named(p.where, head, p.env()):
+    if head and not on and not git.named(p.where, head, env):
         where += f" (on no branch: `git branch <name> {head[:10]}` keeps it)"
     return (
         f"worktree kept at {p.path} as it was, nothing committed or removed: {'; '.join(why)}. "

@@ -1,7 +1,7 @@
 """Review and merge a worker's branch.
 
 diff       the branch against its fork point, plus, while its worktree exists, what it has
-           not committed yet (read through a scratch index; stat or full)
+           not committed yet (read through a scratch index, :mod:`cao.worktrees.scratch`)
 shortstat  the worktree's tracked changes as numbers, for the views
 merge      ``git merge-tree`` first (no side effects): a conflict stops there and is shown;
            else the target is updated (``git merge`` in the checkout that has it, or
@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cao.errors import Conflict
-from cao.worktrees.git import Git, WorktreeError
-from cao.worktrees.setup import exclude
+from cao.worktrees import scratch
+from cao.worktrees.git import Git, Pinned, WorktreeError
+from cao.worktrees.setup import SetupFile
 
 MAX_DIFF_BYTES = 2 * 1024 * 1024
 MAX_CONFLICT_TEXT = 8000
@@ -65,20 +66,25 @@ def fork_point(git: Git, common_dir: Path, target: str, branch: str) -> str:
 
 
 def diff(
-    git: Git, *, common_dir: Path, path: Path | None, base: str, branch: str, skip: Sequence[str], stat: bool
+    git: Git,
+    *,
+    common_dir: Path,
+    pinned: Pinned | None,
+    base: str,
+    branch: str,
+    setup: Sequence[SetupFile],
+    stat: bool,
 ) -> str:
-    """Everything the worker changed since ``base``: its branch's commits and, while its
-    worktree exists, what it has not committed yet (new files included, the setup's files
-    left out); ``stat`` or the full patch."""
+    """Everything the worker changed since ``base``: its branch's commits and, with its
+    worktree (``pinned``), what it has not committed yet (new files included, the setup's files
+    left out while they are what cao put there); ``stat`` or the full patch."""
     fmt = ["--stat=120"] if stat else ["--patch", "--no-ext-diff", "--no-textconv"]
-    if path is None or not path.is_dir():
+    if pinned is None:
         out = git.run(common_dir, "diff", "--no-color", *fmt, base, f"refs/heads/{branch}").stdout
         return out[:MAX_DIFF_BYTES]
     with tempfile.TemporaryDirectory(prefix="cao-diff-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}  # a scratch index: the worker's is untouched
-        git.run(path, "read-tree", "HEAD", env=env)
-        git.run(path, "add", "-A", *exclude(git, path, skip), env=env)
-        out = git.run(path, "diff", "--cached", "--no-color", *fmt, base, env=env).stdout
+        s = scratch.read(git, pinned, setup, Path(tmp))
+        out = git.run(pinned.where, "diff", "--cached", "--no-color", *fmt, base, env=s.env).stdout
     return out[:MAX_DIFF_BYTES]
 
 
@@ -91,10 +97,12 @@ def shortstat(git: Git, path: Path, base: str) -> dict[str, int]:
     return nums
 
 
-def dirty(git: Git, path: Path, skip: Sequence[str] = ()) -> list[str]:
-    """``git status --porcelain`` lines of uncommitted work (the setup's own files left out)."""
-    out = git.run(path, "status", "--porcelain", "--untracked-files=all", *exclude(git, path, skip)).stdout
-    return [line for line in out.splitlines() if line.strip()]
+def dirty(git: Git, p: Pinned, setup: Sequence[SetupFile]) -> list[str]:
+    """The paths of uncommitted work (tracked changes and new files; the setup's own files left
+    out while they are what cao put there)."""
+    with tempfile.TemporaryDirectory(prefix="cao-dirty-") as tmp:
+        s = scratch.read(git, p, setup, Path(tmp))
+        return scratch.changes(git, p, s)
 
 
 def merge(git: Git, *, common_dir: Path, branch: str, target: str, label: str) -> MergeResult:

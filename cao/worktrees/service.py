@@ -31,9 +31,9 @@ from cao.states import TerminalState
 from cao.store import Store, Terminal, Worktree
 from cao.worktrees import retire as retiring
 from cao.worktrees import review
-from cao.worktrees.git import Git, Repo, WorktreeError, not_the_folder, validate_branch
+from cao.worktrees.git import Git, Pinned, Repo, WorktreeError, not_the_folder, validate_branch
 from cao.worktrees.review import NotMergeable
-from cao.worktrees.setup import SetupPlan, dumps, load_plan, loads, prepare, setup_command
+from cao.worktrees.setup import SetupFile, SetupPlan, dumps, load_plan, loads, prepare, setup_command
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +105,11 @@ class Workspaces:
                 created_at=self.clock(),
             )
         )
-        # the files the setup will copy or link are cao's, not the worker's, from the start: a
+        # the paths the setup will copy or link are cao's, not the worker's, from the start: a
         # copy that fails half-way is not kept as if it were the worker's ignored files
-        self.store.update_worktree_paths(terminal_id, dumps(plan.setup.copy + plan.setup.link))
+        self.store.update_worktree_paths(
+            terminal_id, dumps(SetupFile(p) for p in plan.setup.copy + plan.setup.link)
+        )
         try:
             prepared = prepare(self.git, repo, plan.path, plan.setup)
         except WorktreeError:
@@ -116,7 +118,7 @@ class Workspaces:
         except OSError as exc:
             self.retire(terminal_id, label=f"terminal {terminal_id}")
             raise WorktreeError(f"use_worktree: copying the setup files failed: {exc}") from None
-        self.store.update_worktree_paths(terminal_id, dumps(prepared.paths))
+        self.store.update_worktree_paths(terminal_id, dumps(prepared.files))
         logger.info("worktree created", extra={"terminal_id": terminal_id, "branch": plan.branch})
         self.events.publish(
             "terminal.worktree",
@@ -156,7 +158,7 @@ class Workspaces:
                 common_dir=Path(wt.common_dir),
                 path=Path(wt.path),
                 branch=wt.branch,
-                skip=loads(wt.setup_paths),
+                setup=loads(wt.setup_paths),
                 label=label,
                 discard=discard,
                 since=wt.created_at,
@@ -309,14 +311,14 @@ class Workspaces:
             base = review.fork_point(self.git, common, target, wt.branch)
         except WorktreeError:
             base = wt.base_commit
-        path = self._tree(wt)
+        pinned = self._pinned(wt)
         text = review.diff(
             self.git,
             common_dir=common,
-            path=path,
+            pinned=pinned,
             base=base,
             branch=wt.branch,
-            skip=loads(wt.setup_paths),
+            setup=loads(wt.setup_paths),
             stat=stat,
         )
         return {
@@ -324,37 +326,34 @@ class Workspaces:
             "branch": wt.branch,
             "base": base,
             "against": target,
-            "includes_uncommitted": path is not None,
+            "includes_uncommitted": pinned is not None,
             "mode": "stat" if stat else "full",
             "diff": text,
         }
 
-    def _tree(self, wt: Worktree) -> Path | None:
+    def _pinned(self, wt: Worktree) -> Pinned | None:
         """The worker's worktree while it holds work cao can read: active, or kept at delete
-        (its uncommitted work is still only there) and still the worktree cao made (a real
-        folder, never a symlink; kept: :meth:`Git.identify`)."""
-        path = Path(wt.path)
-        if wt.state not in ("active", "kept") or not_the_folder(path):
+        (its uncommitted work is still only there), and still the worktree cao made (a real
+        folder, no symlink, its .git and git's entry agree: :meth:`Git.identify`)."""
+        if wt.state not in ("active", "kept") or not os.path.lexists(wt.path):
             return None
-        if wt.state == "kept":
-            try:
-                self.git.identify(Path(wt.common_dir), path)
-            except CaoError:
-                return None
-        return path
+        try:
+            return self.git.identify(Path(wt.common_dir), Path(wt.path))
+        except CaoError:
+            return None
 
     def merge(self, terminal_id: str, *, into: str | None, label: str) -> dict[str, object]:
         wt = self.get(terminal_id)
         target = self.target(wt, into)
-        path = self._tree(wt)
-        if path is None and os.path.lexists(wt.path) and wt.state in ("active", "kept"):
+        pinned = self._pinned(wt)
+        if pinned is None and os.path.lexists(wt.path) and wt.state in ("active", "kept"):
             how = f"was kept at delete ({wt.note})" if wt.state == "kept" else "is no longer the one cao made"
             raise NotMergeable(
                 f"worker {terminal_id}'s worktree {how} and cao can't tell what it holds; merge its "
                 f"branch {wt.branch} with git yourself once you have reviewed it"
             )
-        if path is not None:
-            dirty = review.dirty(self.git, path, loads(wt.setup_paths))
+        if pinned is not None:
+            dirty = review.dirty(self.git, pinned, loads(wt.setup_paths))
             if dirty:
                 todo = (
                     "The worker is gone and its worktree was kept at delete: commit them there yourself"
@@ -363,7 +362,7 @@ class Workspaces:
                 )
                 raise NotMergeable(
                     f"worker {terminal_id} has uncommitted changes in {wt.path} ({len(dirty)} file(s): "
-                    f"{', '.join(line[3:] for line in dirty[:5])}); they would not be merged. {todo}, "
+                    f"{', '.join(dirty[:5])}); they would not be merged. {todo}, "
                     "then merge"
                 )
         result = review.merge(

@@ -1,21 +1,26 @@
 """The setup of a new worktree: ``.cao/worktree.yaml`` in the checkout, the files it copies and
-links in, the commands it runs in the worker's pane::
+links in, the commands it runs in the worker's pane — and the record of exactly what cao put
+there, so cao can tell its own files from the worker's later::
 
-    copy: [.env, config/local.toml]   # copied into the worktree (missing ones are skipped)
+    copy: [.env, config]              # copied from the checkout (missing ones are skipped)
     link: [node_modules]              # symlinked to the checkout's copy
     setup: ["npm ci", "make prepare"] # run once, in the worker's pane, before the agent starts
     discard: [__pycache__/, "*.pyc"]  # ignored files a delete may throw away
 
-The paths the setup put there are cao's, not the worker's: never committed by cao, never
-shown as changes (:func:`exclude`).
+Only the exact files cao copied (each with its content's blob id) and the symlinks it made are
+cao's, and only while they are what cao put there (:func:`classify`). Anything else — a new file
+in a copied directory, a copy the worker changed — is the worker's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shlex
 import shutil
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -38,21 +43,75 @@ class SetupPlan:
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """What :func:`prepare` did: the paths it put into the worktree (never committed by cao)
-    and lines to show in the pane."""
+class SetupFile:
+    """One thing the setup put into the worktree, as it was put there: a copied file (its blob
+    id, size and mtime), a symlink (its target), or — a setup cut short, or a row from before
+    these records — just a path, everything under which counts as cao's."""
 
-    paths: tuple[str, ...]
+    path: str
+    blob: str | None = None
+    size: int = -1
+    mtime_ns: int = -1
+    link: str | None = None
+
+    @property
+    def prefix(self) -> bool:
+        return self.blob is None and self.link is None
+
+    def as_json(self) -> Any:
+        if self.prefix:
+            return self.path
+        if self.link is not None:
+            return {"path": self.path, "link": self.link}
+        return {"path": self.path, "blob": self.blob, "size": self.size, "mtime_ns": self.mtime_ns}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` did: what it put into the worktree and lines to show in the pane."""
+
+    files: tuple[SetupFile, ...]
     notes: tuple[str, ...]
 
 
-def dumps(paths: Sequence[str]) -> str:
-    return json.dumps(list(paths))
+@dataclass(frozen=True)
+class Classified:
+    """The setup's files as they are now (:func:`classify`)."""
+
+    unchanged: frozenset[str]  # still exactly what cao put there: cao's
+    prefixes: tuple[str, ...]  # paths everything under which is cao's (older records)
+    changed: tuple[str, ...]  # copies the worker changed (or replaced): the worker's now
+
+    def cao_owns(self, path: str) -> bool:
+        path = path.rstrip("/")
+        return path in self.unchanged or under(path, self.prefixes)
 
 
-def loads(text: str | None) -> list[str]:
+NOTHING = Classified(frozenset(), (), ())
+
+
+def dumps(files: Iterable[SetupFile]) -> str:
+    return json.dumps([f.as_json() for f in files])
+
+
+def loads(text: str | None) -> list[SetupFile]:
     value: Any = json.loads(text) if text else []
-    return [str(v) for v in value] if isinstance(value, list) else []
+    out: list[SetupFile] = []
+    for item in value if isinstance(value, list) else []:
+        if isinstance(item, str):
+            out.append(SetupFile(item))
+        elif isinstance(item, dict) and isinstance(item.get("path"), str):
+            link, blob = item.get("link"), item.get("blob")
+            out.append(
+                SetupFile(
+                    item["path"],
+                    blob=str(blob) if blob is not None else None,
+                    size=int(item.get("size", -1)),
+                    mtime_ns=int(item.get("mtime_ns", -1)),
+                    link=str(link) if link is not None else None,
+                )
+            )
+    return out
 
 
 def under(path: str, roots: Sequence[str]) -> bool:
@@ -131,10 +190,37 @@ def setup_command(
     return ["sh", "-c", "\n".join(lines), "cao-setup", *command]
 
 
+def blob_id(path: Path, object_format: str = "sha1") -> str:
+    """git's blob id of the file's bytes as they are (``git hash-object --no-filters``)."""
+    h = hashlib.new(object_format)
+    h.update(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _record(root: Path, rel: str, object_format: str) -> list[SetupFile]:
+    """What is at ``root/rel`` now, file by file (a directory's files and symlinks, recursively)."""
+    top = root / rel
+    if top.is_symlink():
+        return [SetupFile(rel, link=os.readlink(top))]
+    if not top.is_dir():
+        st = top.stat()
+        return [SetupFile(rel, blob=blob_id(top, object_format), size=st.st_size, mtime_ns=st.st_mtime_ns)]
+    out: list[SetupFile] = []
+    for here, dirs, names in os.walk(top):
+        for name in sorted(names) + sorted(d for d in dirs if os.path.islink(os.path.join(here, d))):
+            out += _record(root, Path(here, name).relative_to(root).as_posix(), object_format)
+    return out
+
+
 def prepare(git: Git, repo: Repo, path: Path, plan: SetupPlan) -> Prepared:
-    """Copy and link the plan's files from the checkout into the new worktree."""
-    paths: list[str] = []
+    """Copy and link the plan's files from the checkout into the new worktree, and record
+    exactly what was put there."""
+    files: list[SetupFile] = []
     notes = [f"worktree {path} (branch {git.branch_of(path) or '?'}, from {repo.head[:10]})"]
+    object_format = git.out(path, "rev-parse", "--show-object-format") or "sha1"
     for rel, link in [(p, False) for p in plan.copy] + [(p, True) for p in plan.link]:
         src, dst = repo.toplevel / rel, path / rel
         if not src.exists():
@@ -161,15 +247,34 @@ def prepare(git: Git, repo: Repo, path: Path, plan: SetupPlan) -> Prepared:
         else:
             shutil.copy2(src, dst)
             notes.append(f"copied {rel}")
-        paths.append(rel)
-    return Prepared(tuple(paths), tuple(notes))
+        files += _record(path, rel, object_format)
+    return Prepared(tuple(files), tuple(notes))
 
 
-def exclude(git: Git, cwd: Path, paths: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
-    """A pathspec for the whole tree minus the setup's files (git refuses to be handed
-    ignored ones even to exclude them, and doesn't need to: it leaves those out itself)."""
-    ignored: set[str] = set()
-    if paths:
-        done = git.run(cwd, "check-ignore", "--", *paths, env=env, check=False)
-        ignored = set(done.stdout.splitlines())
-    return ["--", ".", *(f":(exclude,top){p}" for p in paths if p not in ignored)]
+def classify(root: Path, files: Sequence[SetupFile], *, object_format: str, strict: bool) -> Classified:
+    """Which of the setup's files are still exactly what cao put there. A copy whose size and
+    mtime are unchanged is taken as unchanged unless ``strict`` (at delete: every copy is read
+    again). A copy that is gone is neither: nothing of the worker's is in it."""
+    unchanged: set[str] = set()
+    changed: list[str] = []
+    for f in files:
+        if f.prefix:
+            continue
+        here = root / f.path
+        try:
+            st = os.lstat(here)
+        except OSError:
+            continue
+        if f.link is not None:
+            same = stat.S_ISLNK(st.st_mode) and os.readlink(here) == f.link
+        elif not stat.S_ISREG(st.st_mode):
+            same = False
+        elif not strict and st.st_size == f.size and st.st_mtime_ns == f.mtime_ns:
+            same = True
+        else:
+            same = st.st_size == f.size and blob_id(here, object_format) == f.blob
+        if same:
+            unchanged.add(f.path)
+        else:
+            changed.append(f.path)
+    return Classified(frozenset(unchanged), tuple(f.path for f in files if f.prefix), tuple(changed))
