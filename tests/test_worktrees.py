@@ -820,6 +820,61 @@ def test_a_worktree_folder_replaced_by_a_symlink_is_not_followed(wt_core: Cao, r
     assert "A's uncommitted work" in (pa / "app.py").read_text()
 
 
+def test_reviewing_and_merging_run_none_of_the_repositorys_config(wt_core: Cao, repo: Path, tmp_path: Path):
+    """diff, diffstat, the listing and merge (merge-tree, and git merge in the supervisor's
+    checkout) run no hook, fsmonitor, filter, merge driver or diff driver the repository's
+    config names (a worker can write it), before and after the worker is deleted."""
+    (repo / "notes.txt").write_text("a\nb\nc\nd\ne\n")
+    (repo / ".gitattributes").write_text("*.txt merge=evil filter=evil diff=evil\n")
+    commit_all(repo, "notes")
+    a, b = make_worker(wt_core, repo), make_worker(wt_core, repo)
+    (tree(a) / "notes.txt").write_text("a\nfrom the worker\nc\nd\ne\n")
+    commit_all(tree(a), "the worker's line")
+    (repo / "notes.txt").write_text("a\nb\nc\nd\nfrom main\n")
+    commit_all(repo, "main's line")
+    (tree(b) / "notes.txt").write_text("uncommitted\n")
+    (tree(b) / "new.txt").write_text("new\n")
+    (tree(b) / ".env").write_text("ignored: keeps b's worktree at delete\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    for name in ("post-merge", "pre-merge-commit", "reference-transaction", "post-index-change", "fsmonitor"):
+        (hooks / name).write_text(f"#!/bin/sh\ntouch {marks / name}\nexit 0\n")
+        (hooks / name).chmod(0o755)
+    for key, value in {
+        "core.hooksPath": str(hooks),
+        "core.fsmonitor": str(hooks / "fsmonitor"),
+        "filter.evil.clean": f"touch {marks / 'clean'}; cat",
+        "filter.evil.smudge": f"touch {marks / 'smudge'}; cat",
+        "merge.evil.driver": f"touch {marks / 'merge-driver'}; true",
+        "diff.evil.textconv": f"touch {marks / 'textconv'}; cat",
+        "diff.evil.command": f"touch {marks / 'diff-command'}; true",
+        "diff.external": f"touch {marks / 'diff-external'}; true",
+    }.items():
+        git(repo, "config", key, value)
+    client = TestClient(create_app(wt_core))
+
+    def review(*live: dict[str, Any]) -> None:
+        assert client.get("/worktrees").status_code == 200
+        for term in live:
+            assert client.get(f"/terminals/{term['id']}").status_code == 200  # the diffstat
+        for term in (a, b):
+            for full in ("false", "true"):
+                got = client.get(f"/terminals/{term['id']}/diff", params={"full": full})
+                assert got.status_code == 200, got.text
+
+    review(a, b)
+    assert "new.txt" in client.get(f"/terminals/{b['id']}/diff").json()["diff"]
+    merged = client.post(f"/terminals/{a['id']}/merge", json={})
+    assert merged.status_code == 200 and merged.json()["merged"] is True, merged.text
+    assert (repo / "notes.txt").read_text() == "a\nfrom the worker\nc\nd\nfrom main\n"  # git's text merge
+    wt_core.delete_terminal(b["id"])
+    assert wt_core.store.get_worktree(b["id"]).state == "kept"  # type: ignore[union-attr]
+    review(a)
+    assert sorted(p.name for p in marks.iterdir()) == []
+
+
 # -- review and merge ------------------------------------------------------------------------------
 def test_diff_shows_stat_and_full_including_uncommitted(wt_core: Cao, repo: Path):
     term = make_worker(wt_core, repo)

@@ -1,10 +1,13 @@
 """The git runner: every git call cao makes goes through :meth:`Git.run`, and the guard.
 
 ``run`` is the git CLI with an explicit ``cwd``, a clean environment (no ``GIT_*`` variable of
-the host, prompts off, ``LC_ALL=C``) and ``-c`` overrides for what a user's config could change
-under cao (colours, signing, the committer of cao's own commits). Hooks are skipped for cao's
-commits and merges (``--no-verify``). At delete, the repository's own config runs nothing at all
-(:data:`GUARD`, :meth:`Git.guard`).
+the host, prompts off, ``LC_ALL=C``), ``-c`` overrides for what a user's config could change under
+cao (colours, signing, the committer of cao's own commits) and, on every call but the one
+``git worktree add``, the **guard**: a repository's own config is something a worker can write
+(its local and worktree config live in the repository the worker commits to), so nothing in it
+runs in cao's git calls — no hooks, no fsmonitor, no lazy fetch (:data:`GUARD`), and, where a
+call reads or writes files (:meth:`Git.guard`), no filter or merge driver the repository set.
+Paths are never patterns: ``GIT_LITERAL_PATHSPECS=1``.
 
 It also checks a worktree's identity (:meth:`Git.identify` → :class:`Pinned`): every git call on
 a worker's tree names its checked directories (``GIT_DIR``, ``GIT_WORK_TREE``).
@@ -34,10 +37,9 @@ OVERRIDES = (
     "advice.detachedHead=false",
 )
 ENV_KEEP = ("PATH", "HOME", "TMPDIR", "USER", "LOGNAME")
-# What a repository's own config (which a worker can write) could run, or change, in cao's git
-# calls on a worker's tree at delete: hooks (commit-msg, reference-transaction, post-index-change:
-# the wip commit is plumbing, so none of those would run anyway, but no hook at all is the rule),
-# the fsmonitor, lazy fetches of a partial clone. Filter drivers: see :meth:`Git.guard`.
+# What a repository's own config could run, or change, in any of cao's git calls: hooks
+# (reference-transaction, post-index-change, post-merge...), the fsmonitor, lazy fetches of a
+# partial clone, signature checks (gpg.program). Filter and merge drivers: :meth:`Git.guard`.
 GUARD = (
     ("core.hooksPath", "/dev/null"),
     ("core.fsmonitor", "false"),
@@ -45,11 +47,16 @@ GUARD = (
     ("core.untrackedCache", "false"),
     ("submodule.recurse", "false"),
     ("gc.auto", "0"),
+    ("log.showSignature", "false"),
+    ("merge.verifySignatures", "false"),
     ("protocol.allow", "never"),
     *((f"protocol.{name}.allow", "never") for name in ("file", "git", "ssh", "http", "https", "ext")),
 )
 TRUSTED_SCOPES = ("system", "global")  # the operator's config; local and worktree are the repository's
 FILTER_KEYS = ("clean", "smudge", "process", "required")
+# A merge driver the repository's config defines, without one of the operator's of that name:
+# git's own text merge, as the driver (an empty one would "merge" by keeping our side).
+TEXT_MERGE = "git merge-file -L ours -L base -L theirs --marker-size=%L %A %O %B"
 NAMED_REFS = ("refs/heads", "refs/tags", "refs/remotes")  # where work is kept (not refs/stash)
 
 
@@ -139,7 +146,7 @@ def not_the_folder(path: Path) -> str | None:
 
 
 class Git:
-    """The git CLI, run with an explicit cwd and a clean environment."""
+    """The git CLI, run with an explicit cwd, a clean environment and the guard."""
 
     def __init__(
         self,
@@ -151,10 +158,7 @@ class Git:
     ) -> None:
         source = os.environ if environ is None else environ
         self.env = {k: source[k] for k in ENV_KEEP if source.get(k)}
-        # a path is a path, never a pattern (a setup file's "[id].env" is not "i.env")
-        self.env.update(
-            LC_ALL="C", LANG="C", GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true", GIT_LITERAL_PATHSPECS="1"
-        )
+        self.env.update(LC_ALL="C", LANG="C", GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true")
         self.identity = ("-c", f"user.name={name}", "-c", f"user.email={email}")
         self.timeout = timeout
 
@@ -166,16 +170,23 @@ class Git:
         env: Mapping[str, str] | None = None,
         commit: bool = False,
         input: str | None = None,
+        guarded: bool = True,
     ) -> subprocess.CompletedProcess[str]:
+        """One git call. ``guarded`` (all but ``git worktree add``): :data:`GUARD` and literal
+        pathspecs; an ``env`` from :meth:`guard` or :meth:`Pinned.env` replaces the former."""
         argv = ["git", *(f for o in OVERRIDES for f in ("-c", o))]
         if commit:
             argv += self.identity
         argv += args
+        full = dict(self.env)
+        if guarded:
+            full.update(config_env(GUARD), GIT_LITERAL_PATHSPECS="1")
+        full.update(env or {})
         try:
             done = subprocess.run(
                 argv,
                 cwd=cwd,
-                env={**self.env, **(env or {})},
+                env=full,
                 input=input,
                 capture_output=True,
                 text=True,
@@ -201,33 +212,49 @@ class Git:
         return [x for x in self.run(cwd, *args, env=env).stdout.split("\0") if x]
 
     def guard(self, cwd: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Environment that keeps a repository's own config from running code in cao's git calls:
-        :data:`GUARD`, and every filter driver setting the repository's config (local or worktree
-        scope, which a worker can write) makes is replaced by the operator's (system or global
-        scope, e.g. git-lfs's) or, when the operator has none, emptied (the driver is off and
-        the file is committed as it is)."""
+        """Environment that keeps a repository's own config from running code in a git call
+        that reads or writes files: :data:`GUARD`, and each filter driver (``clean``,
+        ``smudge``, ``process``) and merge driver the repository's config (local or worktree
+        scope, which a worker can write) sets is replaced by the operator's (system or global
+        scope, e.g. git-lfs's) or, when the operator has none, switched off: a filter is
+        emptied (the file is read and written as it is), a merge driver becomes git's own text
+        merge (:data:`TEXT_MERGE`)."""
         done = self.run(
-            cwd, "config", "--show-scope", "--null", "--get-regexp", r"^filter\.", env=env, check=False
+            cwd,
+            "config",
+            "--show-scope",
+            "--null",
+            "--get-regexp",
+            r"^(filter|merge)\.",
+            env=env,
+            check=False,
         )
-        if done.returncode not in (0, 1):  # 1: no filter settings at all
+        if done.returncode not in (0, 1):  # 1: no such settings at all
             raise WorktreeError(
-                f"could not read the repository's filter settings: {done.stderr.strip()[:300]}"
+                f"could not read the repository's filter and merge drivers: {done.stderr.strip()[:300]}"
             )
         parts = done.stdout.split("\0")
         trusted: dict[str, str] = {}
-        theirs: list[str] = []  # filter.<name>.<leaf> keys the repository sets
+        theirs: list[str] = []  # filter.<name>.<leaf> and merge.<name>.driver keys the repository sets
         for scope, entry in zip(parts[0::2], parts[1::2], strict=False):
             key, _, value = entry.partition("\n")
-            if key.rpartition(".")[2] not in FILTER_KEYS:
+            section, _, leaf = key.rpartition(".")
+            driver = key.startswith("merge.") and leaf == "driver" and section != "merge"
+            if not driver and not (key.startswith("filter.") and leaf in FILTER_KEYS):
                 continue
             if scope in TRUSTED_SCOPES:
                 trusted[key] = value
-            elif key not in theirs:
+            elif scope != "command" and key not in theirs:
                 theirs.append(key)
+
+        def off(key: str) -> str:
+            if key.startswith("merge."):
+                return TEXT_MERGE
+            return "false" if key.endswith(".required") else ""
+
         # Per key: an empty `process` would switch off the operator's `clean` too (git prefers a
         # defined process), so only what the repository sets is replaced.
-        pairs = [*GUARD, *((k, trusted.get(k, "false" if k.endswith(".required") else "")) for k in theirs)]
-        return config_env(pairs)
+        return config_env([*GUARD, *((k, trusted.get(k, off(k))) for k in theirs)])
 
     # -- the source checkout ---------------------------------------------------------------------
     def inspect(self, directory: Path) -> Repo:
@@ -278,8 +305,17 @@ class Git:
         if path.exists():
             raise WorktreeError(f"use_worktree: {path} already exists; remove it or set CAO_WORKTREES_DIR")
         path.parent.mkdir(parents=True, exist_ok=True)
-        done = self.run(
-            repo.toplevel, "worktree", "add", "--quiet", "-b", branch, str(path), repo.head, check=False
+        done = self.run(  # the operator's checkout, at the operator's request: its post-checkout hook runs
+            repo.toplevel,
+            "worktree",
+            "add",
+            "--quiet",
+            "-b",
+            branch,
+            str(path),
+            repo.head,
+            check=False,
+            guarded=False,
         )
         if done.returncode != 0:
             raise WorktreeError(
@@ -364,7 +400,6 @@ class Git:
             "--git-common-dir",
             "--show-toplevel",
             "--show-object-format",
-            env=config_env(GUARD),
             check=False,
         )
         found = probe.stdout.splitlines()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cao.worktrees import scratch
-from cao.worktrees.git import GUARD, Git, Pinned, WorktreeError, config_env, dotgit_like, not_the_folder
+from cao.worktrees.git import Git, Pinned, WorktreeError, dotgit_like, not_the_folder
 from cao.worktrees.scratch import Scratch
 from cao.worktrees.setup import SetupFile, blob_id
 
@@ -388,9 +388,7 @@ def retire(
     problem = not_the_folder(path)  # once more, right before the one destructive step
     removed = None
     if not problem:
-        removed = git.run(
-            p.common, "worktree", "remove", "--force", str(path), env=config_env(GUARD), check=False
-        )
+        removed = git.run(p.common, "worktree", "remove", "--force", str(path), check=False)
     if removed is None or removed.returncode != 0:
         failed = problem or (removed.stderr.strip()[:300] if removed else "")
         return "kept", "; ".join([*notes, f"worktree kept at {path}: git worktree remove failed ({failed})"])
@@ -426,7 +424,7 @@ def _retire_gone(git: Git, common_dir: Path, path: Path, branch: str) -> tuple[s
             notes += save(git, p, None, branch=branch, label="")
         except WorktreeError as exc:
             return "kept", f"worktree entry {admin} kept: its commits could not be saved ({exc.message})"
-        git.run(common, "worktree", "remove", "--force", str(path), env=config_env(GUARD))
+        git.run(common, "worktree", "remove", "--force", str(path))
         notes.append("its folder was already gone; git's entry for it removed")
     notes.append(_branch_fate(git, common, branch))
     return "removed", "; ".join(notes)
@@ -464,17 +462,16 @@ def _stashes(git: Git, p: Pinned, since: float) -> list[str]:
 def _branch_fate(git: Git, common: Path, branch: str) -> str:
     """cao's branch is deleted only when another branch, tag or remote branch has its tip (and
     no worktree has it checked out); never when only the stash has it."""
-    env = config_env(GUARD)
     ref = f"refs/heads/{branch}"
-    tip = git.run(common, "rev-parse", "-q", "--verify", ref, env=env, check=False).stdout.strip()
+    tip = git.run(common, "rev-parse", "-q", "--verify", ref, check=False).stdout.strip()
     if not tip:
         return f"branch {branch} no longer exists"
-    where = next((w for w, b in git.registered(common, env).items() if b == branch), None)
+    where = next((w for w, b in git.registered(common).items() if b == branch), None)
     if where is not None:
         return f"branch {branch} kept: it is checked out at {where}"
-    other = git.contained_elsewhere(common, branch, env)
+    other = git.contained_elsewhere(common, branch)
     if other is None:
         return f"branch {branch} kept: it has commits not merged anywhere"
-    git.run(common, "update-ref", "-m", "cao: worker deleted", "-d", ref, tip, env=env)
+    git.run(common, "update-ref", "-m", "cao: worker deleted", "-d", ref, tip)
     short = other.removeprefix("refs/heads/")
     return f"branch {branch} deleted (merged: no commit of its own left, {short} has them)"

@@ -1,11 +1,14 @@
 """Review and merge a worker's branch.
 
-diff       the branch against its fork point, plus, while its worktree exists, what it has
-           not committed yet (read through a scratch index, :mod:`cao.worktrees.scratch`)
-shortstat  the worktree's tracked changes as numbers, for the views
-merge      ``git merge-tree`` first (no side effects): a conflict stops there and is shown;
-           else the target is updated (``git merge`` in the checkout that has it, or
-           ``commit-tree`` + a conditional ``update-ref`` when none has it checked out)
+    diff       the branch against its fork point, plus, while its worktree exists, what it has
+               not committed yet (read through a scratch index, :mod:`cao.worktrees.scratch`)
+    shortstat  the worktree's tracked changes as numbers, for the views
+    merge      ``git merge-tree`` first (no side effects): a conflict stops there and is shown;
+               else the target is updated (``git merge`` in the checkout that has it, or
+               ``commit-tree`` + a conditional ``update-ref`` when none has it checked out)
+
+Every call runs under the guard (:meth:`Git.guard`): no hook, fsmonitor, filter, merge or diff
+driver of the repository's own config runs, in the worker's tree or in the supervisor's checkout.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from cao.worktrees.setup import SetupFile
 
 MAX_DIFF_BYTES = 2 * 1024 * 1024
 MAX_CONFLICT_TEXT = 8000
+DIFF_FLAGS = ("--no-color", "--no-ext-diff", "--no-textconv")
 
 
 class NotMergeable(Conflict):
@@ -78,19 +82,20 @@ def diff(
     """Everything the worker changed since ``base``: its branch's commits and, with its
     worktree (``pinned``), what it has not committed yet (new files included, the setup's files
     left out while they are what cao put there); ``stat`` or the full patch."""
-    fmt = ["--stat=120"] if stat else ["--patch", "--no-ext-diff", "--no-textconv"]
+    fmt = ["--stat=120"] if stat else ["--patch"]
     if pinned is None:
-        out = git.run(common_dir, "diff", "--no-color", *fmt, base, f"refs/heads/{branch}").stdout
+        env = git.guard(common_dir)
+        out = git.run(common_dir, "diff", *DIFF_FLAGS, *fmt, base, f"refs/heads/{branch}", env=env).stdout
         return out[:MAX_DIFF_BYTES]
     with tempfile.TemporaryDirectory(prefix="cao-diff-") as tmp:
         s = scratch.read(git, pinned, setup, Path(tmp))
-        out = git.run(pinned.where, "diff", "--cached", "--no-color", *fmt, base, env=s.env).stdout
+        out = git.run(pinned.where, "diff", "--cached", *DIFF_FLAGS, *fmt, base, env=s.env).stdout
     return out[:MAX_DIFF_BYTES]
 
 
-def shortstat(git: Git, path: Path, base: str) -> dict[str, int]:
+def shortstat(git: Git, p: Pinned, base: str) -> dict[str, int]:
     """Files, insertions, deletions of the worktree (committed + uncommitted tracked) vs base."""
-    out = git.run(path, "diff", "--shortstat", base, check=False).stdout
+    out = git.run(p.where, "diff", "--shortstat", *DIFF_FLAGS, base, env=p.env(), check=False).stdout
     nums = {k: 0 for k in ("files", "insertions", "deletions")}
     for n, word in re.findall(r"(\d+) (file|insertion|deletion)", out):
         nums[{"file": "files", "insertion": "insertions", "deletion": "deletions"}[word]] = int(n)
@@ -114,18 +119,21 @@ def merge(git: Git, *, common_dir: Path, branch: str, target: str, label: str) -
     clean, and a surprise conflict is aborted), or, when none has, as a merge commit that moves
     ``target`` only if it still points where it did (``update-ref <new> <old>``).
     """
+    env = git.guard(common_dir)
     target_ref = f"refs/heads/{target}"
-    old = git.run(common_dir, "rev-parse", "--verify", "-q", target_ref, check=False).stdout.strip()
+    old = git.run(common_dir, "rev-parse", "--verify", "-q", target_ref, env=env, check=False).stdout.strip()
     if not old:
         raise WorktreeError(f"merge: there is no local branch {target!r}; name an existing branch")
     tip = git.run(
-        common_dir, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False
+        common_dir, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", env=env, check=False
     ).stdout.strip()
     if not tip:
         raise WorktreeError(f"merge: the worker's branch {branch} no longer exists")
-    if git.run(common_dir, "merge-base", "--is-ancestor", tip, old, check=False).returncode == 0:
+    if git.run(common_dir, "merge-base", "--is-ancestor", tip, old, env=env, check=False).returncode == 0:
         return MergeResult(True, old, target, branch, already=True)
-    trial = git.run(common_dir, "merge-tree", "--write-tree", "--name-only", "-z", old, tip, check=False)
+    trial = git.run(
+        common_dir, "merge-tree", "--write-tree", "--name-only", "-z", old, tip, env=env, check=False
+    )
     if trial.returncode not in (0, 1):
         raise WorktreeError(f"merge: git merge-tree failed: {trial.stderr.strip()[:800]}")
     parts = trial.stdout.split("\0")
@@ -148,16 +156,21 @@ def merge(git: Git, *, common_dir: Path, branch: str, target: str, label: str) -
             branch=branch,
         )
     message = f"Merge {branch} into {target} ({label})"
-    checkout = next((p for p, b in git.registered(common_dir).items() if b == target), None)
+    checkout = next((p for p, b in git.registered(common_dir, env).items() if b == target), None)
     if checkout is None:
-        done = git.run(common_dir, "commit-tree", tree, "-p", old, "-p", tip, "-m", message, commit=True)
+        done = git.run(
+            common_dir, "commit-tree", tree, "-p", old, "-p", tip, "-m", message, env=env, commit=True
+        )
         commit = done.stdout.strip()
-        moved = git.run(common_dir, "update-ref", "-m", message, target_ref, commit, old, check=False)
+        moved = git.run(
+            common_dir, "update-ref", "-m", message, target_ref, commit, old, env=env, check=False
+        )
         if moved.returncode != 0:
             raise NotMergeable(f"merge: {target} moved while merging; nothing was changed, merge again")
         return MergeResult(True, commit, target, branch)
     where = Path(checkout)
-    changed = git.run(where, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+    here = git.guard(where)
+    changed = git.run(where, "status", "--porcelain", "--untracked-files=no", env=here).stdout.strip()
     if changed:
         raise NotMergeable(
             f"merge: {target} is checked out at {where} with uncommitted changes; commit or stash them "
@@ -172,16 +185,17 @@ def merge(git: Git, *, common_dir: Path, branch: str, target: str, label: str) -
         "-m",
         message,
         tip,
+        env=here,
         check=False,
         commit=True,
     )
     if done.returncode != 0:
-        aborted = git.run(where, "merge", "--abort", check=False)
+        aborted = git.run(where, "merge", "--abort", env=here, check=False)
         raise NotMergeable(
             f"merge: git merge stopped in {where}: {(done.stdout + done.stderr).strip()[:600]}; "
             + ("it was aborted, nothing was changed" if aborted.returncode == 0 else "check the checkout")
         )
-    head = git.out(where, "rev-parse", "HEAD")
+    head = git.out(where, "rev-parse", "HEAD", env=here)
     return MergeResult(True, head, target, branch, where=str(where))
 
 

@@ -259,15 +259,18 @@ class Workspaces:
         return out
 
     def _diffstat(self, wt: Worktree) -> dict[str, int] | None:
-        if wt.state != "active" or not_the_folder(Path(wt.path)):
+        if wt.state != "active":
             return None
         now = time.monotonic()
         with self._lock:
             cached = self._stats.get(wt.terminal_id)
         if cached is not None and now - cached[0] < STAT_TTL:
             return cached[1]
+        pinned = self._pinned(wt)
+        if pinned is None:
+            return None
         try:
-            stat = review.shortstat(self.git, Path(wt.path), wt.base_commit)
+            stat = review.shortstat(self.git, pinned, wt.base_commit)
         except CaoError:
             return None
         with self._lock:
