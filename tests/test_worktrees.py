@@ -875,6 +875,20 @@ def test_reviewing_and_merging_run_none_of_the_repositorys_config(wt_core: Cao, 
     assert sorted(p.name for p in marks.iterdir()) == []
 
 
+def test_a_huge_untracked_file_keeps_the_worktree_instead_of_being_committed(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    with open(path / "disk.img", "wb") as f:  # sparse: 150 MB on paper, nothing on disk
+        f.truncate(150 * 1024 * 1024)
+    (path / "small.txt").write_text("small\n")
+    diff = wt_core.diff(term["id"])["diff"]
+    assert "small.txt" in diff and "disk.img" in diff and "100 MB" in diff, diff
+    state, note = retired(wt_core, term)
+    assert state == "kept" and "disk.img" in note and "100 MB" in note, note
+    assert (path / "disk.img").stat().st_size == 150 * 1024 * 1024
+    assert git(repo, "rev-parse", term["worktree"]["branch"]) == git(repo, "rev-parse", "main")
+
+
 # -- review and merge ------------------------------------------------------------------------------
 def test_diff_shows_stat_and_full_including_uncommitted(wt_core: Cao, repo: Path):
     term = make_worker(wt_core, repo)

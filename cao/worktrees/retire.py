@@ -6,8 +6,8 @@ deleted unless the operator asked for it, and cao only ever writes in the worktr
               agree: :meth:`Git.identify`) — if not, nothing is touched
     holds     would anything be lost with it? (an operation in progress, conflicts, a lock,
               ignored files, nested repositories, .git entries git can't see into, submodules
-              with work, copies of the setup the worker changed) — if so, it is kept exactly
-              as it is
+              with work, copies of the setup the worker changed, files too big to commit) —
+              if so, it is kept exactly as it is
     save      uncommitted work as wip commits on the branch HEAD is on (or a new one), and
               every commit the worktree's reflogs or refs hold that no named ref has onto a
               branch of its own
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cao.worktrees import scratch
 from cao.worktrees.git import Git, Pinned, WorktreeError, dotgit_like, not_the_folder
-from cao.worktrees.scratch import Scratch
+from cao.worktrees.scratch import MAX_FILE_BYTES, Scratch, size_text
 from cao.worktrees.setup import SetupFile, blob_id
 
 IN_PROGRESS = (  # marker in the worktree's git dir → what is going on
@@ -64,7 +64,9 @@ def _groups(paths: Sequence[str], limit: int = 8) -> str:
     )
 
 
-def holds(git: Git, p: Pinned, s: Scratch, discard: Sequence[str]) -> tuple[list[str], list[str]]:
+def holds(
+    git: Git, p: Pinned, s: Scratch, discard: Sequence[str], limit: int = MAX_FILE_BYTES
+) -> tuple[list[str], list[str]]:
     """Why the worktree can't go without losing something (empty: it can), and notes. Reads
     only: nothing in the worktree or the repository is written."""
     assert p.path is not None
@@ -105,6 +107,10 @@ def holds(git: Git, p: Pinned, s: Scratch, discard: Sequence[str]) -> tuple[list
             f"{len(changed)} file(s) the setup copied in were changed by the worker and not committed: "
             f"{_some(changed)} (cao never commits the setup's copies, which often hold secrets)"
         )
+    if s.too_big:
+        files = _some([f"{rel} ({size_text(n)})" for rel, n in s.too_big])
+        over = f"over cao's {size_text(limit)} limit per file"
+        why.append(f"{len(s.too_big)} file(s) too big to commit ({over}): {files}")
     mine = [x for x in mine if not x.endswith("/")]
     notes = []
     if mine and discard:
@@ -352,6 +358,7 @@ def retire(
     label: str,
     discard: Sequence[str] = (),
     since: float = 0.0,
+    limit: int = MAX_FILE_BYTES,
 ) -> tuple[str, str]:
     """A worker is deleted: keep its work, drop what holds none. Returns (state, note): ``kept``
     (nothing touched, the note says why) or ``removed`` (the note says where its work went)."""
@@ -368,8 +375,8 @@ def retire(
         with tempfile.TemporaryDirectory(prefix="cao-retire-") as tmp:
             (Path(tmp) / "a").mkdir()
             (Path(tmp) / "b").mkdir()
-            first = scratch.read(git, p, setup, Path(tmp) / "a", strict=True, staged=True)
-            why, notes = holds(git, p, first, discard)
+            first = scratch.read(git, p, setup, Path(tmp) / "a", limit=limit, strict=True, staged=True)
+            why, notes = holds(git, p, first, discard, limit)
             if why:
                 return "kept", _kept_note(git, p, first, why)
             if (p.admin / "index.lock").exists():
@@ -378,8 +385,8 @@ def retire(
                     "saved without the worker's index"
                 )
             snap = snapshot(git, p, first)
-            second = scratch.read(git, p, setup, Path(tmp) / "b", strict=True, staged=True)
-            if snapshot(git, p, second) != snap or second.refused:
+            second = scratch.read(git, p, setup, Path(tmp) / "b", limit=limit, strict=True, staged=True)
+            if snapshot(git, p, second) != snap or second.too_big or second.refused:
                 return "kept", f"worktree kept at {path}: it changed while cao was saving it"
         notes = save(git, p, snap, branch=branch, label=label) + notes
     except WorktreeError as exc:

@@ -90,7 +90,8 @@ def diff(
     with tempfile.TemporaryDirectory(prefix="cao-diff-") as tmp:
         s = scratch.read(git, pinned, setup, Path(tmp))
         out = git.run(pinned.where, "diff", "--cached", *DIFF_FLAGS, *fmt, base, env=s.env).stdout
-    return out[:MAX_DIFF_BYTES]
+    notes = "".join(f"\n(not shown: {line})" for line in scratch.left_out(s))
+    return out[: MAX_DIFF_BYTES - len(notes)] + notes
 
 
 def shortstat(git: Git, p: Pinned, base: str) -> dict[str, int]:

@@ -8,6 +8,7 @@ ignored put into it with ``git update-index`` (paths, never patterns) — except
 
 - the setup's files while they are what cao put there (:func:`cao.worktrees.setup.classify`);
   if the worker staged one, its entry goes back to HEAD's;
+- files over :data:`MAX_FILE_BYTES` (``too_big``): hashing a 20 GB file would take minutes;
 - paths git refuses to store (a ``.git``-like part, ``refused``).
 """
 
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from cao.worktrees.git import Git, Pinned, dotgit_like
 from cao.worktrees.setup import Classified, SetupFile, classify
+
+MAX_FILE_BYTES = 100 * 1024 * 1024  # per file: GitHub's limit too, and hashing more takes a while
 
 
 @dataclass(frozen=True)
@@ -30,10 +34,18 @@ class Scratch:
     env: dict[str, str]  # git's environment with the scratch index (``GIT_INDEX_FILE``)
     head: str | None  # HEAD's commit (None: an unborn branch)
     staged: str | None  # the worker's index as a tree (when asked for and it has no conflict)
-    untracked: tuple[str, ...]  # new files, not ignored, not the setup's
+    untracked: tuple[str, ...]  # new files, not ignored, not the setup's (too big ones included)
     nested: tuple[str, ...]  # new directories that are git repositories of their own
+    too_big: tuple[tuple[str, int], ...]  # (path, size) left out: over the limit
     refused: tuple[str, ...]  # left out: paths git refuses to store
     setup: Classified
+
+
+def size_text(n: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{round(n / scale, 1):g} {unit}"
+    return f"{n} bytes"
 
 
 def read(
@@ -42,6 +54,7 @@ def read(
     setup: Sequence[SetupFile],
     tmp: Path,
     *,
+    limit: int = MAX_FILE_BYTES,
     strict: bool = False,
     staged: bool = False,
 ) -> Scratch:
@@ -69,7 +82,18 @@ def read(
     nested = tuple(x.rstrip("/") for x in others if x.endswith("/") and not mine.cao_owns(x))
     new = [x for x in others if not x.endswith("/") and not mine.cao_owns(x)]
     refused = tuple(x for x in new if any(dotgit_like(part) for part in PurePosixPath(x).parts))
-    todo = [rel for rel in dict.fromkeys([*tracked, *new]) if not mine.cao_owns(rel) and rel not in refused]
+    todo, too_big = [], []
+    for rel in dict.fromkeys([*tracked, *new]):
+        if mine.cao_owns(rel) or rel in refused:
+            continue
+        try:
+            st = os.lstat(root / rel)
+        except OSError:
+            st = None  # deleted: its removal is staged
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > limit:
+            too_big.append((rel, st.st_size))
+            continue
+        todo.append(rel)
     if todo:
         git.run(
             p.where,
@@ -83,7 +107,7 @@ def read(
             input="\0".join(todo) + "\0",
         )
     untracked = tuple(x for x in new if x not in refused)
-    return Scratch(env, commit, tree, untracked, nested, refused, mine)
+    return Scratch(env, commit, tree, untracked, nested, tuple(too_big), refused, mine)
 
 
 def _unstage_setup(git: Git, p: Pinned, env: dict[str, str], commit: str | None, mine: Classified) -> None:
@@ -125,9 +149,22 @@ def _unhide(git: Git, p: Pinned, env: dict[str, str]) -> None:
 
 
 def changes(git: Git, p: Pinned, s: Scratch) -> list[str]:
-    """The paths whose content differs from HEAD (tracked changes and new files)."""
+    """The paths whose content differs from HEAD (tracked changes and new files), and those
+    left out for their size."""
     if s.head:
         names = git.lines(p.where, "diff-index", "--cached", "-z", "--name-only", s.head, env=s.env)
     else:
         names = git.lines(p.where, "ls-files", "-z", env=s.env)
-    return names
+    return names + [rel for rel, _ in s.too_big]
+
+
+def left_out(s: Scratch, limit: int = MAX_FILE_BYTES) -> list[str]:
+    """What a reader of the scratch index should be told it does not hold."""
+    out = []
+    if s.too_big:
+        files = ", ".join(f"{rel} ({size_text(n)})" for rel, n in s.too_big[:5])
+        more = f" and {len(s.too_big) - 5} more" if len(s.too_big) > 5 else ""
+        out.append(f"{len(s.too_big)} file(s) over cao's {size_text(limit)} limit: {files}{more}")
+    if s.refused:
+        out.append(f"{len(s.refused)} file(s) in a path git refuses to store: {', '.join(s.refused[:5])}")
+    return out

@@ -33,6 +33,7 @@ from cao.worktrees import retire as retiring
 from cao.worktrees import review
 from cao.worktrees.git import Git, Pinned, Repo, WorktreeError, not_the_folder, validate_branch
 from cao.worktrees.review import NotMergeable
+from cao.worktrees.scratch import MAX_FILE_BYTES
 from cao.worktrees.setup import SetupFile, SetupPlan, dumps, load_plan, loads, prepare, setup_command
 
 logger = logging.getLogger(__name__)
@@ -63,12 +64,14 @@ class Workspaces:
         *,
         events: EventBus | None = None,
         clock: Callable[[], float] = time.time,
+        max_file_bytes: int = MAX_FILE_BYTES,
     ) -> None:
         self.settings = settings
         self.store = store
         self.git = git
         self.events = events or EventBus()
         self.clock = clock
+        self.max_file_bytes = max_file_bytes  # a new file over it keeps the worktree at delete
         self.orphans: list[dict[str, object]] = []
         self._stats: dict[str, tuple[float, dict[str, int]]] = {}
         self._lock = threading.Lock()
@@ -162,6 +165,7 @@ class Workspaces:
                 label=label,
                 discard=discard,
                 since=wt.created_at,
+                limit=self.max_file_bytes,
             )
         except (CaoError, OSError) as exc:
             why = exc.message if isinstance(exc, CaoError) else str(exc)
