@@ -106,7 +106,7 @@ def test_parallel_workers_edit_the_same_file_without_seeing_each_other(wt_core: 
     assert "B was here" in (tree(b) / "app.py").read_text()
     assert (repo / "app.py").read_text() == "line 1\nline 2\nline 3\n"
     assert git(repo, "status", "--porcelain") == ""
-    want = {"files": 1, "insertions": 1, "deletions": 1}  # the dashboard's diffstat (cached for 2 s)
+    want = {"files": 1, "insertions": 1, "deletions": 1, "untracked": 0}  # the dashboard's (cached 2 s)
     wait_until(lambda: wt_core.terminal_view(a["id"])["worktree"]["diffstat"] == want, timeout=5)
 
 
@@ -887,6 +887,15 @@ def test_a_huge_untracked_file_keeps_the_worktree_instead_of_being_committed(wt_
     assert state == "kept" and "disk.img" in note and "100 MB" in note, note
     assert (path / "disk.img").stat().st_size == 150 * 1024 * 1024
     assert git(repo, "rev-parse", term["worktree"]["branch"]) == git(repo, "rev-parse", "main")
+
+
+def test_the_diffstat_counts_new_untracked_files(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    (path / "new.txt").write_text("one\ntwo\n")
+    (path / "app.py").write_text("line 1\nline 2\nline 3\nline 4\n")
+    want = {"files": 2, "insertions": 3, "deletions": 0, "untracked": 1}
+    wait_until(lambda: wt_core.terminal_view(term["id"])["worktree"]["diffstat"] == want, timeout=5)
 
 
 # -- review and merge ------------------------------------------------------------------------------

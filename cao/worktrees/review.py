@@ -2,7 +2,7 @@
 
     diff       the branch against its fork point, plus, while its worktree exists, what it has
                not committed yet (read through a scratch index, :mod:`cao.worktrees.scratch`)
-    shortstat  the worktree's tracked changes as numbers, for the views
+    shortstat  the same as numbers, for the views (files, insertions, deletions, untracked)
     merge      ``git merge-tree`` first (no side effects): a conflict stops there and is shown;
                else the target is updated (``git merge`` in the checkout that has it, or
                ``commit-tree`` + a conditional ``update-ref`` when none has it checked out)
@@ -94,13 +94,16 @@ def diff(
     return out[: MAX_DIFF_BYTES - len(notes)] + notes
 
 
-def shortstat(git: Git, p: Pinned, base: str) -> dict[str, int]:
-    """Files, insertions, deletions of the worktree (committed + uncommitted tracked) vs base."""
-    out = git.run(p.where, "diff", "--shortstat", *DIFF_FLAGS, base, env=p.env(), check=False).stdout
+def shortstat(git: Git, p: Pinned, base: str, setup: Sequence[SetupFile]) -> dict[str, int]:
+    """Files, insertions, deletions of the worktree (committed and not, new files included) vs
+    ``base``, and how many new files it has (``untracked``)."""
+    with tempfile.TemporaryDirectory(prefix="cao-stat-") as tmp:
+        s = scratch.read(git, p, setup, Path(tmp))
+        out = git.run(p.where, "diff", "--cached", "--shortstat", *DIFF_FLAGS, base, env=s.env).stdout
     nums = {k: 0 for k in ("files", "insertions", "deletions")}
     for n, word in re.findall(r"(\d+) (file|insertion|deletion)", out):
         nums[{"file": "files", "insertion": "insertions", "deletion": "deletions"}[word]] = int(n)
-    return nums
+    return {**nums, "untracked": len(s.untracked)}
 
 
 def dirty(git: Git, p: Pinned, setup: Sequence[SetupFile]) -> list[str]:

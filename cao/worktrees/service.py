@@ -274,7 +274,7 @@ class Workspaces:
         if pinned is None:
             return None
         try:
-            stat = review.shortstat(self.git, pinned, wt.base_commit)
+            stat = review.shortstat(self.git, pinned, wt.base_commit, loads(wt.setup_paths))
         except CaoError:
             return None
         with self._lock:
