@@ -42,8 +42,7 @@ from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
 from cao.timefmt import iso
 from cao.tmux import Tmux, session_name_for
 from cao.typist import Typist
-from cao.workspace import Workspaces
-from cao.worktrees import Git
+from cao.worktrees import Git, Workspaces
 
 logger = logging.getLogger(__name__)
 

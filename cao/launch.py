@@ -23,8 +23,8 @@ from cao.profiles import Profile
 from cao.settings import Settings
 from cao.states import Status, TerminalState
 from cao.store import Terminal
-from cao.workspace import Plan as WorktreePlan
-from cao.workspace import Workspaces
+from cao.worktrees import Plan as WorktreePlan
+from cao.worktrees import Workspaces
 from providers.base import LaunchContext, LaunchSpec
 
 # Host variables a pane may inherit; everything else is left out on purpose.

@@ -29,7 +29,7 @@ from cao.states import TerminalState
 from cao.status import StatusReader
 from cao.store import Store, Terminal
 from cao.tmux import PaneInfo, PaneRef, TaggedPane, session_name_for
-from cao.workspace import Workspaces
+from cao.worktrees import Workspaces
 
 logger = logging.getLogger(__name__)
 

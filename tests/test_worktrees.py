@@ -106,7 +106,7 @@ def test_parallel_workers_edit_the_same_file_without_seeing_each_other(wt_core: 
     assert "B was here" in (tree(b) / "app.py").read_text()
     assert (repo / "app.py").read_text() == "line 1\nline 2\nline 3\n"
     assert git(repo, "status", "--porcelain") == ""
-    want = {"files": 1, "insertions": 1, "deletions": 1}  # the dashboard's diffstat (cached for 2 s)
+    want = {"files": 1, "insertions": 1, "deletions": 1, "untracked": 0}  # the dashboard's (cached 2 s)
     wait_until(lambda: wt_core.terminal_view(a["id"])["worktree"]["diffstat"] == want, timeout=5)
 
 
@@ -264,13 +264,14 @@ def test_commits_on_a_detached_head_stay_on_a_named_branch(wt_core: Cao, repo: P
     state, note = retired(wt_core, term)
     assert state == "removed" and not path.exists()
     assert on_a_branch(repo, left) and on_a_branch(repo, last)
-    assert list(heads(repo, f"{branch}-saved-*").values()) == [loose] and "refs/worktree/mine" in note
-    saved = heads(repo, f"{branch}-detached-*")
-    assert len(saved) == 2 and all(name in note for name in saved), (saved, note)
-    [wip] = [c for c in saved.values() if git(repo, "rev-parse", f"{c}~1") == last]
+    # the commits that went with the worktree's reflog and its own refs: a branch each
+    saved = heads(repo, f"{branch}-saved-*")
+    assert sorted(saved.values()) == sorted([left, loose]) and "refs/worktree/mine" in note
+    assert all(name in note for name in saved) and f"{branch}-saved-{left[:10]}" in saved  # its sha
+    # HEAD, detached at delete: its commits and the wip commit on top
+    [(name, wip)] = heads(repo, f"{branch}-detached-*").items()
+    assert git(repo, "rev-parse", f"{wip}~1") == last and name in note and "detached" in note
     assert "uncommitted" in git(repo, "show", f"{wip}:app.py")
-    assert left in saved.values()  # named after the commit it points at
-    assert "detached" in note
 
 
 def test_a_detached_head_is_saved_even_when_the_worktree_folder_is_already_gone(wt_core: Cao, repo: Path):
@@ -631,6 +632,270 @@ def test_stashes_stay_and_a_branch_only_a_stash_contains_is_kept(wt_core: Cao, r
     assert state == "removed" and not path.exists()
     assert git(repo, "rev-parse", branch) == committed  # refs/stash is not a branch: kept
     assert "stash" in git(repo, "stash", "list") and "1 stash" in note, note
+
+
+# -- nothing is ever lost: what a second hostile review found -----------------------------------------
+def _copy_config(repo: Path) -> None:
+    """A committed setup copying the directory config/ (with an untracked local.toml) and the
+    ignored .env from the checkout."""
+    (repo / ".cao").mkdir()
+    (repo / ".cao" / "worktree.yaml").write_text('copy: ["config", ".env"]\n')
+    (repo / "config").mkdir()
+    (repo / "config" / "shared.toml").write_text("shared = true\n")
+    commit_all(repo, "setup config")
+    (repo / "config" / "local.toml").write_text("secret = 1\n")  # untracked, not ignored
+    (repo / ".env").write_text("TOKEN=operator\n")  # ignored
+
+
+def files_on(repo: Path, branch: str) -> list[str]:
+    return git(repo, "ls-tree", "-r", "--name-only", branch).splitlines()
+
+
+def test_new_files_in_a_copied_directory_are_the_workers(wt_core: Cao, repo: Path):
+    _copy_config(repo)
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    assert (path / "config" / "local.toml").read_text() == "secret = 1\n"
+    (path / "config" / "worker-new.toml").write_text("mine = 1\n")
+    (path / "config" / "sub").mkdir()
+    (path / "config" / "sub" / "deep.txt").write_text("deep\n")
+    diff = wt_core.diff(term["id"])["diff"]
+    assert "config/worker-new.toml" in diff and "config/sub/deep.txt" in diff, diff
+    assert "local.toml" not in diff and ".env" not in diff  # what cao copied is not the worker's
+    state, note = retired(wt_core, term)
+    assert state == "removed" and "deleted (merged" not in note, note
+    on_branch = files_on(repo, branch)
+    assert "config/worker-new.toml" in on_branch and "config/sub/deep.txt" in on_branch
+    assert "config/local.toml" not in on_branch and ".env" not in on_branch
+
+
+class CopyEdit(NamedTuple):
+    edit: Callable[[Path], object]  # what the worker does to the setup's copies
+    state: str
+    words: str
+
+
+def _edit_and_commit(path: Path) -> None:
+    (path / "config" / "local.toml").write_text("secret = 2\n")
+    commit_all(path, "the worker commits the copy it changed")
+
+
+COPY_EDITS = {
+    "a copied file edited": CopyEdit(
+        lambda p: (p / "config" / "local.toml").write_text("secret = 2\n"), "kept", "config/local.toml"
+    ),
+    "an ignored copied file edited": CopyEdit(
+        lambda p: (p / ".env").write_text("TOKEN=the worker's\n"), "kept", ".env"
+    ),
+    "a copied file deleted": CopyEdit(lambda p: (p / "config" / "local.toml").unlink(), "removed", ""),
+    "a copied file edited and committed by the worker": CopyEdit(_edit_and_commit, "removed", ""),
+    "the copies untouched": CopyEdit(lambda p: None, "removed", ""),
+}
+
+
+@pytest.mark.parametrize("case", COPY_EDITS.values(), ids=COPY_EDITS.keys())
+def test_a_workers_edit_of_a_copied_file_is_never_lost(wt_core: Cao, repo: Path, case: CopyEdit):
+    """cao never commits its copies (they are often secrets), so a copy the worker changed and
+    did not commit keeps the worktree, with the reason."""
+    _copy_config(repo)
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    case.edit(path)
+    before = {f: f.read_text() for f in (path / "config" / "local.toml", path / ".env") if f.exists()}
+    state, note = retired(wt_core, term)
+    assert state == case.state and case.words in note, note
+    if state == "kept":
+        assert "changed" in note and "copied" in note, note
+        assert {f: f.read_text() for f in before} == before
+
+
+def test_setup_paths_are_literal_not_glob_patterns(wt_core: Cao, repo: Path):
+    (repo / ".cao").mkdir()
+    (repo / ".cao" / "worktree.yaml").write_text('copy: ["[id].env"]\n')
+    commit_all(repo, "setup config")
+    (repo / "[id].env").write_text("KEY=operator\n")
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    assert (path / "[id].env").read_text() == "KEY=operator\n"
+    (path / "i.env").write_text("the worker's i\n")
+    (path / "d.env").write_text("the worker's d\n")
+    diff = wt_core.diff(term["id"])["diff"]
+    assert "i.env" in diff and "d.env" in diff and "[id].env" not in diff, diff
+    state, note = retired(wt_core, term)
+    assert state == "removed", note
+    assert sorted(f for f in files_on(repo, branch) if f.endswith(".env")) == ["d.env", "i.env"]
+
+
+class DotGit(NamedTuple):
+    make: Callable[[Path], Path]  # makes it in the worktree, returns a file that must survive
+    where: str
+
+
+def _dotgit_dir(path: Path) -> Path:
+    (path / "fixtures" / ".git").mkdir(parents=True)
+    (path / "fixtures" / ".git" / "notes.txt").write_text("precious\n")
+    return path / "fixtures" / ".git" / "notes.txt"
+
+
+def _dotgit_file(path: Path) -> Path:
+    (path / "pkg").mkdir()
+    (path / "pkg" / ".git").write_text("precious, and no gitdir: line\n")
+    return path / "pkg" / ".git"
+
+
+def _dotgit_upper(path: Path) -> Path:
+    (path / "data" / ".GIT").mkdir(parents=True)
+    (path / "data" / ".GIT" / "notes.txt").write_text("precious\n")
+    return path / "data" / ".GIT" / "notes.txt"
+
+
+DOTGITS = {
+    "a .git directory that is no repository": DotGit(_dotgit_dir, "fixtures/.git"),
+    "a .git file that is no repository": DotGit(_dotgit_file, "pkg/.git"),
+    "a .GIT directory": DotGit(_dotgit_upper, "data/.GIT"),
+}
+
+
+@pytest.mark.parametrize("case", DOTGITS.values(), ids=DOTGITS.keys())
+def test_a_dot_git_entry_that_is_no_repository_keeps_the_worktree(wt_core: Cao, repo: Path, case: DotGit):
+    """git never stores a path named .git (nor looks inside one), so a wip commit can't save it."""
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    precious = case.make(path)
+    (path / "app.py").write_text("line 1\nchanged\nline 3\n")
+    state, note = retired(wt_core, term)
+    assert state == "kept" and case.where in note and "git never stores" in note, note
+    assert precious.read_text().startswith("precious")
+
+
+class Dropped(NamedTuple):
+    drop: Callable[[Path, str], object]  # (worktree, cao's branch), after one commit on it
+
+
+DROPPED = {
+    "cao's branch deleted": Dropped(
+        lambda p, b: (git(p, "checkout", "-q", "--detach", "main"), git(p, "branch", "-q", "-D", b))
+    ),
+    "reset --hard": Dropped(lambda p, b: git(p, "reset", "-q", "--hard", "HEAD~1")),
+    "commit --amend": Dropped(lambda p, b: git(p, "commit", "-q", "--amend", "-m", "amended")),
+}
+
+
+@pytest.mark.parametrize("case", DROPPED.values(), ids=DROPPED.keys())
+def test_a_commit_the_worker_dropped_from_every_branch_gets_one(wt_core: Cao, repo: Path, case: Dropped):
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    (path / "app.py").write_text("line 1\nC1\nline 3\n")
+    c1 = commit_all(path, "C1")
+    case.drop(path, branch)
+    seen = set(git(path, "log", "-g", "--format=%H", "HEAD").split())
+    assert c1 in seen and not on_a_branch(repo, c1)
+    state, note = retired(wt_core, term)
+    assert state == "removed", note
+    assert all(on_a_branch(repo, c) for c in seen), note  # every commit the worker's HEAD had
+    saved = f"{branch}-saved-{c1[:10]}"
+    assert heads(repo, saved) == {saved: c1} and saved in note, note
+
+
+def test_a_worktree_folder_replaced_by_a_symlink_is_not_followed(wt_core: Cao, repo: Path):
+    """Worker B's folder made a symlink to live worker A's worktree: cao touches nothing of A's."""
+    a, b = make_worker(wt_core, repo), make_worker(wt_core, repo)
+    pa, pb = tree(a), tree(b)
+    (pa / "app.py").write_text("line 1\nA's uncommitted work\nline 3\n")
+
+    def seen() -> tuple[str, ...]:
+        return (
+            git(pa, "status", "--porcelain"),
+            git(repo, "for-each-ref"),
+            git(repo, "worktree", "list", "--porcelain"),
+        )
+
+    before = seen()
+    pb.rename(pb.with_name(pb.name + ".bak"))
+    pb.symlink_to(pa)
+    assert wt_core.diff(b["id"])["includes_uncommitted"] is False  # review doesn't follow it either
+    state, note = retired(wt_core, b)
+    assert state == "kept" and "symlink" in note and "nothing was touched" in note, note
+    assert seen() == before and pb.is_symlink()
+    assert "A's uncommitted work" in (pa / "app.py").read_text()
+
+
+def test_reviewing_and_merging_run_none_of_the_repositorys_config(wt_core: Cao, repo: Path, tmp_path: Path):
+    """diff, diffstat, the listing and merge (merge-tree, and git merge in the supervisor's
+    checkout) run no hook, fsmonitor, filter, merge driver or diff driver the repository's
+    config names (a worker can write it), before and after the worker is deleted."""
+    (repo / "notes.txt").write_text("a\nb\nc\nd\ne\n")
+    (repo / ".gitattributes").write_text("*.txt merge=evil filter=evil diff=evil\n")
+    commit_all(repo, "notes")
+    a, b = make_worker(wt_core, repo), make_worker(wt_core, repo)
+    (tree(a) / "notes.txt").write_text("a\nfrom the worker\nc\nd\ne\n")
+    commit_all(tree(a), "the worker's line")
+    (repo / "notes.txt").write_text("a\nb\nc\nd\nfrom main\n")
+    commit_all(repo, "main's line")
+    (tree(b) / "notes.txt").write_text("uncommitted\n")
+    (tree(b) / "new.txt").write_text("new\n")
+    (tree(b) / ".env").write_text("ignored: keeps b's worktree at delete\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    for name in ("post-merge", "pre-merge-commit", "reference-transaction", "post-index-change", "fsmonitor"):
+        (hooks / name).write_text(f"#!/bin/sh\ntouch {marks / name}\nexit 0\n")
+        (hooks / name).chmod(0o755)
+    for key, value in {
+        "core.hooksPath": str(hooks),
+        "core.fsmonitor": str(hooks / "fsmonitor"),
+        "filter.evil.clean": f"touch {marks / 'clean'}; cat",
+        "filter.evil.smudge": f"touch {marks / 'smudge'}; cat",
+        "merge.evil.driver": f"touch {marks / 'merge-driver'}; true",
+        "diff.evil.textconv": f"touch {marks / 'textconv'}; cat",
+        "diff.evil.command": f"touch {marks / 'diff-command'}; true",
+        "diff.external": f"touch {marks / 'diff-external'}; true",
+    }.items():
+        git(repo, "config", key, value)
+    client = TestClient(create_app(wt_core))
+
+    def review(*live: dict[str, Any]) -> None:
+        assert client.get("/worktrees").status_code == 200
+        for term in live:
+            assert client.get(f"/terminals/{term['id']}").status_code == 200  # the diffstat
+        for term in (a, b):
+            for full in ("false", "true"):
+                got = client.get(f"/terminals/{term['id']}/diff", params={"full": full})
+                assert got.status_code == 200, got.text
+
+    review(a, b)
+    assert "new.txt" in client.get(f"/terminals/{b['id']}/diff").json()["diff"]
+    merged = client.post(f"/terminals/{a['id']}/merge", json={})
+    assert merged.status_code == 200 and merged.json()["merged"] is True, merged.text
+    assert (repo / "notes.txt").read_text() == "a\nfrom the worker\nc\nd\nfrom main\n"  # git's text merge
+    wt_core.delete_terminal(b["id"])
+    assert wt_core.store.get_worktree(b["id"]).state == "kept"  # type: ignore[union-attr]
+    review(a)
+    assert sorted(p.name for p in marks.iterdir()) == []
+
+
+def test_a_huge_untracked_file_keeps_the_worktree_instead_of_being_committed(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    with open(path / "disk.img", "wb") as f:  # sparse: 150 MB on paper, nothing on disk
+        f.truncate(150 * 1024 * 1024)
+    (path / "small.txt").write_text("small\n")
+    diff = wt_core.diff(term["id"])["diff"]
+    assert "small.txt" in diff and "disk.img" in diff and "100 MB" in diff, diff
+    state, note = retired(wt_core, term)
+    assert state == "kept" and "disk.img" in note and "100 MB" in note, note
+    assert (path / "disk.img").stat().st_size == 150 * 1024 * 1024
+    assert git(repo, "rev-parse", term["worktree"]["branch"]) == git(repo, "rev-parse", "main")
+
+
+def test_the_diffstat_counts_new_untracked_files(wt_core: Cao, repo: Path):
+    term = make_worker(wt_core, repo)
+    path = tree(term)
+    (path / "new.txt").write_text("one\ntwo\n")
+    (path / "app.py").write_text("line 1\nline 2\nline 3\nline 4\n")
+    want = {"files": 2, "insertions": 3, "deletions": 0, "untracked": 1}
+    wait_until(lambda: wt_core.terminal_view(term["id"])["worktree"]["diffstat"] == want, timeout=5)
 
 
 # -- review and merge ------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""A worker's git worktree through its life: made when the terminal is created, retired when it
-is deleted, adopted (or listed as an orphan) when the server starts, reviewed and merged on
-request. The rows are in the store (``worktree`` table), the git work in :mod:`cao.worktrees`.
+"""A worker's git worktree through its life — the service the terminal layer calls: made when
+the terminal is created, retired when it is deleted, adopted (or listed as an orphan) when the
+server starts, reviewed and merged on request. The rows are in the store (``worktree`` table),
+the git work in the other modules of :mod:`cao.worktrees`.
 
     create ──► plan()      422 before anything exists: not a repository, no commit, bad setup file
            ──► make()      after the terminal's row: git worktree add, copy/link setup files;
@@ -16,6 +17,7 @@ request. The rows are in the store (``worktree`` table), the git work in :mod:`c
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,18 +29,12 @@ from cao.events import EventBus
 from cao.settings import Settings
 from cao.states import TerminalState
 from cao.store import Store, Terminal, Worktree
-from cao.worktrees import (
-    Git,
-    NotMergeable,
-    Repo,
-    SetupPlan,
-    WorktreeError,
-    dumps,
-    load_plan,
-    loads,
-    setup_command,
-    validate_branch,
-)
+from cao.worktrees import retire as retiring
+from cao.worktrees import review
+from cao.worktrees.git import Git, Pinned, Repo, WorktreeError, not_the_folder, validate_branch
+from cao.worktrees.review import NotMergeable
+from cao.worktrees.scratch import MAX_FILE_BYTES
+from cao.worktrees.setup import SetupFile, SetupPlan, dumps, load_plan, loads, prepare, setup_command
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +64,14 @@ class Workspaces:
         *,
         events: EventBus | None = None,
         clock: Callable[[], float] = time.time,
+        max_file_bytes: int = MAX_FILE_BYTES,
     ) -> None:
         self.settings = settings
         self.store = store
         self.git = git
         self.events = events or EventBus()
         self.clock = clock
+        self.max_file_bytes = max_file_bytes  # a new file over it keeps the worktree at delete
         self.orphans: list[dict[str, object]] = []
         self._stats: dict[str, tuple[float, dict[str, int]]] = {}
         self._lock = threading.Lock()
@@ -82,7 +80,9 @@ class Workspaces:
     def plan(self, directory: Path, profile: str, terminal_id: str) -> Plan:
         repo = self.git.inspect(directory)
         setup = load_plan(repo.toplevel)
-        path = self.settings.worktrees_dir / repo.name / f"{profile}-{terminal_id}"
+        # the path as it really is: at delete it must still resolve to itself (no symlink)
+        root = Path(os.path.realpath(self.settings.worktrees_dir))
+        path = root / repo.name / f"{profile}-{terminal_id}"
         if path.resolve().is_relative_to(repo.toplevel.resolve()):
             raise WorktreeError(
                 f"use_worktree: the worktrees directory {self.settings.worktrees_dir} is inside the "
@@ -108,18 +108,20 @@ class Workspaces:
                 created_at=self.clock(),
             )
         )
-        # the files the setup will copy or link are cao's, not the worker's, from the start: a
+        # the paths the setup will copy or link are cao's, not the worker's, from the start: a
         # copy that fails half-way is not kept as if it were the worker's ignored files
-        self.store.update_worktree_paths(terminal_id, dumps(plan.setup.copy + plan.setup.link))
+        self.store.update_worktree_paths(
+            terminal_id, dumps(SetupFile(p) for p in plan.setup.copy + plan.setup.link)
+        )
         try:
-            prepared = self.git.prepare(repo, plan.path, plan.setup)
+            prepared = prepare(self.git, repo, plan.path, plan.setup)
         except WorktreeError:
             self.retire(terminal_id, label=f"terminal {terminal_id}")
             raise
         except OSError as exc:
             self.retire(terminal_id, label=f"terminal {terminal_id}")
             raise WorktreeError(f"use_worktree: copying the setup files failed: {exc}") from None
-        self.store.update_worktree_paths(terminal_id, dumps(prepared.paths))
+        self.store.update_worktree_paths(terminal_id, dumps(prepared.files))
         logger.info("worktree created", extra={"terminal_id": terminal_id, "branch": plan.branch})
         self.events.publish(
             "terminal.worktree",
@@ -143,7 +145,8 @@ class Workspaces:
     # -- delete ----------------------------------------------------------------------------------
     def retire(self, terminal_id: str, *, label: str) -> Worktree | None:
         """The terminal is being deleted: keep its work, drop what holds none (see
-        :meth:`Git.retire`). Never raises; a failure leaves the row ``active`` (an orphan)."""
+        :func:`cao.worktrees.retire.retire`). Never raises; a failure leaves the row ``active``
+        (an orphan)."""
         wt = self.store.get_worktree(terminal_id)
         if wt is None or wt.state != "active":
             return wt
@@ -153,14 +156,16 @@ class Workspaces:
         except WorktreeError:
             discard = ()  # an unreadable file lets nothing go
         try:
-            state, note = self.git.retire(
+            state, note = retiring.retire(
+                self.git,
                 common_dir=Path(wt.common_dir),
                 path=Path(wt.path),
                 branch=wt.branch,
-                skip=loads(wt.setup_paths),
+                setup=loads(wt.setup_paths),
                 label=label,
                 discard=discard,
                 since=wt.created_at,
+                limit=self.max_file_bytes,
             )
         except (CaoError, OSError) as exc:
             why = exc.message if isinstance(exc, CaoError) else str(exc)
@@ -192,7 +197,8 @@ class Workspaces:
             if wt.state == "removed":
                 continue
             term = terminals.get(wt.terminal_id)
-            live = term is not None and term.state == TerminalState.LIVE and Path(wt.path).is_dir()
+            real = not_the_folder(Path(wt.path)) is None
+            live = term is not None and term.state == TerminalState.LIVE and real
             if live and wt.state == "active":
                 adopted.append(wt.terminal_id)
                 continue
@@ -201,8 +207,10 @@ class Workspaces:
                 if wt.state == "kept"
                 else f"its terminal is {term.state if term else 'unknown'}"
             )
-            if not Path(wt.path).is_dir():
+            if not os.path.lexists(wt.path):
                 why += "; its folder is missing"
+            elif not real:
+                why += f"; {not_the_folder(Path(wt.path))}"
             orphans.append({**self._row_view(wt), "reason": why})
         root = self.settings.worktrees_dir
         if root.is_dir():
@@ -225,6 +233,8 @@ class Workspaces:
         return {"adopted": adopted, "orphans": [str(o["path"]) for o in orphans]}
 
     def _branch(self, path: Path) -> str | None:
+        if not_the_folder(path):  # a symlink: git is not run where it points
+            return None
         try:
             return self.git.branch_of(path)
         except CaoError:
@@ -253,15 +263,18 @@ class Workspaces:
         return out
 
     def _diffstat(self, wt: Worktree) -> dict[str, int] | None:
-        if wt.state != "active" or not Path(wt.path).is_dir():
+        if wt.state != "active":
             return None
         now = time.monotonic()
         with self._lock:
             cached = self._stats.get(wt.terminal_id)
         if cached is not None and now - cached[0] < STAT_TTL:
             return cached[1]
+        pinned = self._pinned(wt)
+        if pinned is None:
+            return None
         try:
-            stat = self.git.shortstat(Path(wt.path), wt.base_commit)
+            stat = review.shortstat(self.git, pinned, wt.base_commit, loads(wt.setup_paths))
         except CaoError:
             return None
         with self._lock:
@@ -302,47 +315,52 @@ class Workspaces:
         common = Path(wt.common_dir)
         target = (validate_branch(into) if into is not None else None) or wt.base_branch or wt.base_commit
         try:
-            base = self.git.fork_point(common, target, wt.branch)
+            base = review.fork_point(self.git, common, target, wt.branch)
         except WorktreeError:
             base = wt.base_commit
-        path = self._tree(wt)
-        text = self.git.diff(
-            common_dir=common, path=path, base=base, branch=wt.branch, skip=loads(wt.setup_paths), stat=stat
+        pinned = self._pinned(wt)
+        text = review.diff(
+            self.git,
+            common_dir=common,
+            pinned=pinned,
+            base=base,
+            branch=wt.branch,
+            setup=loads(wt.setup_paths),
+            stat=stat,
         )
         return {
             "terminal_id": terminal_id,
             "branch": wt.branch,
             "base": base,
             "against": target,
-            "includes_uncommitted": path is not None and path.is_dir(),
+            "includes_uncommitted": pinned is not None,
             "mode": "stat" if stat else "full",
             "diff": text,
         }
 
-    def _tree(self, wt: Worktree) -> Path | None:
+    def _pinned(self, wt: Worktree) -> Pinned | None:
         """The worker's worktree while it holds work cao can read: active, or kept at delete
-        (its uncommitted work is still only there) and still the worktree cao made."""
-        path = Path(wt.path)
-        if wt.state not in ("active", "kept") or not path.is_dir():
+        (its uncommitted work is still only there), and still the worktree cao made (a real
+        folder, no symlink, its .git and git's entry agree: :meth:`Git.identify`)."""
+        if wt.state not in ("active", "kept") or not os.path.lexists(wt.path):
             return None
-        if wt.state == "kept":
-            try:
-                self.git.identify(Path(wt.common_dir), path)
-            except CaoError:
-                return None
-        return path
+        try:
+            return self.git.identify(Path(wt.common_dir), Path(wt.path))
+        except CaoError:
+            return None
 
     def merge(self, terminal_id: str, *, into: str | None, label: str) -> dict[str, object]:
         wt = self.get(terminal_id)
         target = self.target(wt, into)
-        path = self._tree(wt)
-        if wt.state == "kept" and path is None and Path(wt.path).is_dir():
+        pinned = self._pinned(wt)
+        if pinned is None and os.path.lexists(wt.path) and wt.state in ("active", "kept"):
+            how = f"was kept at delete ({wt.note})" if wt.state == "kept" else "is no longer the one cao made"
             raise NotMergeable(
-                f"worker {terminal_id}'s worktree was kept at delete and cao can't tell what it holds "
-                f"({wt.note}); merge its branch {wt.branch} with git yourself once you have reviewed it"
+                f"worker {terminal_id}'s worktree {how} and cao can't tell what it holds; merge its "
+                f"branch {wt.branch} with git yourself once you have reviewed it"
             )
-        if path is not None:
-            dirty = self.git.dirty(path, loads(wt.setup_paths))
+        if pinned is not None:
+            dirty = review.dirty(self.git, pinned, loads(wt.setup_paths))
             if dirty:
                 todo = (
                     "The worker is gone and its worktree was kept at delete: commit them there yourself"
@@ -351,10 +369,12 @@ class Workspaces:
                 )
                 raise NotMergeable(
                     f"worker {terminal_id} has uncommitted changes in {wt.path} ({len(dirty)} file(s): "
-                    f"{', '.join(line[3:] for line in dirty[:5])}); they would not be merged. {todo}, "
+                    f"{', '.join(dirty[:5])}); they would not be merged. {todo}, "
                     "then merge"
                 )
-        result = self.git.merge(common_dir=Path(wt.common_dir), branch=wt.branch, target=target, label=label)
+        result = review.merge(
+            self.git, common_dir=Path(wt.common_dir), branch=wt.branch, target=target, label=label
+        )
         self._stats.pop(terminal_id, None)
         self.events.publish(
             "terminal.worktree",
