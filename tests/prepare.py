@@ -133,9 +133,19 @@ def refclient_venv(version: str, cache: Path | None = None) -> Path:
     return (cache or refclients_cache()) / version
 
 
-def missing_hint(what: str, tier: str) -> str:
-    """The sentence a test skips with when something it needs isn't installed."""
+def missing_hint(what: str, tier: str, blocker: str | None = None) -> str:
+    """The sentence a test skips with when something it needs isn't installed: why it can't be
+    installed here (``blocker``), else how to install it."""
+    if blocker:
+        return f"{what} can't be installed here: {blocker}"
     return f"{what} is not installed; `make test` installs it first (or: python -m tests.prepare {tier})"
+
+
+def venv_cli_blocker() -> str | None:
+    """Why the Python CLIs (``VENV_CLIS``) can't be installed here, or None."""
+    if python_for_venvs() is None:
+        return "no Python 3.12+ found (set CAO_REALCLI_PYTHON=/path/to/python3.12)"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -362,8 +372,23 @@ class NpmPackages(Item):
     def install(self) -> None:
         self.prefix.mkdir(parents=True, exist_ok=True)
         specs = [f"{p}@{v}" for p, v in self.packages]
-        argv = ["npm", "install", "--prefix", str(self.prefix), "--no-audit", "--no-fund", "--loglevel=error"]
-        code, out = run([*argv, *specs], cwd=self.prefix)
+        argv = [
+            "npm",
+            "install",
+            "--prefix",
+            str(self.prefix),
+            # --prefix also moves npm's global config (<prefix>/etc/npmrc): keep the machine's, or
+            # its cafile, proxy and registry settings silently stop applying
+            *npm_globalconfig(),
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            # fail in about a minute, not after npm's default retries of every request (minutes)
+            "--fetch-retries=1",
+            "--fetch-retry-mintimeout=2000",
+            "--fetch-retry-maxtimeout=10000",
+        ]
+        code, out = run([*argv, *specs], cwd=self.prefix, show=_npm_line)
         if code != 0 or not self.present():
             raise PrepareFailed(
                 f"npm install {' '.join(specs)} failed (exit {code}): {tail(out)}; is the npm registry "
@@ -420,6 +445,17 @@ class PythonVenv(Item):
                 "reachable? Run `make test` again to retry"
             )
         self.marker.write_text(self.wanted())
+
+
+def npm_globalconfig() -> list[str]:
+    """``--globalconfig <npm's own>``, asked without ``--prefix`` (which would move it)."""
+    code, out = run(["npm", "config", "get", "globalconfig"], timeout=60)
+    path = out.strip().splitlines()[-1] if code == 0 and out.strip() else ""
+    return ["--globalconfig", path] if path else []
+
+
+def _npm_line(line: str) -> bool:
+    return line.startswith(("npm error", "npm ERR!", "npm warn"))  # what goes wrong, as it happens
 
 
 def _apt_line(line: str) -> bool:
@@ -641,13 +677,11 @@ def _finish(wanted: list[Item], seconds: float) -> int:
     installed = [i for i in wanted if i.state == "installed"]
     failed = [i for i in wanted if i.state == "failed"]
     skipped = [i for i in wanted if i.state == "skipped"]
-    if installed:
+    if installed or failed:
         down = sum(i.downloaded for i in installed)
         disk = sum(i.on_disk for i in installed)
-        say(
-            f"installed {len(installed)} item(s) in {seconds / 60:.1f} min: {mb(down)} downloaded, "
-            f"{mb(disk)} on disk"
-        )
+        tried = f"{len(installed)} installed" + (f", {len(failed)} failed" if failed else "")
+        say(f"prepare took {seconds / 60:.1f} min: {tried}; {mb(down)} downloaded, {mb(disk)} on disk")
     for item in skipped:
         tiers = "/".join(item.tiers)
         say(f"note: {item.name} can't be installed here, so its {tiers} tests will skip: {item.detail}")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, ServerProcess, read_records, wait_until, write_rules
-from tests.prepare import missing_hint
+from tests.prepare import AptPackage, items, missing_hint
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Keep the browser off the network: no background services, no component updates, no QUIC.
@@ -36,7 +36,8 @@ CHROMIUM_ARGS = [
 pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 if CHROMIUM is None:  # pragma: no cover - depends on the machine
-    pytest.skip(missing_hint("Chromium", "browser"), allow_module_level=True)
+    why = next((i.blocker() for i in items() if isinstance(i, AptPackage) and i.package == "chromium"), None)
+    pytest.skip(missing_hint("Chromium", "browser", why), allow_module_level=True)
 
 
 @pytest.fixture

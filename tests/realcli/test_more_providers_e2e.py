@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from cao.tmux import descendants
-from tests.prepare import VENV_CLIS, missing_hint, venv_bin
+from tests.prepare import VENV_CLIS, missing_hint, venv_bin, venv_cli_blocker
 from tests.realcli.bed import Bed
 from tests.realcli.conftest import CACHE, COMMANDS, CaoServer, wait_for
 from tests.realcli.test_providers_e2e import (
@@ -53,7 +53,8 @@ def ensure_installed(cli: CLI) -> None:
     """A Python CLI (``VENV_CLIS``) is there (tests/prepare.py installed it), or the test skips saying why."""
     command = COMMANDS[cli.provider]
     if command in VENV_CLIS and not venv_bin(command, CACHE).exists():
-        pytest.skip(missing_hint(f"{command} ({VENV_CLIS[command][0]}, in {CACHE})", "realcli"))
+        what = f"{command} ({VENV_CLIS[command][0]}, in {CACHE})"
+        pytest.skip(missing_hint(what, "realcli", venv_cli_blocker()))
 
 
 @pytest.mark.parametrize("cli", CLIS, ids=[c.provider for c in CLIS])
