@@ -11,13 +11,12 @@ import hashlib
 import logging
 import os
 import re
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import providers
-from cao.clock import Clock
+from cao.clock import SYSTEM, Clock
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
 from cao.errors import (
@@ -33,7 +32,7 @@ from cao.launch import LaunchPlanner
 from cao.lifecycle import Lifecycle
 from cao.names import validate_terminal_id
 from cao.panelog import PaneLogs
-from cao.panes import Panes
+from cao.panes import PaneIO, Panes
 from cao.paste import is_blank
 from cao.settings import Settings
 from cao.states import ENDED, HookPhase, MessageStatus
@@ -101,39 +100,34 @@ def validate_sender(sender_id: str) -> str:
     return sender_id
 
 
-class _WallClock(Clock):
-    """The library's clock, its wall time taken from the callable ``Cao`` was given."""
-
-    def __init__(self, now: Callable[[], float]) -> None:
-        self._now = now
-
-    def now(self) -> float:
-        return self._now()
-
-
 class Cao:
     def __init__(
         self,
         settings: Settings,
         *,
         environ: Mapping[str, str] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM,
+        pane_io: PaneIO | None = None,
     ) -> None:
+        """``pane_io``: the pane backend (default: tmux on ``settings.tmux_socket``; the fast test
+        tier passes cao/testing/panes.py's in-memory one). ``clock``: the library's time."""
         settings.ensure_dirs()
         self.settings = settings
-        self.clock = clock
-        self.store = Store(settings.db_path, busy_timeout=settings.busy_timeout, clock=clock)
-        self.tmux = Tmux(settings.tmux_socket)
+        self.time = clock
+        self.clock = clock.now
+        now = clock.now
+        self.store = Store(settings.db_path, busy_timeout=settings.busy_timeout, clock=now)
+        self.tmux: PaneIO = pane_io if pane_io is not None else Tmux(settings.tmux_socket)
         self.faults = Faults(settings.fault_point)
-        self.events = EventBus(clock=clock)
+        self.events = EventBus(clock=now)
         env = dict(os.environ if environ is None else environ)
         self.logs = PaneLogs(settings.logs_dir)
         home_tag = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:12]
         self.panes = Panes(self.tmux, self.store, home_tag=home_tag, events=self.events)
-        self.status = StatusReader(settings, self.store, self.panes, events=self.events, clock=clock)
-        self.typist = Typist(settings, self.store, self.panes, self.status, clock=_WallClock(clock))
-        self.workspaces = Workspaces(settings, self.store, Git(env), events=self.events, clock=clock)
-        self.planner = LaunchPlanner(settings, self.workspaces, environ=env, clock=clock)
+        self.status = StatusReader(settings, self.store, self.panes, events=self.events, clock=now)
+        self.typist = Typist(settings, self.store, self.panes, self.status, clock=clock)
+        self.workspaces = Workspaces(settings, self.store, Git(env), events=self.events, clock=now)
+        self.planner = LaunchPlanner(settings, self.workspaces, environ=env, clock=now)
         self.lifecycle = Lifecycle(
             settings,
             self.store,
@@ -157,7 +151,7 @@ class Cao:
             faults=self.faults,
             events=self.events,
         )
-        self.engine = DeliveryEngine(self.delivery, clock=clock)
+        self.engine = DeliveryEngine(self.delivery, clock=now)
         self.engine.lifecycle = self.lifecycle
         self.handoffs = Handoffs(
             self.store,
@@ -165,7 +159,7 @@ class Cao:
             self.typist,
             self.lifecycle,
             self.create_terminal,
-            clock=_WallClock(clock),
+            clock=clock,
         )
         self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.started = False

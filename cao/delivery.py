@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from cao.clock import SYSTEM, Clock
 from cao.errors import CaoError, FenceLost, PaneGone, PaneInMode, StoreBusy, TmuxError, TmuxServerDown
 from cao.events import EventBus
 from cao.panelog import PaneLogs
@@ -123,8 +123,7 @@ class Delivery:
         typist: Typist,
         logs: PaneLogs,
         *,
-        clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Clock = SYSTEM,
         faults: Faults | None = None,
         events: EventBus | None = None,
     ) -> None:
@@ -134,13 +133,14 @@ class Delivery:
         self.status = status
         self.typist = typist
         self.logs = logs
-        self.clock = clock
-        self.sleep = sleep
+        self.time = clock
+        self.clock = clock.now
+        self.sleep = clock.sleep
         self.faults = faults or Faults(settings.fault_point)
         self.events = events or EventBus()
         # receiver -> (reason stored, newest pending id it was stored for): skip repeated writes
         self._noted: dict[str, tuple[str, int]] = {}
-        self._looked: dict[str, float] = {}  # receiver -> time.monotonic() of its last capture here
+        self._looked: dict[str, float] = {}  # receiver -> self.time.monotonic() of its last capture here
 
     # -- the delivery function ------------------------------------------------------------------
     def deliver(self, receiver_id: str, *, trigger: str = "manual") -> Result:
@@ -173,7 +173,7 @@ class Delivery:
         if trigger in LOG_TRIGGERS and provider.idle_tail_pattern is None:
             # no cheap check for this CLI: every spinner frame would be a capture; look at most
             # every LOOK_EVERY seconds, and once more after the last change
-            wait = self._looked.get(receiver_id, 0.0) + LOOK_EVERY - time.monotonic()
+            wait = self._looked.get(receiver_id, 0.0) + LOOK_EVERY - self.time.monotonic()
             if wait > 0:
                 return Result(Outcome.WAITING, reason=WaitReason.BUSY, look_again_in=wait)
         with self.panes.lock(receiver_id):
@@ -185,7 +185,7 @@ class Delivery:
         The gate: ready (idle, completed, an error turn with the prompt back) or eager-busy, and an
         input box that is empty — or holds only cao's own unsubmitted paste of the oldest pending
         message (checked again, strictly, once the batch is claimed)."""
-        self._looked[terminal.id] = time.monotonic()  # not the wall clock: a step back would stall
+        self._looked[terminal.id] = self.time.monotonic()  # not the wall clock: a step back would stall
         screen, mode = self.panes.look(terminal)
         status = self.status.read(terminal, screen).status.value
         if terminal.ready_at is None:

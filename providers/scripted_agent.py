@@ -94,11 +94,12 @@ def split_messages(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def api_token() -> str | None:
+def api_token(environ: dict[str, str] | None = None) -> str | None:
     """cao-server's API token, as cao.apitoken finds it: $CAO_API_TOKEN, else $CAO_HOME/api-token."""
-    if token := os.environ.get("CAO_API_TOKEN", "").strip():
+    env: dict[str, str] = dict(os.environ) if environ is None else environ
+    if token := env.get("CAO_API_TOKEN", "").strip():
         return token
-    home = os.environ.get("CAO_HOME")
+    home = env.get("CAO_HOME")
     if not home:
         return None
     try:
@@ -108,10 +109,24 @@ def api_token() -> str | None:
 
 
 class Agent:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.tid = args.terminal_id or os.environ.get("CAO_TERMINAL_ID", "local")
-        self.profile = os.environ.get("CAO_AGENT_PROFILE", "developer")
-        self.server = (args.server or os.environ.get("CAO_SERVER_URL", "http://127.0.0.1:9889")).rstrip("/")
+    """The agent: ``feed`` it the bytes a terminal sends, ``tick`` it as time passes; it writes its
+    screen with ``out``. ``run`` drives it in a real terminal; tests can drive it in memory
+    (cao/testing/panes.py) with their own environment, clock and output."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        *,
+        environ: dict[str, str] | None = None,
+        now: Any = time.monotonic,
+        out: Any = None,
+    ) -> None:
+        self.env = dict(os.environ if environ is None else environ)
+        self.now = now  # the monotonic clock
+        self.out = out  # where the screen goes (None: file descriptor 1)
+        self.tid = args.terminal_id or self.env.get("CAO_TERMINAL_ID", "local")
+        self.profile = self.env.get("CAO_AGENT_PROFILE", "developer")
+        self.server = (args.server or self.env.get("CAO_SERVER_URL", "http://127.0.0.1:9889")).rstrip("/")
         self.config = self._load_rules(args.rules)
         self.record_path = self._record_path(args.record)
         self.input = ""
@@ -132,8 +147,8 @@ class Agent:
 
     # -- configuration -------------------------------------------------------------------------
     def _load_rules(self, path_arg: str | None) -> dict[str, Any]:
-        candidates = [path_arg, os.environ.get("CAO_SCRIPTED_RULES")]
-        rules_dir = os.environ.get("CAO_SCRIPTED_DIR")
+        candidates = [path_arg, self.env.get("CAO_SCRIPTED_RULES")]
+        rules_dir = self.env.get("CAO_SCRIPTED_DIR")
         if rules_dir:
             candidates.append(str(Path(rules_dir) / f"{self.profile}.json"))
         for cand in candidates:
@@ -143,11 +158,11 @@ class Agent:
         return dict(DEFAULT_RULES)
 
     def _record_path(self, arg: str | None) -> Path | None:
-        want = arg or os.environ.get("CAO_SCRIPTED_RECORD") or self.config.get("record")
+        want = arg or self.env.get("CAO_SCRIPTED_RECORD") or self.config.get("record")
         if not want or want in ("0", "false", False):
             return None
         if want in ("1", "true", True):
-            base = Path(os.environ.get("CAO_SCRIPTED_DIR") or ".") / "received"
+            base = Path(self.env.get("CAO_SCRIPTED_DIR") or ".") / "received"
             base.mkdir(parents=True, exist_ok=True)
             return base / f"{self.tid}.jsonl"
         path = Path(str(want))
@@ -156,6 +171,9 @@ class Agent:
 
     # -- output ---------------------------------------------------------------------------------
     def write(self, text: str) -> None:
+        if self.out is not None:
+            self.out(text)
+            return
         data = text.encode("utf-8", "replace")
         while data:
             n = os.write(1, data)
@@ -169,7 +187,7 @@ class Agent:
         self.write("\r\x1b[K" + str(self.config.get("prompt_mark", "❯ ")) + shown)
 
     def spinner(self) -> None:
-        secs = int(time.monotonic() - self.busy_started)
+        secs = int(self.now() - self.busy_started)
         queued = f" · {len(self.queue)} queued" if self.queue else ""
         frame = SPINNER[self.spin % len(SPINNER)]
         if busy := self.config.get("busy_text"):  # another busy line, as a new release might draw
@@ -258,7 +276,7 @@ class Agent:
 
     # -- lifecycle hooks (rules: "hooks": true) ---------------------------------------------------
     def hook(self, event: str, **fields: str) -> None:
-        command = os.environ.get("CAO_SCRIPTED_HOOK")
+        command = self.env.get("CAO_SCRIPTED_HOOK")
         if not self.config.get("hooks") or not command:
             return
         payload = json.dumps({"hook_event_name": event, "session_id": self.tid, **fields}).encode()
@@ -317,7 +335,7 @@ class Agent:
         delay = max(float(p.rule.get("delay", 0)) for p in plans)
         ask = next((p.rule["ask"] for p in plans if p.rule.get("ask")), None)
         self.busy = True
-        self.busy_started = time.monotonic()
+        self.busy_started = self.now()
         self.busy_until = self.busy_started + delay
         self.pending_turn = plans
         if ask:
@@ -400,7 +418,7 @@ class Agent:
     def send(self, to: str, message: str) -> str:
         data = json.dumps({"sender_id": self.tid, "message": message}).encode()
         headers = {"Content-Type": "application/json"}
-        if token := api_token():
+        if token := api_token(self.env):
             headers["Authorization"] = f"Bearer {token}"
         req = urllib.request.Request(
             f"{self.server}/terminals/{to}/inbox/messages", data=data, headers=headers, method="POST"
@@ -413,6 +431,30 @@ class Agent:
             return f"could not send to {to}: {exc}"
 
     # -- main loop ------------------------------------------------------------------------------
+    def start(self, sleep: Any) -> None:
+        """Draw the banner and the first prompt (after the rules' start-up delay)."""
+        self.write("\x1b[?2004h")
+        self.write(f"cao scripted agent · terminal {self.tid} · profile {self.profile}\n")
+        delay = float(self.config.get("startup_delay", 0))
+        if delay > 0:
+            self.write("starting…")
+            sleep(delay)
+            self.write("\r\x1b[K")
+        self.write("\n")
+        self.prompt()
+        self.hook("SessionStart", source="startup")
+
+    def tick(self) -> None:
+        """Time has passed: finish a turn that is due, or move the spinner."""
+        if self.busy and self.pending_turn is not None:
+            now = self.now()
+            if now >= self.busy_until:
+                self.finish_turn()
+            elif now >= self.last_spin + 0.1:
+                self.spin += 1
+                self.last_spin = now
+                self.spinner()
+
     def run(self) -> int:
         fd = sys.stdin.fileno()
         old = termios.tcgetattr(fd) if os.isatty(fd) else None
@@ -423,20 +465,11 @@ class Agent:
             termios.tcsetattr(fd, termios.TCSANOW, attrs)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
         try:
-            self.write("\x1b[?2004h")
-            self.write(f"cao scripted agent · terminal {self.tid} · profile {self.profile}\n")
-            delay = float(self.config.get("startup_delay", 0))
-            if delay > 0:
-                self.write("starting…")
-                time.sleep(delay)
-                self.write("\r\x1b[K")
-            self.write("\n")
-            self.prompt()
-            self.hook("SessionStart", source="startup")
+            self.start(sleep=time.sleep)
             while self.running:
                 timeout = None
                 if self.busy:
-                    now = time.monotonic()
+                    now = self.now()
                     timeout = max(0.0, min(self.busy_until - now, self.last_spin + 0.1 - now))
                 ready, _, _ = select.select([fd], [], [], timeout)
                 if ready:
@@ -444,14 +477,7 @@ class Agent:
                     if not data:
                         break
                     self.feed(data)
-                if self.busy and self.pending_turn is not None:
-                    now = time.monotonic()
-                    if now >= self.busy_until:
-                        self.finish_turn()
-                    elif now >= self.last_spin + 0.1:
-                        self.spin += 1
-                        self.last_spin = now
-                        self.spinner()
+                self.tick()
         finally:
             self.write("\x1b[?2004l\r\n")
             if old is not None:

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 import providers
 from cao.api import create_app
 from cao.core import Cao
-from tests.conftest import pid_alive, received_bodies, wait_until, write_rules
+from tests.helpers import pid_alive, received_bodies, wait_until, write_rules
 
 
 @pytest.fixture

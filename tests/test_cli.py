@@ -14,7 +14,7 @@ import cao
 from cao.api import create_app
 from cao.cli import Client, cli
 from cao.core import Cao
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_errors_exit_1_with_the_servers_words(run):
 
 
 def test_cancel_pending_message(run, core: Cao):
-    from tests.conftest import write_rules
+    from tests.helpers import write_rules
 
     write_rules(core.settings.home, "slow", {"rules": [{"match": "^work", "delay": 5, "reply": "w"}]})
     tid = json.loads(run("launch", "--headless", "--agents", "slow", "--json").output)["id"]

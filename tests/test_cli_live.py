@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, ServerProcess, wait_until, write_rules
+from tests.helpers import REPO, ServerProcess, wait_until, write_rules
 
 
 def cao(

@@ -28,7 +28,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 
-from tests.conftest import ServerProcess, received_bodies, wait_until, write_rules
+from tests.helpers import ServerProcess, received_bodies, wait_until, write_rules
 from tests.prepare import REF_PACKAGE, REF_VERSIONS, missing_hint, refclient_venv, refclients_cache
 
 VERSIONS = tuple(REF_VERSIONS)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, ServerProcess, read_records, wait_until, write_rules
+from tests.helpers import REPO, ServerProcess, read_records, wait_until, write_rules
 from tests.prepare import AptPackage, items, missing_hint
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

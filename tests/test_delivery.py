@@ -23,72 +23,44 @@ from cao.delivery import Outcome
 from cao.paste import format_batch, neutralise
 from cao.settings import Settings
 from cao.store import MAX_BODY_BYTES
-from tests.conftest import REPO, done_times, read_records, received_bodies, wait_until, write_rules
-
-SLOW = {"record": True, "rules": [{"match": r"^work (?P<s>[\d.]+)$", "delay": 2.0, "reply": "worked"}]}
-
-
-def _idle(core: Cao, tid: str) -> bool:
-    return core.status.status(core.store.get_terminal(tid)) in ("idle", "completed")
-
-
-def _new_terminal(
-    core: Cao, profile: str = "developer", provider: str = "scripted", session: str | None = None
-) -> str:
-    t = core.lifecycle.create(provider=provider, agent_profile=profile, session_name=session)
-    wait_until(lambda: _idle(core, t.id), what=f"terminal {t.id} idle")
-    return t.id
-
-
-def _settle(core: Cao, tid: str) -> None:
-    """Wait until no delivery runs and the receiver is idle: a duplicate paste would show by now."""
-    wait_until(lambda: core.engine.idle() and _idle(core, tid), what="deliveries settled")
-
-
-def _status_of(core: Cao, msg_id: int) -> str:
-    return core.store.get_message(msg_id).status
-
-
-def _crash(settings: Settings, fault: str, *args: str) -> int:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.crash_helper",
-            str(settings.home),
-            str(settings.tmux_socket),
-            fault,
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return proc.returncode
+from tests.helpers import (
+    LOCKER,
+    REPO,
+    SLOW,
+    crash,
+    done_times,
+    idle,
+    new_terminal,
+    read_records,
+    received_bodies,
+    settle,
+    status_of,
+    wait_until,
+    write_rules,
+)
 
 
 # -- 1-5: crashes and idempotent retries --------------------------------------------------------
 def test_1_crash_before_commit_leaves_no_row_and_retry_creates_one(make_core: Callable[..., Cao], settings):
     setup = make_core(settings, start=False)
-    tid = _new_terminal(setup)
-    assert _crash(settings, "before_commit", "send", tid, "token-s1", "key-1") == 1
+    tid = new_terminal(setup)
+    assert crash(settings, "before_commit", "send", tid, "token-s1", "key-1") == 1
     assert setup.store.list_messages() == []
     core = make_core(settings)
     receipt = core.send_message(tid, "token-s1", sender_id="crasher", idempotency_key="key-1")
     assert not receipt.duplicate
-    wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered")
+    wait_until(lambda: status_of(core, receipt.message.id or 0) == "delivered")
     assert received_bodies(settings.home, tid) == ["token-s1"]
 
 
 def test_2_crash_after_commit_is_pasted_once_after_restart(make_core: Callable[..., Cao], settings):
     setup = make_core(settings, start=False)
-    tid = _new_terminal(setup)
-    assert _crash(settings, "after_commit", "send", tid, "token-s2") == 1
+    tid = new_terminal(setup)
+    assert crash(settings, "after_commit", "send", tid, "token-s2") == 1
     [msg] = setup.store.list_messages()
     assert msg.status == "pending"
     core = make_core(settings)  # restart
-    wait_until(lambda: _status_of(core, msg.id or 0) == "delivered")
+    wait_until(lambda: status_of(core, msg.id or 0) == "delivered")
     assert received_bodies(settings.home, tid) == ["token-s2"]
 
 
@@ -96,35 +68,35 @@ def test_3_crash_after_claim_before_paste_is_pasted_once_after_restart(
     make_core: Callable[..., Cao], settings
 ):
     setup = make_core(settings, start=False)
-    tid = _new_terminal(setup)
+    tid = new_terminal(setup)
     msg, _ = setup.store.add_message(sender_id="s", receiver_id=tid, body="token-s3")
-    assert _crash(settings, "after_claim", "deliver", tid) == 1
+    assert crash(settings, "after_claim", "deliver", tid) == 1
     assert setup.store.get_message(msg.id or 0).status == "delivering"
     assert received_bodies(settings.home, tid) == []
     core = make_core(settings)  # restart: not in scrollback -> pending -> pasted
-    wait_until(lambda: _status_of(core, msg.id or 0) == "delivered")
-    _settle(core, tid)  # would a second paste follow? (nothing should)
+    wait_until(lambda: status_of(core, msg.id or 0) == "delivered")
+    settle(core, tid)  # would a second paste follow? (nothing should)
     assert received_bodies(settings.home, tid) == ["token-s3"]
 
 
 def test_4_crash_after_paste_is_found_in_scrollback_and_not_repasted(make_core: Callable[..., Cao], settings):
     setup = make_core(settings, start=False)
-    tid = _new_terminal(setup)
+    tid = new_terminal(setup)
     msg, _ = setup.store.add_message(sender_id="s", receiver_id=tid, body="token-s4")
-    assert _crash(settings, "after_paste", "deliver", tid) == 1
+    assert crash(settings, "after_paste", "deliver", tid) == 1
     assert setup.store.get_message(msg.id or 0).status == "delivering"
     wait_until(lambda: received_bodies(settings.home, tid) == ["token-s4"], what="the paste arrived")
     core = make_core(settings)
     got = core.store.get_message(msg.id or 0)
     assert got.status == "delivered"  # resolved by start() before any trigger ran
-    _settle(core, tid)
+    settle(core, tid)
     assert received_bodies(settings.home, tid) == ["token-s4"]
 
 
 def test_4b_crash_between_paste_and_enter_submits_on_recovery(make_core: Callable[..., Cao], settings):
     """Text pasted into the box but never submitted: recovery presses Enter instead of re-pasting."""
     setup = make_core(settings, start=False)
-    tid = _new_terminal(setup)
+    tid = new_terminal(setup)
     term = setup.store.get_terminal(tid)
     msg, _ = setup.store.add_message(sender_id="s", receiver_id=tid, body="token-s4b")
     claim = setup.store.claim(tid)
@@ -143,24 +115,24 @@ def test_4b_crash_between_paste_and_enter_submits_on_recovery(make_core: Callabl
 
 def test_5_retried_send_same_key_is_one_message_also_after_restart(make_core: Callable[..., Cao], settings):
     core = make_core(settings)
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     r1 = core.send_message(tid, "token-s5", sender_id="sender1", idempotency_key="k5")
     r2 = core.send_message(tid, "token-s5", sender_id="sender1", idempotency_key="k5")
     assert (r1.duplicate, r2.duplicate) == (False, True)
     assert r2.message.id == r1.message.id
-    wait_until(lambda: _status_of(core, r1.message.id or 0) == "delivered")
+    wait_until(lambda: status_of(core, r1.message.id or 0) == "delivered")
     core.stop()
     core2 = make_core(settings)
     r3 = core2.send_message(tid, "token-s5", sender_id="sender1", idempotency_key="k5")
     assert r3.duplicate and r3.message.id == r1.message.id
     assert r3.as_dict()["status"] == "delivered"
-    _settle(core2, tid)
+    settle(core2, tid)
     assert received_bodies(settings.home, tid) == ["token-s5"]
 
 
 def test_6_same_key_other_intent_is_409_and_stores_nothing(core: Cao):
-    tid = _new_terminal(core)
-    other = _new_terminal(core)
+    tid = new_terminal(core)
+    other = new_terminal(core)
     with TestClient(create_app(core)) as client:
         url = f"/terminals/{tid}/inbox/messages"
         first = client.post(url, json={"sender_id": "s", "message": "a", "idempotency_key": "k6"})
@@ -216,14 +188,14 @@ def _fire_together(core: Cao, settings: Settings, tid: str) -> list[Outcome]:
 
 def test_9_immediate_watchdog_and_sweep_together_paste_once(make_core: Callable[..., Cao], settings):
     core = make_core(settings, start=False)
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     for round_ in range(5):
         msg, _ = core.store.add_message(sender_id="s", receiver_id=tid, body=f"token-s9-{round_}")
         results = _fire_together(core, settings, tid)
-        wait_until(lambda m=msg: _status_of(core, m.id or 0) == "delivered", what="delivered")
+        wait_until(lambda m=msg: status_of(core, m.id or 0) == "delivered", what="delivered")
         assert results.count(Outcome.DELIVERED) <= 1
-        wait_until(lambda: _idle(core, tid))
-    _settle(core, tid)
+        wait_until(lambda: idle(core, tid))
+    settle(core, tid)
     assert received_bodies(settings.home, tid) == [f"token-s9-{i}" for i in range(5)]
 
 
@@ -248,12 +220,12 @@ def _turn_end(home: Path, tid: str) -> float:
 def test_10_busy_receiver_gets_nothing_until_idle(make_core: Callable[..., Cao], settings):
     write_rules(settings.home, "slow", SLOW)
     core = make_core(settings)
-    tid = _new_terminal(core, "slow")
+    tid = new_terminal(core, "slow")
     msg_id, _ = _busy_then_send(core, tid, "token-s10")
     wait_until(lambda: core.store.get_message(msg_id).waiting_reason == "receiver busy", what="gate closed")
     assert core.store.get_message(msg_id).status == "pending"
     assert core.message_view(core.store.get_message(msg_id))["waiting_reason"] == "receiver busy"
-    wait_until(lambda: _status_of(core, msg_id) == "delivered", timeout=15)
+    wait_until(lambda: status_of(core, msg_id) == "delivered", timeout=15)
     recs = read_records(settings.home, tid)
     assert recs[0]["text"] == "work 2"
     assert recs[1]["messages"][0]["body"] == "token-s10"
@@ -264,10 +236,10 @@ def test_10b_the_watchdog_alone_delivers_when_the_turn_ends(make_core: Callable[
     """With the sweep's grace window out of reach, only the log watcher can notice the idle prompt."""
     write_rules(settings.home, "slow", SLOW)
     core = make_core(settings.with_(sweep_grace=3600))
-    tid = _new_terminal(core, "slow")
+    tid = new_terminal(core, "slow")
     msg_id, _ = _busy_then_send(core, tid, "token-s10b")
     wait_until(lambda: core.engine.watchdog_running, what="watcher started for the waiting receiver")
-    wait_until(lambda: _status_of(core, msg_id) == "delivered", timeout=15)
+    wait_until(lambda: status_of(core, msg_id) == "delivered", timeout=15)
     assert core.engine.stats.get("delivered_by_watchdog") == 1
     assert received_bodies(settings.home, tid) == ["work 2", "token-s10b"]
     # once nothing waits, the next sweep parks the watcher (no polling while all inboxes are empty);
@@ -285,9 +257,9 @@ def test_10b_the_watchdog_alone_delivers_when_the_turn_ends(make_core: Callable[
 def test_11_eager_delivery(make_core: Callable[..., Cao], settings, provider, eager, expect_during_turn):
     write_rules(settings.home, "slow", SLOW)
     core = make_core(settings.with_(eager_delivery=eager))
-    tid = _new_terminal(core, "slow", provider=provider)
+    tid = new_terminal(core, "slow", provider=provider)
     msg_id, _ = _busy_then_send(core, tid, "token-s11")
-    wait_until(lambda: _status_of(core, msg_id) == "delivered", timeout=15)
+    wait_until(lambda: status_of(core, msg_id) == "delivered", timeout=15)
     rec = [r for r in read_records(settings.home, tid) if r["messages"][0]["body"] == "token-s11"]
     assert len(rec) == 1
     assert rec[0]["arrived_busy"] is expect_during_turn
@@ -306,8 +278,8 @@ def test_11b_never_into_a_starting_pane_even_when_eager(make_core: Callable[...,
         lambda: core.store.get_message(receipt.message.id or 0).waiting_reason == "receiver starting",
         what="gate closed",
     )
-    assert _status_of(core, receipt.message.id or 0) == "pending"
-    wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered", timeout=15)
+    assert status_of(core, receipt.message.id or 0) == "pending"
+    wait_until(lambda: status_of(core, receipt.message.id or 0) == "delivered", timeout=15)
     assert received_bodies(settings.home, t.id) == ["token-s11b"]
     assert read_records(settings.home, t.id)[0]["arrived_busy"] is False
 
@@ -316,10 +288,10 @@ def test_11b_never_into_a_starting_pane_even_when_eager(make_core: Callable[...,
 def test_12_sweep_delivers_to_an_idle_receiver_when_the_immediate_attempt_misses(make_core, settings):
     s = settings.with_(fault_point="skip_immediate", sweep_interval=0.3, sweep_grace=1.0)
     core = make_core(s)
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     time.sleep(0.3)  # the pane is quiet: the watchdog has nothing to see
     receipt = core.send_message(tid, "token-s12", sender_id="s")
-    wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered", timeout=10)
+    wait_until(lambda: status_of(core, receipt.message.id or 0) == "delivered", timeout=10)
     msg = core.store.get_message(receipt.message.id or 0)
     assert (msg.delivered_at or 0) - msg.created_at >= s.sweep_grace  # not before the grace window
     assert received_bodies(settings.home, tid) == ["token-s12"]
@@ -331,13 +303,13 @@ def test_13_pane_killed_behind_our_back_fails_its_mail_for_good(make_core: Calla
     """A vanished pane is gone for good (guarantee 9): the attempt that finds it fails the mail with
     receiver_gone at once instead of retrying a pane that can never come back."""
     core = make_core(settings)
-    tid = _new_terminal(core, session="keep")
-    _new_terminal(core, session=None)  # another session keeps the tmux server up (see scenario 19)
+    tid = new_terminal(core, session="keep")
+    new_terminal(core, session=None)  # another session keeps the tmux server up (see scenario 19)
     term = core.store.get_terminal(tid)
     core.tmux.kill_pane(term.pane_id or "", term.pane_pid)  # someone else's kill: no cao involved
     receipt = core.send_message(tid, "token-s13", sender_id="s")
     mid = receipt.message.id or 0
-    wait_until(lambda: _status_of(core, mid) == "failed", timeout=10)
+    wait_until(lambda: status_of(core, mid) == "failed", timeout=10)
     final = core.store.get_message(mid)
     assert (final.last_error or "").startswith("receiver_gone") and "gone" in (final.last_error or "")
     assert core.status.view(core.store.get_terminal(tid)).status == "gone"
@@ -351,13 +323,13 @@ def test_13b_attempts_that_fail_on_a_live_pane_retry_then_fail(make_core: Callab
     never pasted twice, and past the retry limit the message fails with the reason."""
     write_rules(settings.home, "deaf", {"record": True, "swallow_enters": 1000})
     core = make_core(settings.with_(max_attempts=3, retry_delay=0.1))
-    tid = _new_terminal(core, "deaf")
+    tid = new_terminal(core, "deaf")
     receipt = core.send_message(tid, "token-s13b", sender_id="s")
     mid = receipt.message.id or 0
     wait_until(lambda: core.store.get_message(mid).attempts >= 1, what="first failed attempt")
     first = core.store.get_message(mid)
     assert first.status in ("pending", "delivering") and "not confirmed" in (first.last_error or "")
-    wait_until(lambda: _status_of(core, mid) == "failed", timeout=20)
+    wait_until(lambda: status_of(core, mid) == "failed", timeout=20)
     final = core.store.get_message(mid)
     assert final.attempts == 3 and "not confirmed" in (final.last_error or "")
     term = core.store.get_terminal(tid)
@@ -369,7 +341,7 @@ def test_13b_attempts_that_fail_on_a_live_pane_retry_then_fail(make_core: Callab
 def test_14_deleted_receiver_fails_pending_and_rejects_new_sends(make_core: Callable[..., Cao], settings):
     write_rules(settings.home, "slow", SLOW)
     core = make_core(settings)
-    tid = _new_terminal(core, "slow")
+    tid = new_terminal(core, "slow")
     msg_id, _ = _busy_then_send(core, tid, "token-s14")
     with TestClient(create_app(core)) as client:
         assert client.delete(f"/terminals/{tid}").json() == {"success": True, "failed_messages": 1}
@@ -383,7 +355,7 @@ def test_19_tmux_server_gone_fails_mail_and_never_touches_the_new_servers_panes(
     make_core: Callable[..., Cao], settings
 ):
     core = make_core(settings)
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     old = core.store.get_terminal(tid)
     core.tmux.kill_server()
     with TestClient(create_app(core)) as client:
@@ -414,7 +386,7 @@ def test_19_tmux_server_gone_fails_mail_and_never_touches_the_new_servers_panes(
 
 # -- 15-17: what the body may contain ------------------------------------------------------------
 def test_15_body_size_limit(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     exact = ("0123456789abcdef" * (MAX_BODY_BYTES // 16))[: MAX_BODY_BYTES - 10] + "token-s15!"
     assert len(exact.encode()) == MAX_BODY_BYTES
     with TestClient(create_app(core)) as client:
@@ -439,24 +411,24 @@ HOSTILE = (
 
 
 def test_16_hostile_body_arrives_as_one_message_and_types_nothing(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     receipt = core.send_message(tid, HOSTILE, sender_id="s")
-    wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered")
-    _settle(core, tid)
+    wait_until(lambda: status_of(core, receipt.message.id or 0) == "delivered")
+    settle(core, tid)
     recs = read_records(core.settings.home, tid)
     assert len(recs) == 1, recs  # one submit, nothing typed as keys
     [msg] = recs[0]["messages"]
     assert msg["body"] == neutralise(HOSTILE)
     assert "start ünïcødé 日本語 🚀" in msg["body"] and msg["body"].endswith("token-s16 end")
     assert "\x1b" not in msg["body"] and "\x00" not in msg["body"]
-    assert _idle(core, tid)  # "/exit" was not executed: the agent is still there
+    assert idle(core, tid)  # "/exit" was not executed: the agent is still there
 
 
 def test_17_multiline_body_is_one_submitted_message(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     body = "line 1\nline 2\n\n  indented line 4\ntoken-s17"
     receipt = core.send_message(tid, body, sender_id="s")
-    wait_until(lambda: _status_of(core, receipt.message.id or 0) == "delivered")
+    wait_until(lambda: status_of(core, receipt.message.id or 0) == "delivered")
     recs = read_records(core.settings.home, tid)
     assert len(recs) == 1 and recs[0]["messages"][0]["body"] == body
 
@@ -466,11 +438,11 @@ def test_batch_of_pending_messages_is_one_paste_in_order_and_attributed(
 ):
     write_rules(settings.home, "slow", SLOW)
     core = make_core(settings)
-    tid = _new_terminal(core, "slow")
+    tid = new_terminal(core, "slow")
     core.typist.send_input(core.store.get_terminal(tid), "work 2")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     ids = [core.send_message(tid, f"token-b{i}", sender_id=f"sender{i}").message.id for i in range(4)]
-    wait_until(lambda: all(_status_of(core, i or 0) == "delivered" for i in ids), timeout=15)
+    wait_until(lambda: all(status_of(core, i or 0) == "delivered" for i in ids), timeout=15)
     recs = read_records(settings.home, tid)
     assert len(recs) == 2  # the turn, then one paste carrying all four
     assert [(m["id"], m["sender"], m["body"]) for m in recs[1]["messages"]] == [
@@ -479,21 +451,13 @@ def test_batch_of_pending_messages_is_one_paste_in_order_and_attributed(
 
 
 # -- 18: SQLite locked ---------------------------------------------------------------------------
-LOCKER = """
-import sqlite3, sys, time
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute('BEGIN IMMEDIATE')
-print('locked', flush=True)
-time.sleep(float(sys.argv[2]))
-conn.execute('ROLLBACK')
-"""
 
 
 def test_18_locked_database_is_503_nothing_written_and_retry_succeeds(
     make_core: Callable[..., Cao], settings
 ):
     core = make_core(settings.with_(busy_timeout=0.3))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     with TestClient(create_app(core)) as client:
         locker = subprocess.Popen(
             [sys.executable, "-c", LOCKER, str(settings.db_path), "2"], stdout=subprocess.PIPE, text=True
@@ -513,7 +477,7 @@ def test_18_locked_database_is_503_nothing_written_and_retry_succeeds(
 
 
 def test_self_send_and_bad_ids_are_rejected(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     with TestClient(create_app(core)) as client:
         r = client.post(f"/terminals/{tid}/inbox/messages", json={"sender_id": tid, "message": "me"})
         assert r.status_code == 422 and "itself" in r.json()["detail"]
@@ -547,7 +511,7 @@ def test_gate_holds_input_until_the_agents_mcp_tools_are_up():
 
 
 def test_mcp_ready_report_is_recorded_and_shown(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     with TestClient(create_app(core)) as client:
         assert client.get(f"/terminals/{tid}").json()["mcp_ready"] is None  # scripted: not waited for
         assert client.post(f"/terminals/{tid}/mcp-ready").json() == {"success": True}

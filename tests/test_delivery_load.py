@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, ServerProcess, read_records, wait_until
+from tests.helpers import REPO, ServerProcess, read_records, wait_until
 
 SENDER = """
 import sys, httpx

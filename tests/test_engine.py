@@ -8,8 +8,7 @@ from collections.abc import Callable
 
 from cao.core import Cao
 from cao.settings import Settings
-from tests.conftest import read_records, wait_until, write_rules
-from tests.test_delivery import SLOW, _idle, _new_terminal, _status_of
+from tests.helpers import SLOW, idle, new_terminal, read_records, status_of, wait_until, write_rules
 
 
 def test_a_flooding_pane_log_is_capped_as_it_grows_not_once_a_sweep(
@@ -51,18 +50,18 @@ def test_a_receiver_that_turns_ready_while_its_watch_is_being_armed_gets_its_mai
     must look once more after arming instead of leaving the message to the sweep (600 s here)."""
     write_rules(settings.home, "worker", SLOW)
     core = make_core(settings.with_(sweep_interval=600.0, sweep_grace=600.0))
-    tid = _new_terminal(core, "worker")
+    tid = new_terminal(core, "worker")
     core.typist.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
 
     def turn_ends_first() -> None:  # between the busy read and the arming of the watch
         core.faults.hooks.pop("before_watch", None)
-        wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
+        wait_until(lambda: idle(core, tid), timeout=10, what="the turn ends")
         time.sleep(0.3)  # and the screen stays as it is: no log change to come after the arming
 
     core.faults.hooks["before_watch"] = turn_ends_first
     mid = core.send_message(tid, "token-after-the-turn", sender_id="s").message.id or 0
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10, what="delivery without the sweep")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=10, what="delivery without the sweep")
     assert core.engine.stats["sweeps"] == 0
     assert [r["text"] for r in read_records(settings.home, tid)][-1].endswith("token-after-the-turn")
 
@@ -90,6 +89,6 @@ def test_mail_sent_to_a_terminal_still_being_created_is_delivered_once_it_is_liv
 
     core.faults.hooks["after_pane_created"] = send_while_starting
     term = core.create_terminal(provider="scripted", agent_profile="worker")
-    wait_until(lambda: _status_of(core, sent[0]) == "delivered", timeout=10, what="delivered, no sweep")
+    wait_until(lambda: status_of(core, sent[0]) == "delivered", timeout=10, what="delivered, no sweep")
     assert core.engine.stats["sweeps"] == 0
     assert [r["text"] for r in read_records(settings.home, str(term["id"]))][-1].endswith("token-sent-early")

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from cao.events import EventBus
-from tests.conftest import ServerProcess, wait_until, write_rules
+from tests.helpers import ServerProcess, wait_until, write_rules
 
 
 def test_ids_resume_and_reset():

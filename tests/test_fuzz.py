@@ -18,7 +18,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
-from tests.conftest import ServerProcess
+from tests.helpers import ServerProcess
 
 TOKEN = "fuzz-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

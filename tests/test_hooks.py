@@ -19,7 +19,7 @@ from cao.hooks import HOOK_KEY_HEADER, Hooks, HookState, combine, hook_key, load
 from cao.paste import header
 from cao.states import HookPhase
 from providers.base import Reading, TerminalStatus
-from tests.conftest import REPO, ServerProcess, free_port, read_records, wait_until, write_rules
+from tests.helpers import REPO, ServerProcess, free_port, read_records, wait_until, write_rules
 
 TOKEN = "hook-test-token-0123456789abcdef"
 S = TerminalStatus

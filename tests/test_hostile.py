@@ -21,8 +21,7 @@ from cao.api import create_app
 from cao.core import Cao
 from cao.errors import BoxOccupied, NotFound, PaneGone, PaneInMode
 from cao.handoff import StepFailed
-from tests.conftest import read_records, wait_until, write_rules
-from tests.test_delivery import _idle, _new_terminal, _settle, _status_of
+from tests.helpers import idle, new_terminal, read_records, settle, status_of, wait_until, write_rules
 
 # A body whose lines would each be an Enter if pasted without bracket markers: "/exit" ends the
 # scripted agent (as it ends Claude Code), "!" lines run shell commands in Claude Code.
@@ -71,20 +70,20 @@ def _leave_mode(core: Cao, tid: str) -> None:
 # -- 33: a pane in a tmux mode gets nothing ---------------------------------------------------------
 @pytest.mark.parametrize("how", list(MODES))
 def test_33_nothing_is_pasted_into_a_pane_in_a_tmux_mode_and_it_arrives_whole_after(core: Cao, how: str):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     _enter_mode(core, tid, how)
     receipt = core.send_message(tid, HOSTILE, sender_id="s")
     mid = receipt.message.id or 0
     wait_until(lambda: core.store.get_message(mid).waiting_reason == REASONS[how], what="the reason shown")
     core.engine.kick(tid, "sweep")  # every trigger goes through the same gate
     wait_until(core.engine.idle)
-    assert _status_of(core, mid) == "pending" and core.store.get_message(mid).attempts == 0
+    assert status_of(core, mid) == "pending" and core.store.get_message(mid).attempts == 0
     assert read_records(core.settings.home, tid) == []  # not one line reached the agent
-    assert _idle(core, tid)  # "/exit" did not run
+    assert idle(core, tid)  # "/exit" did not run
     assert _mode(core, tid)  # still in it: cao never leaves the mode for the person
     _leave_mode(core, tid)
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
-    _settle(core, tid)
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=10)
+    settle(core, tid)
     [rec] = read_records(core.settings.home, tid)
     assert [m["body"] for m in rec["messages"]] == [HOSTILE]  # one message, whole
 
@@ -92,7 +91,7 @@ def test_33_nothing_is_pasted_into_a_pane_in_a_tmux_mode_and_it_arrives_whole_af
 def test_33b_a_mode_entered_after_the_look_refuses_the_paste_in_the_same_tmux_call(core: Cao):
     """The person starts scrolling between cao's screen read and its paste: tmux itself refuses
     (the mode is checked in the paste's own command), the claim goes back unspent."""
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     core.faults.hooks["after_claim"] = lambda: _enter_mode(core, tid, "copy-mode")
     mid = core.send_message(tid, HOSTILE, sender_id="s").message.id or 0
     wait_until(
@@ -107,7 +106,7 @@ def test_33b_a_mode_entered_after_the_look_refuses_the_paste_in_the_same_tmux_ca
     assert message.status == "pending" and message.attempts == 0 and message.claim is None
     assert read_records(core.settings.home, tid) == []
     _leave_mode(core, tid)
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=10)
     assert [m["body"] for r in read_records(core.settings.home, tid) for m in r["messages"]] == [HOSTILE]
 
 
@@ -115,7 +114,7 @@ def test_33c_typed_input_keys_and_the_interrupt_key_wait_for_the_mode(
     make_core: Callable[..., Cao], settings
 ):
     core = make_core(settings.with_(input_wait_timeout=0.5))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     _enter_mode(core, tid, "wheel")
     with TestClient(create_app(core)) as client:
         r = client.post(f"/terminals/{tid}/input", json={"message": HOSTILE})
@@ -129,13 +128,13 @@ def test_33c_typed_input_keys_and_the_interrupt_key_wait_for_the_mode(
         _leave_mode(core, tid)
         r = client.post(f"/terminals/{tid}/input", json={"message": "typed after"})
         assert r.status_code == 200, r.text
-    _settle(core, tid)
+    settle(core, tid)
     [rec] = read_records(core.settings.home, tid)
     assert rec["text"] == "typed after"
 
 
 def test_33d_typed_input_goes_in_once_the_person_stops_scrolling_within_the_wait(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     _enter_mode(core, tid, "copy-mode")
     later = threading.Timer(0.5, _leave_mode, (core, tid))
     later.start()
@@ -143,14 +142,14 @@ def test_33d_typed_input_goes_in_once_the_person_stops_scrolling_within_the_wait
         assert core.send_input(tid, "typed while scrolling") is True
     finally:
         later.cancel()
-    _settle(core, tid)
+    settle(core, tid)
     assert [r["text"] for r in read_records(core.settings.home, tid)] == ["typed while scrolling"]
 
 
 # -- 34: typed input never lands on a person's half-typed text --------------------------------------
 def test_34_typed_input_never_joins_a_persons_half_typed_text(make_core: Callable[..., Cao], settings):
     core = make_core(settings.with_(input_wait_timeout=0.5))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     core.tmux.send_keys(_pane(core, tid), "rm -rf ~/proj && ", literal=True)  # a person, mid-command
     term = core.store.get_terminal(tid)
     wait_until(lambda: (core.panes.provider(term).input_text(core.panes.screen(term)) or "").strip())
@@ -165,14 +164,14 @@ def test_34_typed_input_never_joins_a_persons_half_typed_text(make_core: Callabl
     assert box.strip() == "rm -rf ~/proj &&"  # and nothing appended to it
     core.tmux.send_keys(_pane(core, tid), "C-c")  # the person clears the box
     assert core.send_input(tid, "deploy the release") is True
-    _settle(core, tid)
+    settle(core, tid)
     assert [r["text"] for r in read_records(core.settings.home, tid)] == ["deploy the release"]
 
 
 def test_34b_handoff_to_a_worker_a_person_is_typing_in_fails_clearly(make_core: Callable[..., Cao], settings):
     core = make_core(settings.with_(input_wait_timeout=0.3))
     write_rules(settings.home, "w", {"record": True})
-    tid = _new_terminal(core, "w")
+    tid = new_terminal(core, "w")
     core.tmux.send_keys(_pane(core, tid), "half a thought", literal=True)
     term = core.store.get_terminal(tid)
     wait_until(lambda: (core.panes.provider(term).input_text(core.panes.screen(term)) or "").strip())
@@ -200,22 +199,22 @@ def test_35_a_session_of_another_cao_server_is_never_deleted_by_name(
     used to kill the other's agents (and the tmux server with its last session)."""
     mine = make_core(settings)
     other = make_core(settings.with_(home=tmp_path / "other-home"))
-    theirs = _new_terminal(other, session="shared")
+    theirs = new_terminal(other, session="shared")
     with pytest.raises(NotFound, match="no terminals of this cao-server"):
         mine.delete_session("shared")
     with TestClient(create_app(mine)) as client:
         r = client.delete("/sessions/shared")
         assert r.status_code == 404 and "nothing was touched" in r.json()["detail"]
-    assert _idle(other, theirs)  # still running
+    assert idle(other, theirs)  # still running
     # a terminal of ours added to their session, then our session deleted: only ours goes
     ours = mine.lifecycle.create(provider="scripted", session_name="shared", new_session=False).id
-    wait_until(lambda: _idle(mine, ours))
+    wait_until(lambda: idle(mine, ours))
     assert mine.delete_session("shared") == [ours]
-    assert _idle(other, theirs) and mine.tmux.has_session("cao-shared")
+    assert idle(other, theirs) and mine.tmux.has_session("cao-shared")
     # and a restart of ours adopts, kills and lists nothing of theirs
     mine.stop()
     again = make_core(settings)
-    assert again.info()["orphan_panes"] == [] and _idle(other, theirs)
+    assert again.info()["orphan_panes"] == [] and idle(other, theirs)
 
 
 def test_35b_a_copy_of_another_homes_database_reaches_none_of_its_panes(
@@ -225,7 +224,7 @@ def test_35b_a_copy_of_another_homes_database_reaches_none_of_its_panes(
     rows name the first server's panes exactly (server pid, pane id, pane pid), so the pane's
     @cao_home tag is part of every identity check: not adopted, not pasted into, not killed."""
     theirs = make_core(settings)
-    tid = _new_terminal(theirs)
+    tid = new_terminal(theirs)
     copy_home = tmp_path / "copy-home"
     copy_home.mkdir()
     _backup(settings.db_path, copy_home / "cao.db")
@@ -235,13 +234,13 @@ def test_35b_a_copy_of_another_homes_database_reaches_none_of_its_panes(
     with pytest.raises(NotFound):
         mine.send_message(tid, "never to the other home's agent", sender_id="s")
     mine.delete_terminal(tid)
-    assert _idle(theirs, tid) and read_records(settings.home, tid) == []
+    assert idle(theirs, tid) and read_records(settings.home, tid) == []
     from cao.tmux import PaneRef
 
     forged = PaneRef(row.tmux_server_pid or 0, row.pane_id or "", row.pane_pid or 0, mine.panes.home_tag)
     with pytest.raises(PaneGone, match="another cao home"):
         mine.tmux.paste_checked(forged, "forged")
-    assert _idle(theirs, tid) and read_records(settings.home, tid) == []
+    assert idle(theirs, tid) and read_records(settings.home, tid) == []
 
 
 # -- 36: the database deleted or replaced under a running server ------------------------------------
@@ -262,7 +261,7 @@ def test_36_a_deleted_database_refuses_writes_and_its_agents_survive_the_restart
     make_core: Callable[..., Cao], settings
 ):
     core = make_core(settings)
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     pane = _pane(core, tid)
     with TestClient(create_app(core)) as client:
         assert _pending_receipt(client, tid, "before").status_code == 201
@@ -288,7 +287,7 @@ def test_36b_a_database_replaced_by_an_older_copy_is_noticed_before_any_receipt(
     import sqlite3
 
     core = make_core(settings)
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     older = settings.home / "older.db"
     with sqlite3.connect(settings.db_path) as src, sqlite3.connect(older) as dst:
         src.backup(dst)  # a consistent older copy
@@ -310,12 +309,12 @@ def test_36c_housekeeping_notices_a_rewound_database_without_a_send(make_core: C
     import sqlite3
 
     core = make_core(settings.with_(log_cap_interval=0.05, sweep_interval=0.5))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     older = settings.home / "older.db"
     with sqlite3.connect(settings.db_path) as src, sqlite3.connect(older) as dst:
         src.backup(dst)
     mid = core.send_message(tid, "one", sender_id="s").message.id
-    wait_until(lambda: _status_of(core, mid or 0) == "delivered")
+    wait_until(lambda: status_of(core, mid or 0) == "delivered")
     _restore(older, settings.db_path)
     wait_until(lambda: core.store.gone is not None, timeout=5, what="the rewind noticed")
     assert "older copy" in (core.store.gone or "")
@@ -323,21 +322,21 @@ def test_36c_housekeeping_notices_a_rewound_database_without_a_send(make_core: C
 
 # -- 6: no 500s -------------------------------------------------------------------------------------
 def test_deleting_a_terminal_whose_pane_was_closed_behind_caos_back_is_no_500(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     core.tmux.run("kill-pane", "-t", _pane(core, tid))
     with TestClient(create_app(core)) as client:
         r = client.delete(f"/terminals/{tid}")
         assert r.status_code == 200, r.text
-        exit_gone = client.post(f"/terminals/{_new_terminal(core)}/exit")
+        exit_gone = client.post(f"/terminals/{new_terminal(core)}/exit")
         assert exit_gone.status_code == 200
-        tid2 = _new_terminal(core)
+        tid2 = new_terminal(core)
         core.tmux.run("kill-pane", "-t", _pane(core, tid2))
         r = client.post(f"/terminals/{tid2}/exit")  # nothing to exit: not "confirmed"
         assert r.status_code == 410 and "no longer exists" in r.json()["detail"], r.text
 
 
 def test_bad_knobs_of_small_routes_are_clear_4xx(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     with TestClient(create_app(core)) as client:
         r = client.get("/events", params={"keepalive": "nan"})
         assert r.status_code == 422 and "keepalive" in r.json()["detail"], r.text
@@ -345,12 +344,12 @@ def test_bad_knobs_of_small_routes_are_clear_4xx(core: Cao):
         r = client.post(f"/terminals/{tid}/input", json={"message": big})
         assert r.status_code == 413 and "nothing was typed" in r.json()["detail"]
         assert client.post(f"/terminals/{tid}/input", json={"message": "x" * 256 * 1024}).status_code == 200
-    _settle(core, tid)
+    settle(core, tid)
     assert len(read_records(core.settings.home, tid)[0]["text"]) == 256 * 1024
 
 
 def test_a_deleted_terminals_pane_log_goes_with_it(core: Cao):
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     log = core.logs.path(tid)
     assert log.exists()
     core.delete_terminal(tid)
@@ -399,7 +398,7 @@ def test_a_full_disk_is_507_nothing_written_and_the_same_request_works_after(
     make_core: Callable[..., Cao], settings, small_fs
 ):
     core = make_core(settings.with_(home=small_fs / "cao"))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     with TestClient(create_app(core)) as client:
         filler = _fill(small_fs)
         before = core.store.counts_by_status()
@@ -420,12 +419,12 @@ def test_a_full_disk_is_507_nothing_written_and_the_same_request_works_after(
         filler.unlink()
         r = _pending_receipt(client, tid, "after the disk had room again")
         assert r.status_code == 201, r.text
-        wait_until(lambda: _status_of(core, r.json()["message_id"]) == "delivered")
+        wait_until(lambda: status_of(core, r.json()["message_id"]) == "delivered")
 
 
 def test_pane_log_pipes_closed_by_a_full_disk_are_reopened(make_core: Callable[..., Cao], settings, small_fs):
     core = make_core(settings.with_(home=small_fs / "cao", scripted_record=False, pipe_check_interval=1000))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     pane = _pane(core, tid)
 
     def piped() -> bool:
@@ -458,7 +457,7 @@ def _try(fn) -> bool:
 
 def test_housekeeping_reopens_a_closed_pane_log_pipe(make_core: Callable[..., Cao], settings):
     core = make_core(settings.with_(pipe_check_interval=0.1, log_cap_interval=0.05))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     pane = _pane(core, tid)
     core.tmux.run("pipe-pane", "-t", pane)  # closes it (as a `cat` that died would)
     assert core.tmux.run("display-message", "-p", "-t", pane, "#{pane_pipe}").strip() == "0"
@@ -524,7 +523,7 @@ def test_36d_a_restore_that_only_rewinds_states_is_noticed_too(make_core: Callab
     """An older copy restored in place with no message sent since it was taken: the ids don't go
     back, but the write count does (a message cancelled after the copy came back 'pending')."""
     core = make_core(settings)
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     _enter_mode(core, tid, "copy-mode")  # holds the mail
     mid = core.send_message(tid, "held", sender_id="s").message.id or 0
     older = settings.home / "older.db"
@@ -541,7 +540,7 @@ def test_36e_a_deleted_write_ahead_log_stops_writes_before_a_crash_could_lose_th
     make_core: Callable[..., Cao], settings
 ):
     core = make_core(settings)
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     wal = settings.db_path.with_name(settings.db_path.name + "-wal")
     assert wal.exists()
     wal.unlink()
@@ -564,7 +563,7 @@ def test_34c_typed_input_never_joins_a_persons_text_that_runs_past_the_box(
     """A person's line longer than the pane is wide: the box can't be read (the wrapped tail is
     the last line), and typed input used to treat "no box" as "empty box"."""
     core = make_core(settings.with_(input_wait_timeout=0.5, pane_width=60))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     core.tmux.send_keys(_pane(core, tid), "PERSON-" + "x" * 90 + "-END", literal=True)
     term = core.store.get_terminal(tid)
     wait_until(lambda: "-END" in core.panes.screen(term))
@@ -584,7 +583,7 @@ def test_33e_a_mode_between_typed_inputs_paste_and_its_enter(
 
     monkeypatch.setattr(ScriptedProvider, "paste_enter_delay", 0.6)
     core = make_core(settings.with_(input_wait_timeout=2.0))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     term = core.store.get_terminal(tid)
 
     def person() -> None:
@@ -603,7 +602,7 @@ def test_33e_a_mode_between_typed_inputs_paste_and_its_enter(
     if leaves:
         assert core.send_input(tid, "typed then scrolled") is True
         watcher.join()
-        _settle(core, tid)
+        settle(core, tid)
         assert [r["text"] for r in read_records(core.settings.home, tid)] == ["typed then scrolled"]
     else:
         with pytest.raises(PaneInMode, match="not submitted") as held:
@@ -616,7 +615,7 @@ def test_33e_a_mode_between_typed_inputs_paste_and_its_enter(
 def test_33f_input_turned_off_holds_the_mail_instead_of_failing_it(core: Cao):
     """`select-pane -d`: the pane ignores input, so every submit went unconfirmed and the message
     failed after its attempts; now it waits with the reason until input is back on."""
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     core.tmux.run("select-pane", "-d", "-t", _pane(core, tid))
     mid = core.send_message(tid, "while input is off", sender_id="s").message.id or 0
     wait_until(
@@ -630,13 +629,13 @@ def test_33f_input_turned_off_holds_the_mail_instead_of_failing_it(core: Cao):
     with pytest.raises(PaneInMode, match="select-pane -e"):
         core.send_key(tid, "Enter")
     core.tmux.run("select-pane", "-e", "-t", _pane(core, tid))
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=10)
 
 
 def test_33g_synchronize_panes_never_mirrors_caos_keys_into_a_persons_pane(core: Cao, tmp_path):
     """A person splits the agent's window, half-types a command in their own pane and turns on
     synchronize-panes: the delivery's Enter used to run their command too."""
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     pane = _pane(core, tid)
     witness = tmp_path / "ran"
     theirs = core.tmux.run("split-window", "-d", "-P", "-F", "#{pane_id}", "-t", pane, "sh").strip()
@@ -646,7 +645,7 @@ def test_33g_synchronize_panes_never_mirrors_caos_keys_into_a_persons_pane(core:
     wait_until(lambda: "synchronize-panes" in (core.store.get_message(mid).waiting_reason or ""))
     assert not witness.exists() and read_records(core.settings.home, tid) == []
     core.tmux.run("set-option", "-w", "-t", pane, "synchronize-panes", "off")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=10)
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=10)
     assert not witness.exists()  # their half-typed command never got an Enter
     core.tmux.run("kill-pane", "-t", theirs)
 
@@ -655,7 +654,7 @@ def test_a_pane_log_deleted_under_a_running_agent_is_opened_anew(make_core: Call
     """`rm logs/terminal/<id>.log`: the pipe goes on writing into the unlinked file (the watchdog
     trigger and the live view went dead, and the log cap couldn't reach it)."""
     core = make_core(settings.with_(pipe_check_interval=0.1, log_cap_interval=0.05))
-    tid = _new_terminal(core)
+    tid = new_terminal(core)
     log = core.logs.path(tid)
     log.unlink()
     wait_until(log.exists, timeout=5, what="a new pane log")
@@ -668,7 +667,7 @@ def test_a_deleted_server_lock_does_not_let_a_second_server_onto_the_home(make_s
     import subprocess
     import sys
 
-    from tests.conftest import server_env
+    from tests.helpers import server_env
 
     first = make_server()
     (first.home / "server.lock").unlink()
@@ -686,7 +685,7 @@ def test_a_file_under_cao_home_that_is_a_directory_is_a_clear_message(tmp_path, 
     import subprocess
     import sys
 
-    from tests.conftest import free_port, server_env
+    from tests.helpers import free_port, server_env
 
     home = tmp_path / "cao"
     (home / name).mkdir(parents=True)

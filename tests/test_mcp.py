@@ -23,7 +23,7 @@ from mcp.types import CallToolResult, TextContent
 
 from cao.mcp import AgentTools
 from cao.tmux import Tmux
-from tests.conftest import REPO, ServerProcess, read_records, received_bodies, wait_until, write_rules
+from tests.helpers import REPO, ServerProcess, read_records, received_bodies, wait_until, write_rules
 
 MCP_SERVER = Path(sys.executable).with_name("cao-mcp-server")
 TOOLS = {

@@ -18,7 +18,7 @@ from cao.core import Cao
 from cao.errors import InvalidInput, NotFound
 from providers.base import LaunchContext, LaunchSpec
 from providers.scripted import ScriptedProvider
-from tests.conftest import write_rules
+from tests.helpers import write_rules
 
 BUILTINS = ["code_supervisor", "developer", "reviewer"]
 

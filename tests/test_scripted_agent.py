@@ -12,7 +12,7 @@ import providers
 from cao.tmux import PaneInfo, Tmux
 from providers.base import LaunchContext, TerminalStatus
 from providers.scripted import ScriptedProvider
-from tests.conftest import read_records, wait_until, write_rules
+from tests.helpers import read_records, wait_until, write_rules
 
 RULES = {
     "record": True,

@@ -32,7 +32,7 @@ from cao.core import Cao
 from cao.security import Policy, split_host
 from cao.server import JsonLines
 from cao.settings import Settings
-from tests.conftest import REPO, ServerProcess, received_bodies, server_env, wait_until, write_rules
+from tests.helpers import REPO, ServerProcess, received_bodies, server_env, wait_until, write_rules
 
 TOKEN = "test-token-0123456789abcdef"
 PORT = 9889  # the settings fixture's api_port

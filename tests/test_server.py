@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cao.tmux import Tmux
-from tests.conftest import REPO, ServerProcess, pid_alive, server_env, wait_until
+from tests.helpers import REPO, ServerProcess, pid_alive, server_env, wait_until
 
 
 def _status(client, tid: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from cao.errors import PaneGone, TmuxServerDown
 from cao.tmux import Tmux
-from tests.conftest import pid_alive, wait_until
+from tests.helpers import pid_alive, wait_until
 
 SHELL = ["/bin/sh", "-c"]
 

@@ -18,8 +18,7 @@ from cao.errors import TmuxError
 from cao.settings import Settings
 from providers.base import Provider
 from providers.scripted import ScriptedProvider
-from tests.conftest import wait_until, write_rules
-from tests.test_delivery import SLOW, _idle, _new_terminal, _status_of
+from tests.helpers import SLOW, idle, new_terminal, status_of, wait_until, write_rules
 
 NO_SWEEP = dict(sweep_interval=600.0, sweep_grace=600.0)
 
@@ -33,10 +32,10 @@ def test_mail_held_for_mcp_is_delivered_when_the_mcp_timeout_passes(
     to say so. The mail (typically the terminal's initial task) must not wait for the sweep."""
     monkeypatch.setattr(ScriptedProvider, "waits_for_mcp", True)  # as every real provider declares
     core = make_core(settings.with_(mcp_ready_timeout=2.0, **NO_SWEEP))
-    tid = _new_terminal(core, "developer")
+    tid = new_terminal(core, "developer")
     mid = core.send_message(tid, "token-after-mcp-timeout", sender_id="s").message.id or 0
     wait_until(lambda: core.store.get_message(mid).waiting_reason is not None, what="held for MCP")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="after the MCP wait")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=8, what="after the MCP wait")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -50,12 +49,12 @@ def test_a_busy_receiver_with_the_default_tail_pattern_turning_idle_is_woken_by_
     monkeypatch.setattr(ScriptedProvider, "idle_tail_pattern", Provider.idle_tail_pattern)
     write_rules(settings.home, "worker", SLOW)
     core = make_core(settings.with_(**NO_SWEEP))
-    tid = _new_terminal(core, "worker")
+    tid = new_terminal(core, "worker")
     core.typist.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     mid = core.send_message(tid, "token-kimi-like", sender_id="s").message.id or 0
-    wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered by the watchdog")
+    wait_until(lambda: idle(core, tid), timeout=10, what="the turn ends")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=5, what="delivered by the watchdog")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -82,11 +81,11 @@ def test_a_transient_screen_read_error_on_an_idle_receiver_is_retried(
     """One capture fails (a tmux command that timed out, a busy server): the attempt waits with
     'screen could not be read', and the idle receiver's log never changes: it must look again."""
     core = make_core(settings.with_(**NO_SWEEP))
-    tid = _new_terminal(core, "developer")
+    tid = new_terminal(core, "developer")
     state = _fail_one_capture(core)
     mid = core.send_message(tid, "token-after-a-tmux-hiccup", sender_id="s").message.id or 0
     wait_until(lambda: state[1] == 1 and core.engine.idle(), what="the failed attempt is over")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
     assert core.engine.stats["sweeps"] == 0
     assert core.engine.stats.get("delivered_by_retry") == 1  # the look again, not a lucky re-run
 
@@ -99,7 +98,7 @@ def test_a_transient_screen_read_error_when_a_watched_receiver_turns_idle_is_ret
     screen never changes again, so only a timed look again finds it."""
     write_rules(settings.home, "worker", SLOW)
     core = make_core(settings.with_(**NO_SWEEP))
-    tid = _new_terminal(core, "worker")
+    tid = new_terminal(core, "worker")
     core.typist.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     state = _fail_one_capture(core, armed=False)
@@ -107,7 +106,7 @@ def test_a_transient_screen_read_error_when_a_watched_receiver_turns_idle_is_ret
     wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
     state[0] = 1
     wait_until(lambda: state[1] == 1, timeout=10, what="the watchdog's run failed to read the screen")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -116,7 +115,7 @@ def test_text_typed_in_the_box_then_cleared_lets_the_mail_in_at_once(
     make_core: Callable[..., Cao], settings: Settings
 ):
     core = make_core(settings.with_(**NO_SWEEP))
-    tid = _new_terminal(core, "developer")
+    tid = new_terminal(core, "developer")
     pane = core.store.get_terminal(tid)
     target = f"{pane.session_name}:{pane.name}"
     import subprocess
@@ -132,7 +131,7 @@ def test_text_typed_in_the_box_then_cleared_lets_the_mail_in_at_once(
     time.sleep(0.3)
     for _ in range(len("half typed")):
         keys("BSpace")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="box emptied")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=5, what="box emptied")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -152,12 +151,12 @@ def test_a_log_truncated_by_the_cap_after_the_ready_frame_does_not_hide_the_read
     core = make_core(
         settings.with_(log_cap_bytes=4096, log_cap_interval=0.05, watch_interval=1.0, **NO_SWEEP)
     )
-    tid = _new_terminal(core, "worker")
+    tid = new_terminal(core, "worker")
     core.typist.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     mid = core.send_message(tid, "token-after-the-cap", sender_id="s").message.id or 0
-    wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="delivered by the watchdog")
+    wait_until(lambda: idle(core, tid), timeout=10, what="the turn ends")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=6, what="delivered by the watchdog")
     assert core.engine.stats["sweeps"] == 0
     assert core.engine.stats["logs_capped"] >= 1
 
@@ -170,11 +169,11 @@ def test_mail_held_by_a_fresh_turn_start_report_is_delivered_when_the_settle_win
     runs no model turn, or a Stop report that never arrived). For hook_settle seconds the status
     reads 'processing'; when the window passes the gate opens, and only the clock says so."""
     core = make_core(settings.with_(hook_settle=1.5, **NO_SWEEP))
-    tid = _new_terminal(core, "developer")
+    tid = new_terminal(core, "developer")
     core.hook(tid, {"event": "UserPromptSubmit"})
     mid = core.send_message(tid, "token-after-settle", sender_id="s").message.id or 0
     wait_until(lambda: core.store.get_message(mid).waiting_reason is not None, what="held")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="after the settle")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=6, what="after the settle")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -189,7 +188,7 @@ def test_a_busy_read_of_the_store_when_a_watched_receiver_turns_idle_is_retried(
 
     write_rules(settings.home, "worker", SLOW)
     core = make_core(settings.with_(**NO_SWEEP))
-    tid = _new_terminal(core, "worker")
+    tid = new_terminal(core, "worker")
     core.typist.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     real = core.store.delivery_view
@@ -197,7 +196,7 @@ def test_a_busy_read_of_the_store_when_a_watched_receiver_turns_idle_is_retried(
 
     def busy_once(receiver_id):  # type: ignore[no-untyped-def]
         in_runner = threading.current_thread().name.startswith("cao-deliver")
-        if state[0] and not state[1] and in_runner and _idle(core, tid):  # woken by the turn's end
+        if state[0] and not state[1] and in_runner and idle(core, tid):  # woken by the turn's end
             state[1] += 1
             raise StoreBusy("the database stayed locked past the busy timeout")
         return real(receiver_id)
@@ -207,7 +206,7 @@ def test_a_busy_read_of_the_store_when_a_watched_receiver_turns_idle_is_retried(
     wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
     state[0] = 1
     wait_until(lambda: state[1] == 1, timeout=10, what="the run after the turn met a busy store")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=8, what="delivered without the sweep")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -218,13 +217,13 @@ def test_a_session_start_report_wakes_mail_held_by_a_turn_start_report(
     session (Claude Code's /clear does): it waits for input, so its mail goes at once — not when
     the turn start ages out (60 s here) or at the sweep."""
     core = make_core(settings.with_(hook_settle=60.0, **NO_SWEEP))
-    tid = _new_terminal(core, "developer")
+    tid = new_terminal(core, "developer")
     core.hook(tid, {"event": "UserPromptSubmit"})
     mid = core.send_message(tid, "token-after-clear", sender_id="s").message.id or 0
     wait_until(lambda: core.store.get_message(mid).waiting_reason == "receiver busy", what="held")
     wait_until(core.engine.idle, what="the runs are over: only the report can wake it now")
     core.hook(tid, {"event": "SessionStart"})
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered on the report")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=5, what="delivered on the report")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -236,14 +235,14 @@ def test_a_session_end_report_from_a_cli_still_at_its_prompt_holds_mail_only_whi
     exit ends the pane within moments); once `hook_settle` passes the screen decides, and the
     held mail goes in then, with nothing on screen to say so."""
     core = make_core(settings.with_(hook_settle=1.5, **NO_SWEEP))
-    tid = _new_terminal(core, "developer")
+    tid = new_terminal(core, "developer")
     core.hook(tid, {"event": "SessionEnd"})
     mid = core.send_message(tid, "token-after-session-end", sender_id="s").message.id or 0
     wait_until(
         lambda: (core.store.get_message(mid).waiting_reason or "").startswith("receiver status unknown"),
         what="held as exited",
     )
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="after the settle")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=6, what="after the settle")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -272,16 +271,16 @@ def test_a_provider_without_a_tail_check_is_looked_at_a_few_times_a_second_not_e
     rules = {"record": True, "rules": [{"match": r"^work", "delay": 3.0, "reply": "worked"}]}
     write_rules(settings.home, "worker", rules)
     core = make_core(settings.with_(**NO_SWEEP))
-    tid = _new_terminal(core, "worker")
+    tid = new_terminal(core, "worker")
     core.typist.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     mid = core.send_message(tid, "token-throttled", sender_id="s").message.id or 0
     wait_until(lambda: tid in core.engine.watched and core.engine.idle(), what="busy, watched")
     looks = _count_delivery_captures(core)
     started = time.monotonic()
-    wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
+    wait_until(lambda: idle(core, tid), timeout=10, what="the turn ends")
     busy_for = time.monotonic() - started
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered after the turn")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=5, what="delivered after the turn")
     assert core.engine.stats["sweeps"] == 0
     # ~10 frames a second unthrottled; at most 4 looks a second (+ the ones after the turn)
     assert looks[0] <= busy_for * 4 + 4, (looks[0], busy_for)
@@ -293,7 +292,7 @@ def test_a_retry_timer_that_cannot_start_leaves_the_receiver_to_the_next_trigger
     """No thread to spare for the look-again timer: the receiver's runner must still end (not stay
     "running" for good, swallowing every later kick); the sweep (0.5 s here) then delivers."""
     core = make_core(settings)
-    tid = _new_terminal(core, "developer")
+    tid = new_terminal(core, "developer")
     _fail_one_capture(core)
     real_start = threading.Timer.start
     starts = [0]
@@ -307,7 +306,7 @@ def test_a_retry_timer_that_cannot_start_leaves_the_receiver_to_the_next_trigger
     monkeypatch.setattr(threading.Timer, "start", start_once)
     mid = core.send_message(tid, "token-no-thread", sender_id="s").message.id or 0
     wait_until(lambda: starts[0] == 1, what="the timer failed to start")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=8, what="delivered by a later trigger")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=8, what="delivered by a later trigger")
 
 
 def test_a_busy_store_right_after_a_create_does_not_fail_the_create(
@@ -342,14 +341,14 @@ def test_a_failed_second_look_after_the_claim_is_looked_at_again(
     rules = {"record": True, "rules": [{"match": r"^work", "delay": 2.0, "reply": "worked"}]}
     write_rules(settings.home, "worker", rules)
     core = make_core(settings.with_(eager_delivery=True, **NO_SWEEP))
-    tid = _new_terminal(core, "worker", provider="scripted_eager")
+    tid = new_terminal(core, "worker", provider="scripted_eager")
     core.typist.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     state = _fail_one_capture(core, armed=False)
 
     def turn_ends() -> None:
         core.faults.hooks.pop("after_claim", None)
-        wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
+        wait_until(lambda: idle(core, tid), timeout=10, what="the turn ends")
         time.sleep(0.3)  # the screen is quiet from here on
         state[0] = 1
 
@@ -358,7 +357,7 @@ def test_a_failed_second_look_after_the_claim_is_looked_at_again(
         core.engine.watched.add(tid)
     mid = core.send_message(tid, "token-second-look", sender_id="s").message.id or 0
     wait_until(lambda: state[1] == 1, timeout=10, what="the look after the claim failed")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=6, what="delivered without the sweep")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=6, what="delivered without the sweep")
     assert core.engine.stats["sweeps"] == 0
 
 
@@ -371,7 +370,7 @@ def test_a_wall_clock_stepped_back_does_not_stall_the_look_throttle(
     rules = {"record": True, "rules": [{"match": r"^work", "delay": 2.0, "reply": "worked"}]}
     write_rules(settings.home, "worker", rules)
     core = make_core(settings.with_(**NO_SWEEP))
-    tid = _new_terminal(core, "worker")
+    tid = new_terminal(core, "worker")
     core.typist.send_input(core.store.get_terminal(tid), "work 1")
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "processing")
     mid = core.send_message(tid, "token-after-clock-step", sender_id="s").message.id or 0
@@ -381,5 +380,5 @@ def test_a_wall_clock_stepped_back_does_not_stall_the_look_throttle(
             timer.cancel()
         core.engine._retries.clear()
         core.delivery.clock = lambda: time.time() - 60.0  # the wall clock stepped back a minute
-    wait_until(lambda: _idle(core, tid), timeout=10, what="the turn ends")
-    wait_until(lambda: _status_of(core, mid) == "delivered", timeout=5, what="delivered after the turn")
+    wait_until(lambda: idle(core, tid), timeout=10, what="the turn ends")
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=5, what="delivered after the turn")

@@ -21,7 +21,7 @@ from cao.core import Cao
 from cao.errors import InvalidInput
 from cao.settings import Settings
 from cao.worktrees import MergeConflict, NotMergeable
-from tests.conftest import wait_until, write_rules
+from tests.helpers import wait_until, write_rules
 
 ECHO = {"rules": [], "default": {"reply": "ok: {first_line}"}}
 
@@ -1127,7 +1127,7 @@ def test_mcp_assign_handoff_diff_and_merge(make_server: Callable[..., Any], tmp_
 def test_demo_with_worktrees_merges_both_workers_into_the_supervisors_branch(tmp_path: Path):
     import sys
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CAO_", "TMUX", "GIT_"))}
     env.update(HOME=str(tmp_path), TMPDIR=str(tmp_path))

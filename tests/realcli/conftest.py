@@ -45,7 +45,7 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.realcli.bed import (
     REPO_ROOT,
     VENV_CLIS,
