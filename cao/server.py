@@ -20,7 +20,7 @@ import click
 import cao
 from cao import apitoken, runfile, security
 from cao.errors import CaoError
-from cao.settings import Settings
+from cao.settings import Settings, check_environment
 
 logger = logging.getLogger("cao.server")
 
@@ -193,14 +193,20 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
 
     try:
         settings = Settings.from_env()
+        unknown = check_environment(os.environ)
     except CaoError as exc:
         raise click.ClickException(exc.message) from None
+    for warning in unknown:
+        click.echo(f"warning: {warning}", err=True)
     host = host or settings.api_host
     port = settings.api_port if port is None else port
     if not 0 <= port <= 65535:
         raise click.BadParameter(f"{port} is not a TCP port; use 1-65535", param_hint="--port")
     settings = settings.with_(
-        api_host=host, api_port=port, server_url=os.environ.get("CAO_SERVER_URL") or f"http://{host}:{port}"
+        api_host=host,
+        api_port=port,
+        # CAO_SERVER_URL when set (agents reach the server there), else this address
+        server_url=settings.server_url if os.environ.get("CAO_SERVER_URL") else f"http://{host}:{port}",
     )
     try:
         check_exposure(settings)
@@ -218,7 +224,7 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
     # Many short-lived threads (HTTP workers, delivery runners) pass the GIL back and forth; the
     # default 5 ms switch interval adds up to tens of ms per request under load. 0.5 ms keeps
     # send latency low (CAO_GIL_SWITCH_INTERVAL overrides it, for measuring).
-    sys.setswitchinterval(float(os.environ.get("CAO_GIL_SWITCH_INTERVAL", "0.0005")))
+    sys.setswitchinterval(settings.gil_switch_interval)
     try:
         core = Cao(settings)
         apitoken.publish(settings)

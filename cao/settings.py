@@ -88,6 +88,8 @@ class Settings:
     provider_aliases: tuple[tuple[str, str], ...] = ()
     # where workers' git worktrees go (docs/worktrees.md); None = $CAO_HOME/worktrees
     worktrees_root: Path | None = None
+    # the interpreter's thread switch interval (sys.setswitchinterval), for measuring
+    gil_switch_interval: float = 0.0005
     # run the `setup:` commands of a repository's .cao/worktree.yaml (its code, on your machine)
     worktree_setup_commands: bool = False
 
@@ -164,6 +166,7 @@ class Settings:
             if env.get("CAO_WORKTREES_DIR")
             else None,
             worktree_setup_commands=_flag(env, "CAO_WORKTREE_SETUP_COMMANDS", False),
+            gil_switch_interval=_number(env, "CAO_GIL_SWITCH_INTERVAL", 0.0005, minimum=0.00001),
         )
 
     def with_(self, **changes: object) -> Settings:
@@ -172,3 +175,66 @@ class Settings:
     def ensure_dirs(self) -> None:
         for path in (self.home, self.logs_dir, self.scripted_dir, self.profiles_dir):
             path.mkdir(parents=True, exist_ok=True)
+
+
+# -- the CAO_* names ----------------------------------------------------------------------------------
+# What Settings.from_env reads (tests/test_docs.py checks docs/configuration.md names each one).
+SERVER_NAMES = (
+    "CAO_HOME",
+    "CAO_TMUX_SOCKET",
+    "CAO_API_HOST",
+    "CAO_API_PORT",
+    "CAO_SERVER_URL",
+    "CAO_EAGER_INBOX_DELIVERY",
+    "CAO_WATCH_INTERVAL",
+    "CAO_INBOX_RECONCILE_INTERVAL",
+    "CAO_INBOX_RECONCILE_GRACE_SECONDS",
+    "CAO_DELIVERY_MAX_ATTEMPTS",
+    "CAO_DELIVERY_LEASE_SECONDS",
+    "CAO_DELIVERY_WORKERS",
+    "CAO_MCP_READY_TIMEOUT",
+    "CAO_HOOKS",
+    "CAO_HOOK_SETTLE",
+    "CAO_INPUT_READY_TIMEOUT",
+    "CAO_INPUT_WAIT_TIMEOUT",
+    "CAO_LOG_CAP_BYTES",
+    "CAO_LOG_CAP_INTERVAL",
+    "CAO_PIPE_CHECK_INTERVAL",
+    "CAO_DELIVERY_RETRY_DELAY",
+    "CAO_DB_BUSY_TIMEOUT",
+    "CAO_FAULT_POINT",
+    "CAO_SCRIPTED_RECORD",
+    "CAO_API_TOKEN",
+    "CAO_ALLOWED_ORIGINS",
+    "CAO_ALLOWED_HOSTS",
+    "CAO_PROVIDER_ALIASES",
+    "CAO_WORKTREES_DIR",
+    "CAO_WORKTREE_SETUP_COMMANDS",
+    "CAO_GIL_SWITCH_INTERVAL",
+)
+# What cao sets in each agent's own environment (cao-server started from an agent's pane has them).
+AGENT_NAMES = ("CAO_TERMINAL_ID", "CAO_AGENT_PROFILE", "CAO_SCRIPTED_DIR", "CAO_SCRIPTED_HOOK")
+# The test suite's own (tests/prepare.py, the real-CLI bed).
+TEST_NAMES = ("CAO_TEST_CACHE", "CAO_REALCLI_CACHE", "CAO_REALCLI_PYTHON", "CAO_REALCLI_LOCK_WAIT")
+
+
+def check_environment(environ: Mapping[str, str]) -> list[str]:
+    """At cao-server's start: every provider knob that is set must parse (a bad value raises
+    :class:`InvalidInput` naming it: ``CAO_CLAUDE_BYPASS=ture`` would otherwise only fail at a
+    launch), and a ``CAO_*`` name nothing reads is worth a warning (a typo keeps a default
+    silently). Returns the warnings."""
+    import difflib
+
+    import providers
+
+    known = {*SERVER_NAMES, *AGENT_NAMES, *TEST_NAMES}
+    for knob in providers.all_knobs():
+        known.add(knob.name)
+        if environ.get(knob.name, "").strip():
+            knob.read(environ)
+    warnings = []
+    for name in sorted(k for k in environ if k.startswith("CAO_") and k not in known):
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else "; docs/configuration.md lists them"
+        warnings.append(f"{name} is not a cao setting, so it changes nothing{hint}")
+    return warnings

@@ -37,3 +37,25 @@ def test_ci_runs_the_readmes_test_command():
     two = re.findall(r"^make (\w+)\s+#", readme, re.M)[:2]
     assert two == ["demo", "test"]
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_server_setting_is_read_once_and_documented():
+    """Settings.from_env is the one reader of cao-server's CAO_* variables: the names it reads are
+    SERVER_NAMES exactly, and docs/configuration.md has a row for each."""
+    from cao.settings import SERVER_NAMES
+
+    source = (ROOT / "cao" / "settings.py").read_text()
+    reader = source[source.index("def from_env") : source.index("def with_")]
+    read = set(re.findall(r'"(CAO_[A-Z_]+)"', reader))
+    assert read == set(SERVER_NAMES)
+    table = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [name for name in SERVER_NAMES if f"`{name}`" not in table]
+    assert missing == [], f"docs/configuration.md lacks {missing}"
+    others = {
+        m
+        for path in (ROOT / "cao").rglob("*.py")
+        if path.name not in ("settings.py", "hook.py")  # hook.py: the CLIs' hook program, stdlib only
+        for m in re.findall(r'environ(?:\.get)?\(?\[?"(CAO_[A-Z_]+)"', path.read_text())
+    }
+    # cli.py says where a URL came from; server.py whether CAO_SERVER_URL was given
+    assert others <= {"CAO_SERVER_URL", "CAO_API_PORT", "CAO_API_HOST"}, others

@@ -74,3 +74,16 @@ def test_defaults_as_the_docs_show_them() -> None:
     assert knobs.text("CAO_C", "c").default_text == "unset"
     assert knobs.text("CAO_D", "d", default="claude").default_text == "`claude`"
     assert knobs.path("CAO_E", "e", shown="`~/.cache/cao`").default_text == "`~/.cache/cao`"
+
+
+def test_the_server_refuses_a_bad_provider_knob_at_start_and_warns_about_unknown_names():
+    from cao.settings import check_environment
+
+    with pytest.raises(InvalidInput, match="CAO_CLAUDE_BYPASS"):
+        check_environment({"CAO_CLAUDE_BYPASS": "ture"})  # only a launch used to notice
+    warnings = check_environment({"CAO_HOOK": "false", "CAO_NOTHING_LIKE_IT": "1", "CAO_HOOKS": "false"})
+    assert warnings == [
+        "CAO_HOOK is not a cao setting, so it changes nothing; did you mean CAO_HOOKS?",
+        "CAO_NOTHING_LIKE_IT is not a cao setting, so it changes nothing; docs/configuration.md lists them",
+    ]
+    assert check_environment({"CAO_TERMINAL_ID": "1a2b3c4d", "CAO_CLAUDE_BYPASS": "false"}) == []
