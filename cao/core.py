@@ -35,7 +35,7 @@ from cao.panelog import PaneLogs
 from cao.panes import PaneIO, Panes
 from cao.paste import is_blank
 from cao.settings import Settings
-from cao.states import ENDED, HookPhase, MessageStatus
+from cao.states import ENDED, FailureKind, HookPhase, MessageStatus, Trigger
 from cao.status import StatusReader
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
 from cao.timefmt import iso
@@ -230,6 +230,7 @@ class Cao:
             "delivered_at": iso(message.delivered_at),
             "attempts": message.attempts,
             "last_error": message.last_error,
+            "failure": message.failure,
             "waiting_reason": waiting,
         }
 
@@ -322,7 +323,7 @@ class Cao:
         except CaoError:
             pending = True  # a run that finds nothing costs one read
         if pending:
-            self.engine.kick(terminal.id, "created")
+            self.engine.kick(terminal.id, Trigger.CREATED)
         if initial_message is not None:
             try:
                 receipt = self.send_message(
@@ -376,17 +377,19 @@ class Cao:
             m = self.store.get_message(terminal.initial_message_id)
         except NotFound:
             return None
+        # the reference's words: pending (also while it is being pasted), delivered, failed (+ kind)
         out: dict[str, object] = {"message_id": m.id}
         if m.status in (MessageStatus.PENDING, MessageStatus.DELIVERING):
-            out["state"] = "pending"
+            out["state"] = MessageStatus.PENDING.value
         elif m.status == MessageStatus.DELIVERED:
-            out.update(state="delivered", delivered_at=iso(m.delivered_at))
+            out.update(state=MessageStatus.DELIVERED.value, delivered_at=iso(m.delivered_at))
         else:
-            gone = (m.last_error or "").startswith("receiver_gone")
-            kind = (
-                "cancelled" if m.status == MessageStatus.CANCELLED else "receiver_gone" if gone else "failed"
-            )
-            out.update(state="failed", kind=kind, message=m.last_error or m.status)
+            kind: str = MessageStatus.FAILED.value
+            if m.status == MessageStatus.CANCELLED:
+                kind = MessageStatus.CANCELLED.value
+            elif m.failure == FailureKind.RECEIVER_GONE:
+                kind = FailureKind.RECEIVER_GONE.value
+            out.update(state=MessageStatus.FAILED.value, kind=kind, message=m.last_error or m.status)
         return out
 
     def terminal_row(self, terminal_id: str) -> Terminal:
@@ -460,7 +463,7 @@ class Cao:
 
     def mcp_ready(self, terminal_id: str) -> None:
         self.status.note_mcp_ready(self.terminal_row(terminal_id))
-        self.engine.kick(terminal_id, "mcp_ready")
+        self.engine.kick(terminal_id, Trigger.MCP_READY)
 
     def hook(self, terminal_id: str, report: dict[str, object], *, key: str | None = None) -> str | None:
         """One lifecycle event reported by the agent CLI's hook (cao/hooks.py). A turn's end, its
@@ -474,7 +477,7 @@ class Cao:
             return None  # a late event from a CLI that is gone: nothing to do
         phase = self.status.note_hook(terminal, str(report["event"]), report)
         if phase in (HookPhase.TURN_END, HookPhase.SESSION_START, HookPhase.ASKING, HookPhase.SESSION_END):
-            self.engine.kick(terminal_id, "hook")
+            self.engine.kick(terminal_id, Trigger.HOOK)
         self.engine.refresh_status(terminal_id)
         return phase.value if phase else None
 

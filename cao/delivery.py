@@ -30,7 +30,7 @@ from cao.panelog import PaneLogs
 from cao.panes import Panes
 from cao.paste import arrived, format_batch, header, is_ours
 from cao.settings import Settings
-from cao.states import ENDED, RECEIVER_GONE, Blocked, HookPhase, TerminalState, WaitReason
+from cao.states import ENDED, RECEIVER_GONE, Blocked, HookPhase, TerminalState, Trigger, WaitReason
 from cao.status import StatusReader
 from cao.store import Claim, Message, Store, Terminal
 from cao.tmux import blocked_reason
@@ -43,7 +43,7 @@ TAIL_BYTES = 2048
 # A provider with no cheap idle check on its log tail gets a full look at most this often on log
 # changes (a spinner redraws ~10 times a second).
 LOOK_EVERY = 0.25
-LOG_TRIGGERS = ("watchdog", "watch_armed")  # woken by a pane log (or the arming of its watch)
+LOG_TRIGGERS = (Trigger.WATCHDOG, Trigger.WATCH_ARMED)  # woken by a pane log (or the arming of its watch)
 MODE_POLL = 1.0  # seconds between looks while a person has the pane in a tmux mode
 
 
@@ -143,7 +143,7 @@ class Delivery:
         self._looked: dict[str, float] = {}  # receiver -> self.time.monotonic() of its last capture here
 
     # -- the delivery function ------------------------------------------------------------------
-    def deliver(self, receiver_id: str, *, trigger: str = "manual") -> Result:
+    def deliver(self, receiver_id: str, *, trigger: str = Trigger.MANUAL) -> Result:
         try:  # one read: the row, any outstanding claim, the newest pending message
             terminal, outstanding, newest = self.store.delivery_view(receiver_id)
         except StoreBusy:
@@ -224,7 +224,7 @@ class Delivery:
         except (PaneGone, TmuxServerDown):
             return Result(Outcome.FAILED, reason=RECEIVER_GONE)  # lose() failed its mail
         except TmuxError as exc:
-            return self._hold(terminal, newest, f"{WaitReason.UNREADABLE} ({exc.message})")
+            return self._hold(terminal, newest, WaitReason.UNREADABLE, exc.message)
         if why is not None:
             return self._hold(terminal, newest, why)
         # 2. claim
@@ -243,7 +243,8 @@ class Delivery:
             except (PaneGone, TmuxServerDown):
                 return Result(Outcome.FAILED, reason=RECEIVER_GONE)
             except TmuxError as exc:
-                why = f"{WaitReason.UNREADABLE} ({exc.message})"
+                self.store.unclaim(claim.token)
+                return self._hold(terminal, newest, WaitReason.UNREADABLE, exc.message)
             if why is not None:
                 self.store.unclaim(claim.token)
                 return self._hold(terminal, newest, why)
@@ -372,9 +373,10 @@ class Delivery:
                 )
         return n
 
-    def _hold(self, terminal: Terminal, newest: int, why: str) -> Result:
-        """The gate is closed for ``why``: note it, and say when to look again if only time opens it."""
-        waiting = self._wait(terminal.id, newest, why)
+    def _hold(self, terminal: Terminal, newest: int, why: str, detail: str = "") -> Result:
+        """The gate is closed for ``why`` (a WaitReason or Blocked; ``detail`` goes with it into the
+        stored text): note it, and say when to look again if only time opens it."""
+        waiting = self._wait(terminal.id, newest, f"{why} ({detail})" if detail else why)
         waiting.look_again_in = self._opens_in(terminal, why)
         return waiting
 
@@ -384,7 +386,7 @@ class Delivery:
         a fresh turn-start report that alone reads "busy" on a ready screen, or a fresh session-end
         report that alone reads "exited" (cao/hooks.py: each counts for ``hook_settle`` seconds)."""
         now = self.clock()
-        if why.startswith(WaitReason.UNREADABLE):
+        if why == WaitReason.UNREADABLE:
             return self.settings.retry_delay
         if why in set(Blocked):  # leaving a mode (or turning input on) writes nothing to the log
             return MODE_POLL
@@ -499,7 +501,7 @@ class Delivery:
             self.sleep(self.settings.recovery_settle)
             seen = self._seen(terminal, provider, batch)
             if seen:
-                out["delivered"] += self._ack(claim, seen, "recovery", found=True)
+                out["delivered"] += self._ack(claim, seen, Trigger.RECOVERY, found=True)
             rest = [m for m in batch if m not in seen]
             if not rest:
                 return out
@@ -507,7 +509,7 @@ class Delivery:
             box = provider.input_text(screen) or ""
             ours = is_ours(box, rest[0], format_batch(rest))  # type: ignore[arg-type]
             if ours and self.typist.submit(terminal, None, before=screen, fence=fence):
-                out["delivered"] += self._ack(claim, rest, "recovery")
+                out["delivered"] += self._ack(claim, rest, Trigger.RECOVERY)
                 return out
             counts = self.store.release(
                 new_token,

@@ -29,6 +29,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from cao.states import MessageStatus, Status
 from cao.timefmt import epoch
 from cao.tmux import Tmux
 from cao.worktrees import Git
@@ -201,12 +202,12 @@ def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
                         seen[m["id"]] = m["status"]
                         who = f"{names.get(m['sender_id'], m['sender_id'])} → {names.get(m['receiver_id'])}"
                         console.print(f"message #{m['id']} {who}: {m['status']}", highlight=False)
-                delivered = [m for m in msgs if m["status"] == "delivered"]
+                delivered = [m for m in msgs if m["status"] == MessageStatus.DELIVERED]
                 if (
                     len(delivered) >= 5
                     and "collected" in screen
                     and all(
-                        http.get(f"/terminals/{t}").json()["status"] in ("idle", "completed")
+                        http.get(f"/terminals/{t}").json()["status"] in (Status.IDLE, Status.COMPLETED)
                         for t in names
                         if t != "operator"
                     )

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import EVENT_TYPE_CREATED, EVENT_TYPE_MODIFIED, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingObserverVFS
 
 from cao.delivery import Delivery, Outcome
@@ -32,6 +32,7 @@ from cao.delivery import Delivery, Outcome
 if TYPE_CHECKING:
     from cao.lifecycle import Lifecycle
 from cao.errors import StoreBusy, StoreGone
+from cao.states import Trigger
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class _LogEvents(FileSystemEventHandler):
         self.wake = wake
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.is_directory or event.event_type not in ("modified", "created"):
+        if event.is_directory or event.event_type not in (EVENT_TYPE_MODIFIED, EVENT_TYPE_CREATED):
             return
         path = event.src_path if isinstance(event.src_path, str) else event.src_path.decode()
         name = os.path.basename(path)
@@ -106,7 +107,7 @@ class DeliveryEngine:
             self.stats["kicks"] += 1
             if receiver_id in self._running:
                 # A log change can't prove "idle" while a run is under way; a send or sweep can.
-                if trigger != "watchdog" or receiver_id not in self._again:
+                if trigger != Trigger.WATCHDOG or receiver_id not in self._again:
                     self._again[receiver_id] = trigger
                 return
             self._running[receiver_id] = trigger
@@ -120,7 +121,7 @@ class DeliveryEngine:
         """Trigger 1: right after a send commits (never waits for tmux)."""
         if self.delivery.faults.active("skip_immediate"):  # DELIVERY.md scenario 12: make it miss
             return
-        self.kick(receiver_id, "immediate")
+        self.kick(receiver_id, Trigger.IMMEDIATE)
 
     def _run(self, receiver_id: str, trigger: str) -> None:
         while True:
@@ -137,7 +138,7 @@ class DeliveryEngine:
                     self.stats["delivered"] += result.count
                     key = f"delivered_by_{trigger}"
                     self.stats[key] = self.stats.get(key, 0) + result.count
-                    trigger = "after_delivery"
+                    trigger = Trigger.AFTER_DELIVERY
                     continue  # more may be pending; the gate decides
                 if result.outcome == Outcome.RETRY:
                     retry_after = self.settings.retry_delay
@@ -165,7 +166,7 @@ class DeliveryEngine:
                         # log for listeners looked before we added it): a receiver that turned ready
                         # since our screen read would never wake it. (A running watch sees a newly
                         # watched log as created on its next poll, which wakes it.)
-                        self._again.setdefault(receiver_id, "watch_armed")
+                        self._again.setdefault(receiver_id, Trigger.WATCH_ARMED)
                 else:
                     self.watched.discard(receiver_id)
                 if retry_after is not None:  # even if a re-run follows: it may wait on the clock too
@@ -199,7 +200,7 @@ class DeliveryEngine:
             if current is None or current[0] != due:
                 return  # replaced by an earlier timer (this one fired before its cancel)
             del self._retries[receiver_id]
-        self.kick(receiver_id, "retry")
+        self.kick(receiver_id, Trigger.RETRY)
 
     def _still_pending(self, receiver_id: str) -> bool:
         try:
@@ -244,7 +245,7 @@ class DeliveryEngine:
 
     def _on_log_change(self, terminal_id: str) -> None:
         if terminal_id in self.watched:
-            self.kick(terminal_id, "watchdog")
+            self.kick(terminal_id, Trigger.WATCHDOG)
         if self.events.listening:
             self.refresh_status(terminal_id)
 
@@ -293,10 +294,10 @@ class DeliveryEngine:
         with self._lock:
             self._recover.update(stale)
         for rid in stale:
-            self.kick(rid, "recover")
+            self.kick(rid, Trigger.RECOVER)
         receivers = self.store.receivers_with_pending(older_than=now - self.settings.sweep_grace)
         for rid in receivers:
-            self.kick(rid, "sweep")
+            self.kick(rid, Trigger.SWEEP)
         self._park_watchdog()
         self.cap_logs()
         return {"kicked": len(receivers), "stale_claims": len(stale), "finished_deletes": len(finished)}
@@ -336,7 +337,7 @@ class DeliveryEngine:
         self._housekeeper = threading.Thread(target=self._housekeeping_loop, name="cao-sweep", daemon=True)
         self._housekeeper.start()
         for rid in self.store.receivers_with_pending():
-            self.kick(rid, "startup")
+            self.kick(rid, Trigger.STARTUP)
 
     def stop(self) -> None:
         self._stop.set()

@@ -20,7 +20,7 @@ from cao.errors import BoxOccupied, CaoError, InvalidInput, PaneGone, PaneInMode
 from cao.lifecycle import Lifecycle
 from cao.names import validate_terminal_id
 from cao.paste import is_blank
-from cao.states import JobState, Status, TerminalState
+from cao.states import JobState, Status, StepFailure, TerminalState
 from cao.status import StatusReader
 from cao.store import Store, Terminal
 from cao.timefmt import iso
@@ -45,7 +45,7 @@ class StepFailed(CaoError):
 
     def __init__(self, message: str, *, kind: str, terminal_id: str | None) -> None:
         super().__init__(message)
-        self.status_code = {"timeout": 504, "busy": 409}.get(kind, 502)
+        self.status_code = {StepFailure.TIMEOUT: 504, StepFailure.BUSY: 409}.get(StepFailure(kind), 502)
         self.fields = {"kind": kind, "terminal_id": terminal_id}
 
 
@@ -161,15 +161,19 @@ class Handoffs:
             self.typist.send_input(terminal, prompt)
         except (PaneGone, TmuxServerDown) as exc:
             raise StepFailed(
-                f"worker terminal {tid} is gone: {exc.message}.{gone}", kind="error", terminal_id=tid
+                f"worker terminal {tid} is gone: {exc.message}.{gone}",
+                kind=StepFailure.ERROR,
+                terminal_id=tid,
             ) from None
         except (BoxOccupied, PaneInMode) as exc:  # a person types in it or scrolls it: nothing typed
-            raise StepFailed(f"worker terminal {tid}: {exc.message}", kind="busy", terminal_id=tid) from None
+            raise StepFailed(
+                f"worker terminal {tid}: {exc.message}", kind=StepFailure.BUSY, terminal_id=tid
+            ) from None
         except CaoError as exc:
             if exc.status_code == 409:  # never became ready: nothing was typed
                 raise StepFailed(
                     f"worker terminal {tid} did not become ready: {exc.message}.{gone}",
-                    kind="timeout",
+                    kind=StepFailure.TIMEOUT,
                     terminal_id=tid,
                 ) from None
             raise
@@ -184,13 +188,15 @@ class Handoffs:
                 why = self.status.output(current, "last")
                 fix = " It has been removed; fix the cause (see the error) or retry." if removed else ""
                 raise StepFailed(
-                    f"worker terminal {tid} stopped with an error: {why}.{fix}", kind="error", terminal_id=tid
+                    f"worker terminal {tid} stopped with an error: {why}.{fix}",
+                    kind=StepFailure.ERROR,
+                    terminal_id=tid,
                 )
             if status == Status.GONE or current.state != TerminalState.LIVE:
                 why = current.gone_reason or current.state
                 raise StepFailed(
                     f"worker terminal {tid} exited before it answered ({why}).{gone}",
-                    kind="error",
+                    kind=StepFailure.ERROR,
                     terminal_id=tid,
                 )
             busy_seen = busy_seen or status in (Status.PROCESSING, Status.WAITING_USER_ANSWER)
@@ -203,7 +209,7 @@ class Handoffs:
                 raise StepFailed(
                     f"worker terminal {tid} did not finish the task within {timeout:g} s (last status: "
                     f"{status}); {left}. {LONG_WORK}",
-                    kind="timeout",
+                    kind=StepFailure.TIMEOUT,
                     terminal_id=tid,
                 )
             self.clock.sleep(STEP_POLL)

@@ -52,6 +52,7 @@ import cao
 from cao import apitoken
 from cao.errors import CaoError
 from cao.settings import Settings
+from cao.states import Status
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +262,7 @@ class AgentTools:
             deadline = self.clock() + self.exit_grace
             while self.clock() < deadline:
                 resp = await self.http.get(f"/terminals/{worker_id}")
-                if resp.status_code == 404 or resp.json().get("status") == "gone":
+                if resp.status_code == 404 or resp.json().get("status") == Status.GONE:
                     break
                 await anyio.sleep(0.1)
         except (httpx.HTTPError, ValueError):
@@ -364,7 +365,7 @@ class AgentTools:
                     timeout=httpx.Timeout(HTTP_TIMEOUT, read=timeout + STEP_GRACE),
                 )
             except ToolError as exc:
-                outcome["error"] = exc
+                outcome["failure"] = exc
             finally:
                 done.set()
 
@@ -376,8 +377,8 @@ class AgentTools:
             with anyio.move_on_after(self.exit_grace + 2 * HTTP_TIMEOUT, shield=True):
                 await self._abandon(job)  # cancelled: the worker must not outlive the call
             raise
-        if "error" in outcome:
-            raise outcome["error"]
+        if "failure" in outcome:
+            raise outcome["failure"]
         result: dict[str, Any] = outcome["result"]
         wid = result["terminal_id"]
         answer = str(result.get("last_message") or "").strip() or f"(worker {wid} finished without a reply)"
@@ -408,7 +409,7 @@ class AgentTools:
                     now = self.clock()
                     if status != last or now - last_report >= self.progress_every:
                         note = f"worker {wid} ({profile}): {status}"
-                        if status == "waiting_user_answer":
+                        if status == Status.WAITING_USER_ANSWER:
                             note += " (it asks a question: answer it in its tmux pane)"
                         await _quietly(report, round(now - started, 1), timeout, note)
                         last, last_report = status, now

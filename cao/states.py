@@ -85,6 +85,40 @@ class Blocked(StrEnum):
     SYNCHRONIZED = "this pane's window has synchronize-panes on (cao's keys would reach a person's panes)"
 
 
+class Trigger(StrEnum):
+    """What woke a delivery run (cao/engine.py); kept in its log lines and counters."""
+
+    IMMEDIATE = "immediate"  # trigger 1: right after a send committed
+    WATCHDOG = "watchdog"  # trigger 2: the receiver's pane log changed
+    WATCH_ARMED = "watch_armed"  # its log just joined a fresh watch: look once
+    SWEEP = "sweep"  # trigger 3: the reconcile sweep
+    RECOVER = "recover"  # a stale claim to resolve first
+    RECOVERY = "recovery"  # acknowledged by the recovery itself
+    RETRY = "retry"  # a timer: a failed attempt, or a gate that opens with time
+    STARTUP = "startup"  # mail found at server start
+    HOOK = "hook"  # the CLI's lifecycle hook reported a turn's end, a question, a session
+    MCP_READY = "mcp_ready"  # the agent's cao MCP server reported in
+    CREATED = "created"  # a terminal sent mail while it was starting finished its create
+    AFTER_DELIVERY = "after_delivery"  # more may be pending after a delivery
+    MANUAL = "manual"  # called directly (tests, tools)
+
+
+class StepFailure(StrEnum):
+    """Why a handoff step failed (the ``kind`` of ``POST /terminals/run-step``'s error body)."""
+
+    ERROR = "error"  # the worker stopped with an error, or exited (502)
+    TIMEOUT = "timeout"  # it did not become ready or finish in time (504)
+    BUSY = "busy"  # a person is using its pane: text in its box, or scrolling it (409)
+
+
+class WorktreeState(StrEnum):
+    """A worker's git worktree (docs/worktrees.md)."""
+
+    ACTIVE = "active"  # its worker runs in it
+    REMOVED = "removed"  # the worker was deleted; its work saved on branches, the tree removed
+    KEPT = "kept"  # the worker was deleted, the tree kept: something in it would have been lost
+
+
 class JobState(StrEnum):
     """A handoff job's (``POST /terminals/run-step`` with a ``job_id``; GET /handoff-results)."""
 
@@ -103,4 +137,11 @@ class HookPhase(StrEnum):
     SESSION_END = "session_end"
 
 
-RECEIVER_GONE = "receiver_gone"
+class FailureKind(StrEnum):
+    """Why a ``failed`` message failed (a column beside its error text)."""
+
+    RECEIVER_GONE = "receiver_gone"  # its receiver was deleted, exited or lost its pane
+    RETRIES_EXHAUSTED = "retries_exhausted"  # CAO_DELIVERY_MAX_ATTEMPTS attempts went unconfirmed
+
+
+RECEIVER_GONE = FailureKind.RECEIVER_GONE.value

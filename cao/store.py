@@ -48,11 +48,11 @@ from cao.errors import (
     StoreGone,
     StoreUnwritable,
 )
-from cao.states import RECEIVER_GONE, MessageStatus, TerminalState
+from cao.states import RECEIVER_GONE, FailureKind, MessageStatus, TerminalState
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -120,6 +120,7 @@ class Message(SQLModel):
     nonce: str | None = None  # schema 3
     recheck: str | None = None  # schema 3
     waiting_reason: str | None = None  # schema 3
+    failure: str | None = None  # schema 8: FailureKind of a failed message
 
 
 class HandoffJob(SQLModel):
@@ -293,6 +294,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: (
         "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
         "INSERT INTO store_meta (key, value) VALUES ('writes', 0)",
+    ),
+    # 8: why a failed message failed, as a kind (cao/states.py FailureKind), beside its error text
+    8: (
+        "ALTER TABLE message ADD COLUMN failure TEXT",
+        "UPDATE message SET failure = 'receiver_gone' "
+        "WHERE status = 'failed' AND last_error LIKE 'receiver_gone%'",
+        "UPDATE message SET failure = 'retries_exhausted' WHERE status = 'failed' AND failure IS NULL",
     ),
 }
 
@@ -660,9 +668,9 @@ class Store:
     @staticmethod
     def _fail_mail(conn: sqlite3.Connection, terminal_id: str, reason: str) -> int:
         cur = conn.execute(
-            "UPDATE message SET status = 'failed', last_error = ?, claim = NULL, waiting_reason = NULL "
-            "WHERE receiver_id = ? AND status IN ('pending', 'delivering')",
-            (reason, terminal_id),
+            "UPDATE message SET status = 'failed', last_error = ?, failure = ?, claim = NULL, "
+            "waiting_reason = NULL WHERE receiver_id = ? AND status IN ('pending', 'delivering')",
+            (reason, FailureKind.RECEIVER_GONE, terminal_id),
         )
         return int(cur.rowcount)
 
@@ -983,9 +991,9 @@ class Store:
         with self._write() as conn:
             failed = conn.execute(
                 "UPDATE message SET status = 'failed', attempts = attempts + ?, last_error = ?, "
-                "claim = NULL, waiting_reason = NULL "
+                "failure = ?, claim = NULL, waiting_reason = NULL "
                 "WHERE claim = ? AND status = 'delivering' AND attempts + ? >= ?",
-                (inc, error, token, inc, max_attempts),
+                (inc, error, FailureKind.RETRIES_EXHAUSTED, token, inc, max_attempts),
             ).rowcount
             pending = conn.execute(
                 "UPDATE message SET status = 'pending', attempts = attempts + ?, last_error = ?, "

@@ -19,6 +19,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from cao.states import MessageStatus
+
 if TYPE_CHECKING:
     from cao.cli import Client
 
@@ -137,7 +139,11 @@ class Watcher:
         for col in ("id", "sender → receiver", "state", "why / error", "attempts"):
             mail.add_column(col)
         for m in sorted(self.messages.values(), key=lambda m: -int(m["id"]))[:MESSAGE_ROWS]:
-            why = m.get("waiting_reason") or (m.get("last_error") if m["status"] != "delivered" else "") or ""
+            why = (
+                m.get("waiting_reason")
+                or (m.get("last_error") if m["status"] != MessageStatus.DELIVERED else "")
+                or ""
+            )
             mail.add_row(
                 f"#{m['id']}",
                 f"{m['sender_id']} → {m['receiver_id']}",

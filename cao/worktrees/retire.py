@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cao.states import WorktreeState
 from cao.worktrees import scratch
 from cao.worktrees.git import Git, Pinned, WorktreeError, dotgit_like, not_the_folder
 from cao.worktrees.scratch import MAX_FILE_BYTES, Scratch, size_text
@@ -366,11 +367,11 @@ def retire(
         return _retire_gone(git, common_dir, path, branch)
     problem = not_the_folder(path)
     if problem:
-        return "kept", f"worktree kept, nothing was touched: {problem}"
+        return WorktreeState.KEPT, f"worktree kept, nothing was touched: {problem}"
     try:
         p = git.identify(common_dir, path)
     except WorktreeError as exc:
-        return "kept", f"worktree kept at {path}, not touched: {exc.message}"
+        return WorktreeState.KEPT, f"worktree kept at {path}, not touched: {exc.message}"
     try:
         with tempfile.TemporaryDirectory(prefix="cao-retire-") as tmp:
             (Path(tmp) / "a").mkdir()
@@ -378,7 +379,7 @@ def retire(
             first = scratch.read(git, p, setup, Path(tmp) / "a", limit=limit, strict=True, staged=True)
             why, notes = holds(git, p, first, discard, limit)
             if why:
-                return "kept", _kept_note(git, p, first, why)
+                return WorktreeState.KEPT, _kept_note(git, p, first, why)
             if (p.admin / "index.lock").exists():
                 notes.append(
                     "an index.lock was left in it (a git command crashed or was killed): the work was "
@@ -387,10 +388,10 @@ def retire(
             snap = snapshot(git, p, first)
             second = scratch.read(git, p, setup, Path(tmp) / "b", limit=limit, strict=True, staged=True)
             if snapshot(git, p, second) != snap or second.too_big or second.refused:
-                return "kept", f"worktree kept at {path}: it changed while cao was saving it"
+                return WorktreeState.KEPT, f"worktree kept at {path}: it changed while cao was saving it"
         notes = save(git, p, snap, branch=branch, label=label) + notes
     except WorktreeError as exc:
-        return "kept", f"worktree kept at {path}: its work could not be committed ({exc.message})"
+        return WorktreeState.KEPT, f"worktree kept at {path}: its work could not be committed ({exc.message})"
     notes += _stashes(git, p, since)
     problem = not_the_folder(path)  # once more, right before the one destructive step
     removed = None
@@ -398,10 +399,12 @@ def retire(
         removed = git.run(p.common, "worktree", "remove", "--force", str(path), check=False)
     if removed is None or removed.returncode != 0:
         failed = problem or (removed.stderr.strip()[:300] if removed else "")
-        return "kept", "; ".join([*notes, f"worktree kept at {path}: git worktree remove failed ({failed})"])
+        return WorktreeState.KEPT, "; ".join(
+            [*notes, f"worktree kept at {path}: git worktree remove failed ({failed})"]
+        )
     notes.append("worktree removed")
     notes.append(_branch_fate(git, p.common, branch))
-    return "removed", "; ".join(notes)
+    return WorktreeState.REMOVED, "; ".join(notes)
 
 
 def _retire_gone(git: Git, common_dir: Path, path: Path, branch: str) -> tuple[str, str]:
@@ -414,7 +417,10 @@ def _retire_gone(git: Git, common_dir: Path, path: Path, branch: str) -> tuple[s
     if admin is None:
         notes.append(f"its folder {path} was already gone and git knows no worktree there (moved?)")
     elif (admin / "locked").exists():
-        return "kept", f"worktree {path} kept: its folder is gone but it is locked (`git worktree lock`)"
+        return (
+            WorktreeState.KEPT,
+            f"worktree {path} kept: its folder is gone but it is locked (`git worktree lock`)",
+        )
     else:
         p = Pinned(None, admin, common, {})
         probe = git.run(
@@ -422,7 +428,7 @@ def _retire_gone(git: Git, common_dir: Path, path: Path, branch: str) -> tuple[s
         )
         if probe.returncode != 0 or Path(probe.stdout.strip()).resolve() != common:
             seen = (probe.stdout or probe.stderr).strip()[:300]
-            return "kept", (
+            return WorktreeState.KEPT, (
                 f"worktree entry {admin} kept, not touched: its folder {path} is gone and the entry "
                 f"points at another repository ({seen})"
             )
@@ -430,11 +436,14 @@ def _retire_gone(git: Git, common_dir: Path, path: Path, branch: str) -> tuple[s
         try:
             notes += save(git, p, None, branch=branch, label="")
         except WorktreeError as exc:
-            return "kept", f"worktree entry {admin} kept: its commits could not be saved ({exc.message})"
+            return (
+                WorktreeState.KEPT,
+                f"worktree entry {admin} kept: its commits could not be saved ({exc.message})",
+            )
         git.run(common, "worktree", "remove", "--force", str(path))
         notes.append("its folder was already gone; git's entry for it removed")
     notes.append(_branch_fate(git, common, branch))
-    return "removed", "; ".join(notes)
+    return WorktreeState.REMOVED, "; ".join(notes)
 
 
 def _kept_note(git: Git, p: Pinned, s: Scratch, why: Sequence[str]) -> str:

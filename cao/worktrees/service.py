@@ -27,7 +27,7 @@ from pathlib import Path
 from cao.errors import CaoError, InvalidInput
 from cao.events import EventBus
 from cao.settings import Settings
-from cao.states import TerminalState
+from cao.states import TerminalState, WorktreeState
 from cao.store import Store, Terminal, Worktree
 from cao.worktrees import retire as retiring
 from cao.worktrees import review
@@ -126,7 +126,7 @@ class Workspaces:
         self.events.publish(
             "terminal.worktree",
             terminal_id=terminal_id,
-            state="active",
+            state=WorktreeState.ACTIVE,
             branch=plan.branch,
             path=str(plan.path),
             note=f"from {repo.branch or repo.head[:10]}",
@@ -148,7 +148,7 @@ class Workspaces:
         :func:`cao.worktrees.retire.retire`). Never raises; a failure leaves the row ``active``
         (an orphan)."""
         wt = self.store.get_worktree(terminal_id)
-        if wt is None or wt.state != "active":
+        if wt is None or wt.state != WorktreeState.ACTIVE:
             return wt
         try:
             # `discard:` is read now, from the checkout (the operator's), not from the worktree
@@ -194,17 +194,17 @@ class Workspaces:
         known: set[str] = set()
         for wt in self.store.list_worktrees():
             known.add(str(Path(wt.path).resolve()))
-            if wt.state == "removed":
+            if wt.state == WorktreeState.REMOVED:
                 continue
             term = terminals.get(wt.terminal_id)
             real = not_the_folder(Path(wt.path)) is None
             live = term is not None and term.state == TerminalState.LIVE and real
-            if live and wt.state == "active":
+            if live and wt.state == WorktreeState.ACTIVE:
                 adopted.append(wt.terminal_id)
                 continue
             why = (
                 f"kept at delete: {wt.note}"
-                if wt.state == "kept"
+                if wt.state == WorktreeState.KEPT
                 else f"its terminal is {term.state if term else 'unknown'}"
             )
             if not os.path.lexists(wt.path):
@@ -263,7 +263,7 @@ class Workspaces:
         return out
 
     def _diffstat(self, wt: Worktree) -> dict[str, int] | None:
-        if wt.state != "active":
+        if wt.state != WorktreeState.ACTIVE:
             return None
         now = time.monotonic()
         with self._lock:
@@ -342,7 +342,7 @@ class Workspaces:
         """The worker's worktree while it holds work cao can read: active, or kept at delete
         (its uncommitted work is still only there), and still the worktree cao made (a real
         folder, no symlink, its .git and git's entry agree: :meth:`Git.identify`)."""
-        if wt.state not in ("active", "kept") or not os.path.lexists(wt.path):
+        if wt.state not in (WorktreeState.ACTIVE, WorktreeState.KEPT) or not os.path.lexists(wt.path):
             return None
         try:
             return self.git.identify(Path(wt.common_dir), Path(wt.path))
@@ -353,8 +353,16 @@ class Workspaces:
         wt = self.get(terminal_id)
         target = self.target(wt, into)
         pinned = self._pinned(wt)
-        if pinned is None and os.path.lexists(wt.path) and wt.state in ("active", "kept"):
-            how = f"was kept at delete ({wt.note})" if wt.state == "kept" else "is no longer the one cao made"
+        if (
+            pinned is None
+            and os.path.lexists(wt.path)
+            and wt.state in (WorktreeState.ACTIVE, WorktreeState.KEPT)
+        ):
+            how = (
+                f"was kept at delete ({wt.note})"
+                if wt.state == WorktreeState.KEPT
+                else "is no longer the one cao made"
+            )
             raise NotMergeable(
                 f"worker {terminal_id}'s worktree {how} and cao can't tell what it holds; merge its "
                 f"branch {wt.branch} with git yourself once you have reviewed it"
@@ -364,7 +372,7 @@ class Workspaces:
             if dirty:
                 todo = (
                     "The worker is gone and its worktree was kept at delete: commit them there yourself"
-                    if wt.state == "kept"
+                    if wt.state == WorktreeState.KEPT
                     else "Ask it to commit, or delete the worker (its work is committed as a wip commit)"
                 )
                 raise NotMergeable(
