@@ -1,5 +1,5 @@
 """One agent step, start to answer — the one handoff (``POST /terminals/run-step``; the agents'
-MCP ``handoff`` tool calls the same route, cao/mcp.py):
+MCP ``handoff`` tool calls the same route, cao/mcp/tools.py):
 
     create a worker (or reuse one) ─► type the task once it is ready ─► wait for its answer
       ─► return it ─► delete the worker (``teardown``; a failed one too with ``remove_on_failure``)

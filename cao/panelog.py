@@ -1,6 +1,6 @@
 """The pane logs: ``$CAO_HOME/logs/terminal/<id>.log``, one per terminal — the one owner of them.
 
-tmux's ``pipe-pane`` appends every byte a pane prints to its terminal's log (cao/tmux.py opens
+tmux's ``pipe-pane`` appends every byte a pane prints to its terminal's log (cao/tmux/ opens
 the pipe). The log is what the watchdog trigger polls (cao/engine.py), what the delivery's cheap
 "could it be idle?" check reads the tail of (cao/delivery.py), what the dashboard's live terminal
 view streams (cao/dashboard.py), and what housekeeping keeps under the cap and removes with its

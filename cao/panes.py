@@ -2,7 +2,7 @@
 
     PaneIO            the protocol a pane backend speaks (identity-checked: each call names the
                       pane instance by its PaneRef and checks it in the same step as the action)
-      Tmux            cao/tmux.py: the tmux binary (the only module that runs it)
+      Tmux            cao/tmux/: the tmux binary (the only module that runs it)
       MemoryPanes     cao/testing/panes.py: an in-memory double for the fast tier
     Panes             a terminal's pane I/O over a PaneIO: the pane's identity from the row, a
                       per-terminal lock, and "gone for good" when the pane is gone or not its own
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 class PaneIO(Protocol):
     """What a pane backend does. Every call that names a PaneRef checks that identity (server,
     pane id, process, home tag) in the same step as the action, and refuses to type into a pane a
-    person is using (a tmux mode, input off, synchronized panes): see cao/tmux.py."""
+    person is using (a tmux mode, input off, synchronized panes): see cao/tmux/."""
 
     def create_window(
         self,

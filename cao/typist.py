@@ -5,7 +5,7 @@ Everything here runs under the terminal's lock (cao/panes.py), so a status read 
 that depends on it never straddle another paste; inbox delivery (cao/delivery.py) submits through
 :meth:`Typist.submit` too. Text is neutralised first (cao/paste.py): no escape sequence, paste
 marker or control key survives. Nothing is ever typed over a person: not while their text sits in
-the input box, not while they have the pane in a tmux mode (see cao/tmux.py).
+the input box, not while they have the pane in a tmux mode (see cao/tmux/).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class Typist:
         ``before`` is the screen before the paste (captured when not given). The provider judges
         fresh screens (``submit_confirmed``); if the text still sits in the input box halfway
         through its ``submit_timeout``, Enter is pressed once more. ``fence``: the paste and that
-        Enter happen only while the claim with this fence owns the pane (see cao/tmux.py).
+        Enter happen only while the claim with this fence owns the pane (see cao/tmux/).
         ``renew`` is called while waiting (a delivery renews its lease). ``text=None``: the text
         is already in the box (cao's own, proven by its header): only press Enter. ``evidence``:
         a check that proves the submit without the screen (the CLI's hook reported a prompt with

@@ -68,7 +68,7 @@ def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path: Path):
 def test_migrations_build_exactly_the_sqlmodel_tables(tmp_path: Path, table: str):
     """One source of truth: the sqlmodel table classes. The numbered migrations (which existing
     databases run) must end at the same columns, nullability and primary key."""
-    from cao.store import HandoffJobTable, MessageTable, TerminalTable, WorktreeTable
+    from cao.store.schema import HandoffJobTable, MessageTable, TerminalTable, WorktreeTable
 
     Store(tmp_path / "x.db").close()
     with sqlite3.connect(tmp_path / "x.db") as conn:

@@ -1,0 +1,3 @@
+from cao.mcp.server import main
+
+main()

@@ -1,0 +1,199 @@
+"""``cao-mcp-server``'s MCP side: the tools as the agents see them (names, descriptions, argument
+schemas), served over stdio, and the command itself. What each tool does is cao/mcp/tools.py."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated, Any
+
+import anyio
+import click
+import httpx
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import Field
+
+import cao
+from cao import apitoken
+from cao.errors import CaoError
+from cao.mcp.tools import HTTP_TIMEOUT, INSTRUCTIONS, MAX_TIMEOUT, AgentTools
+from cao.settings import Settings
+
+logger = logging.getLogger("cao.mcp")
+
+TerminalId = Annotated[str, Field(description="A terminal id: 8 hex digits, e.g. 1a2b3c4d.")]
+ProfileName = Annotated[
+    str,
+    Field(description="Agent profile of the worker, e.g. developer or reviewer (`cao profiles` lists them)."),
+]
+
+
+def build_server(tools: AgentTools) -> MCPServer[Any]:
+    server: MCPServer[Any] = MCPServer("cao", instructions=INSTRUCTIONS, version=cao.__version__)
+
+    @server.tool()
+    async def send_message(
+        message: Annotated[str, Field(description="The text to send.")],
+        receiver_id: Annotated[
+            str | None, Field(description="Terminal id of the receiver; leave out to reach your supervisor.")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Put a message in another agent's inbox; it is pasted into that agent's terminal when it is ready.
+
+        Returns at once with the message id. Without receiver_id the message goes to your supervisor
+        (the agent that assigned you your task). Retrying an identical call doesn't send it twice.
+        """
+        return await tools.send_message(message, receiver_id)
+
+    @server.tool()
+    async def assign(
+        agent_profile: ProfileName,
+        message: Annotated[str, Field(description="The task: everything the worker needs to do it.")],
+        working_directory: Annotated[
+            str | None, Field(description="Directory the worker starts in (default: yours).")
+        ] = None,
+        use_worktree: Annotated[
+            bool | None,
+            Field(
+                description="Give the worker its own git worktree on a new branch from your HEAD, so "
+                "parallel workers don't edit the same files (default: its profile's setting)."
+            ),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Start a new worker agent on a task and return its terminal id at once (don't wait for it).
+
+        The worker gets the task through its inbox, with a note saying you are its supervisor. It
+        reports back with send_message; the report arrives in your input as a cao message. Use it for
+        parallel or long tasks; use handoff when you need the answer before going on.
+        """
+        return await tools.assign(agent_profile, message, working_directory, use_worktree)
+
+    @server.tool()
+    async def handoff(
+        agent_profile: ProfileName,
+        message: Annotated[str, Field(description="The task: everything the worker needs to do it.")],
+        timeout: Annotated[
+            float,
+            Field(description="Seconds to wait for the answer (start-up included).", gt=0, le=MAX_TIMEOUT),
+        ] = 600.0,
+        use_worktree: Annotated[
+            bool | None,
+            Field(description="Run the worker in its own git worktree (its branch stays for merge_worker)."),
+        ] = None,
+        ctx: Context[Any, Any] | None = None,
+    ) -> str:
+        """Start a new worker agent, give it one task, wait for it to finish and return its answer.
+
+        The worker is stopped and removed afterwards, also on error or timeout. Use it for
+        self-contained tasks whose result you need now; use assign for work that takes long.
+        """
+        report = ctx.report_progress if ctx is not None else None
+        return await tools.handoff(agent_profile, message, timeout, report, use_worktree)
+
+    @server.tool()
+    async def worker_diff(
+        worker_id: TerminalId,
+        full: Annotated[bool, Field(description="The whole patch instead of the stat.")] = False,
+    ) -> dict[str, Any]:
+        """Show what a worker with its own git worktree changed: its branch's commits and what it
+        has not committed yet, against the branch it was made from (stat, or the full patch)."""
+        return await tools.worker_diff(worker_id, full)
+
+    @server.tool()
+    async def merge_worker(
+        worker_id: TerminalId,
+        into: Annotated[
+            str | None, Field(description="Branch to merge into (default: the one it was made from).")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Merge a worker's branch into yours (or `into`). On a conflict nothing changes: you get
+        merged=false and the conflicted files' text; resolve it in the worker and merge again."""
+        return await tools.merge_worker(worker_id, into)
+
+    @server.tool()
+    async def my_inbox(
+        status: Annotated[
+            str | None,
+            Field(
+                description="Only messages in this status: pending, delivering, delivered, failed, cancelled."
+            ),
+        ] = None,
+    ) -> dict[str, Any]:
+        """List the newest messages sent to you (sender, status, text), newest first."""
+        return await tools.my_inbox(status)
+
+    @server.tool()
+    async def my_workers() -> dict[str, Any]:
+        """List the workers you started (assign or handoff) that still exist, with their live status."""
+        return await tools.my_workers()
+
+    @server.tool()
+    async def whoami() -> dict[str, Any]:
+        """Your terminal id, session, profile, provider, status and supervisor (if any)."""
+        return await tools.whoami()
+
+    return server
+
+
+async def serve(server_url: str, terminal_id: str | None, auth: httpx.Auth | None = None) -> None:
+    async with httpx.AsyncClient(base_url=server_url, timeout=HTTP_TIMEOUT, auth=auth) as http:
+        if terminal_id:  # tell cao-server this agent's tools are up: it holds input until then
+            try:
+                await http.post(f"/terminals/{terminal_id}/mcp-ready")
+            except httpx.HTTPError as exc:
+                logger.warning("could not report in to cao-server: %s", exc)
+        await build_server(AgentTools(http, terminal_id)).run_stdio_async()
+
+
+EPILOG = """\b
+Example (an agent CLI's MCP configuration; cao's providers write it for you):
+  {"mcpServers": {"cao": {"command": "cao-mcp-server",
+                          "env": {"CAO_TERMINAL_ID": "1a2b3c4d",
+                                  "CAO_SERVER_URL": "http://127.0.0.1:9889",
+                                  "CAO_HOME": "/home/me/.cao"}}}}
+
+\b
+Try it by hand:
+  CAO_TERMINAL_ID=1a2b3c4d cao-mcp-server     # then speak MCP (JSON-RPC) on stdin
+"""
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+@click.option(
+    "--terminal-id",
+    envvar="CAO_TERMINAL_ID",
+    default=None,
+    help="The terminal whose agent this server speaks for (default: $CAO_TERMINAL_ID).",
+)
+@click.option(
+    "--server-url", default=None, help="cao-server URL (default: $CAO_SERVER_URL or http://127.0.0.1:9889)."
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+    help="Log level (logs go to stderr; stdout carries the protocol).",
+)
+@click.version_option(cao.__version__, "--version", prog_name="cao-mcp-server")
+def main(terminal_id: str | None, server_url: str | None, log_level: str) -> None:
+    """MCP server (stdio) with the tools agents use to work together.
+
+    Tools: send_message, assign, handoff, worker_diff, merge_worker, my_inbox, my_workers, whoami.
+    Each agent CLI started by cao runs one; it acts as that agent (CAO_TERMINAL_ID) against
+    cao-server (CAO_SERVER_URL), sending the server's API token if it has one (CAO_API_TOKEN,
+    else $CAO_HOME/api-token).
+    """
+    logging.basicConfig(
+        stream=sys.stderr, level=log_level.upper(), format="%(levelname)s %(name)s %(message)s"
+    )
+    try:
+        settings = Settings.from_env()
+    except CaoError as exc:
+        raise click.ClickException(exc.message) from None
+    url = server_url or settings.server_url
+    anyio.run(serve, url.rstrip("/"), terminal_id, apitoken.BearerAuth(settings))
+
+
+if __name__ == "__main__":
+    main()

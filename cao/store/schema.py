@@ -1,0 +1,262 @@
+"""The database's tables (sqlmodel classes: typed rows, cheap to build) and the numbered
+migrations that create and move them forward (``PRAGMA user_version`` holds the version)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlmodel import Field, SQLModel
+
+from cao.states import MessageStatus, TerminalState
+
+SCHEMA_VERSION = 8
+
+MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
+MAX_BODY_BYTES = 256 * 1024
+WAL_SUFFIX = "-wal"
+POOL_SIZE = 8
+
+
+class Terminal(SQLModel):
+    """A terminal row (plain model: cheap to build, free to mutate).
+
+    Its pane's identity is the triple (``tmux_server_pid``, ``pane_id``, ``pane_pid``): a new tmux
+    server reuses pane ids, so ``pane_id`` alone names nothing. ``fence`` counts delivery claims
+    and recoveries; the pane carries the last one that pasted (tmux option ``@cao_fence``), so a
+    deliverer that lost its claim can't paste (see cao/tmux/).
+    """
+
+    id: str = Field(primary_key=True)
+    name: str
+    session_name: str
+    provider: str
+    agent_profile: str
+    working_directory: str
+    pane_id: str | None = None
+    pane_pid: int | None = None
+    state: str = TerminalState.STARTING.value
+    status: str = "processing"
+    supervisor_id: str | None = None
+    created_at: float
+    last_active: float
+    ready_at: float | None = None
+    mcp_ready_at: float | None = None  # when the agent's cao MCP server reported in (schema 2)
+    tmux_server_pid: int | None = None  # schema 3
+    fence: int = 0  # schema 3
+    gone_reason: str | None = None  # schema 3: why the terminal is gone
+    initial_message_id: int | None = None  # schema 4: the task it was created with (an inbox message)
+    # schema 6: the CLI's latest lifecycle hook report (cao/hooks.py), so a restart keeps it
+    hook_phase: str | None = None
+    hook_event: str | None = None
+    hook_at: float | None = None
+    hook_starts: int = 0  # 1: the CLI has reported a turn start (it reports them all)
+
+
+class Message(SQLModel):
+    """A message row (plain model: cheap to build, free to mutate).
+
+    ``nonce`` goes into the message's header when it is pasted, so evidence that it arrived can't
+    be forged by a body or mistaken for another message. ``recheck`` marks rows whose earlier paste
+    may have arrived (a crash, an unconfirmed submit): the next attempt re-claims exactly that
+    batch and looks for it before pasting. ``waiting_reason`` says why a pending row waits.
+    """
+
+    id: int | None = Field(default=None, primary_key=True)
+    sender_id: str
+    receiver_id: str
+    body: str
+    body_sha256: str
+    idempotency_key: str | None = None
+    status: str = MessageStatus.PENDING.value
+    created_at: float
+    claimed_at: float | None = None
+    delivered_at: float | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    claim: str | None = None
+    nonce: str | None = None  # schema 3
+    recheck: str | None = None  # schema 3
+    waiting_reason: str | None = None  # schema 3
+    failure: str | None = None  # schema 8: FailureKind of a failed message
+
+
+class HandoffJob(SQLModel):
+    """One ``POST /terminals/run-step`` job (a reference client's handoff), kept under the id its
+    client chose so the result can be fetched again (``GET /handoff-results/{job_id}``) after the
+    request itself timed out. ``state``: running, completed or error."""
+
+    job_id: str = Field(primary_key=True)
+    state: str
+    terminal_id: str | None = None
+    last_message: str | None = None
+    error_message: str | None = None
+    created_at: float
+    updated_at: float
+
+
+class Worktree(SQLModel):
+    """A worker's git worktree (schema 5): where it is, its branch, where it came from.
+
+    ``state``: ``active`` while the worktree exists for its terminal, ``removed`` once the delete
+    retired it (``note`` says what happened to its work and its branch), ``kept`` when it could
+    not be retired safely and was left as it is. ``setup_paths`` (JSON list) are the files cao
+    copied or linked in: never committed, never counted as the worker's changes.
+    """
+
+    terminal_id: str = Field(primary_key=True)
+    repo_dir: str  # the checkout it was made from (the default merge target is its branch)
+    common_dir: str  # the repository's shared git directory
+    path: str
+    branch: str
+    base_commit: str
+    base_branch: str | None = None
+    subdir: str = ""
+    setup_paths: str = "[]"
+    state: str = "active"
+    note: str | None = None
+    created_at: float
+    removed_at: float | None = None
+
+
+class TerminalTable(Terminal, table=True):
+    """The ``terminal`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "terminal"
+
+
+class MessageTable(Message, table=True):
+    """The ``message`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "message"
+
+
+class HandoffJobTable(HandoffJob, table=True):
+    """The ``handoff_job`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "handoff_job"
+
+
+class WorktreeTable(Worktree, table=True):
+    """The ``worktree`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "worktree"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A won claim: the token that owns the rows, the pane fence for its paste, the rows in order."""
+
+    token: str
+    fence: int
+    messages: list[Message]
+    recheck: bool  # the batch was pasted before and may have arrived: look before pasting
+
+    @property
+    def ids(self) -> list[int]:
+        return [m.id or 0 for m in self.messages]
+
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE terminal (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            session_name TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            agent_profile TEXT NOT NULL,
+            working_directory TEXT NOT NULL,
+            pane_id TEXT,
+            pane_pid INTEGER,
+            state TEXT NOT NULL DEFAULT 'live',
+            status TEXT NOT NULL DEFAULT 'processing',
+            supervisor_id TEXT,
+            created_at REAL NOT NULL,
+            last_active REAL NOT NULL,
+            ready_at REAL
+        )""",
+        "CREATE INDEX ix_terminal_session ON terminal (session_name)",
+        """CREATE TABLE message (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            sender_id TEXT NOT NULL,
+            receiver_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            body_sha256 TEXT NOT NULL,
+            idempotency_key TEXT,
+            status TEXT NOT NULL DEFAULT 'pending',
+            created_at REAL NOT NULL,
+            claimed_at REAL,
+            delivered_at REAL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            claim TEXT
+        )""",
+        "CREATE INDEX ix_message_receiver_status ON message (receiver_id, status, id)",
+        "CREATE INDEX ix_message_status_created ON message (status, created_at)",
+        "CREATE UNIQUE INDEX ux_message_idempotency ON message (sender_id, idempotency_key)",
+        # outstanding claims only: keeps mark_delivered/release O(batch) however big the table grows
+        "CREATE INDEX ix_message_claim ON message (claim) WHERE status = 'delivering'",
+    ),
+    # 2: agents whose CLI starts cao's MCP server report in, so input can wait for their tools
+    2: ("ALTER TABLE terminal ADD COLUMN mcp_ready_at REAL",),
+    # 3: pane identity (tmux server pid), paste fences, unforgeable headers, stored waiting reasons
+    3: (
+        "ALTER TABLE terminal ADD COLUMN tmux_server_pid INTEGER",
+        "ALTER TABLE terminal ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE terminal ADD COLUMN gone_reason TEXT",
+        "ALTER TABLE message ADD COLUMN nonce TEXT",
+        "ALTER TABLE message ADD COLUMN recheck TEXT",
+        "ALTER TABLE message ADD COLUMN waiting_reason TEXT",
+        "UPDATE message SET nonce = lower(hex(randomblob(6))) WHERE nonce IS NULL",
+    ),
+    # 4: the reference orchestrator's clients: a terminal's initial task, handoff jobs by client id
+    4: (
+        "ALTER TABLE terminal ADD COLUMN initial_message_id INTEGER",
+        """CREATE TABLE handoff_job (
+            job_id TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            terminal_id TEXT,
+            last_message TEXT,
+            error_message TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+    ),
+    # 5: a git worktree per worker (docs/worktrees.md)
+    5: (
+        """CREATE TABLE worktree (
+            terminal_id TEXT PRIMARY KEY,
+            repo_dir TEXT NOT NULL,
+            common_dir TEXT NOT NULL,
+            path TEXT NOT NULL,
+            branch TEXT NOT NULL,
+            base_commit TEXT NOT NULL,
+            base_branch TEXT,
+            subdir TEXT NOT NULL DEFAULT '',
+            setup_paths TEXT NOT NULL DEFAULT '[]',
+            state TEXT NOT NULL DEFAULT 'active',
+            note TEXT,
+            created_at REAL NOT NULL,
+            removed_at REAL
+        )""",
+    ),
+    # 6: the CLI's latest lifecycle hook report survives a restart (cao/hooks.py)
+    6: (
+        "ALTER TABLE terminal ADD COLUMN hook_phase TEXT",
+        "ALTER TABLE terminal ADD COLUMN hook_event TEXT",
+        "ALTER TABLE terminal ADD COLUMN hook_at REAL",
+        "ALTER TABLE terminal ADD COLUMN hook_starts INTEGER NOT NULL DEFAULT 0",
+    ),
+    # 7: every write transaction counts itself, so a file rewound under a running server (an older
+    # copy restored in place) shows: the count it finds is lower than the one this server wrote
+    7: (
+        "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+        "INSERT INTO store_meta (key, value) VALUES ('writes', 0)",
+    ),
+    # 8: why a failed message failed, as a kind (cao/states.py FailureKind), beside its error text
+    8: (
+        "ALTER TABLE message ADD COLUMN failure TEXT",
+        "UPDATE message SET failure = 'receiver_gone' "
+        "WHERE status = 'failed' AND last_error LIKE 'receiver_gone%'",
+        "UPDATE message SET failure = 'retries_exhausted' WHERE status = 'failed' AND failure IS NULL",
+    ),
+}
