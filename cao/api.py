@@ -21,7 +21,7 @@ import providers
 from cao import dashboard, inputs, security
 from cao.core import Cao
 from cao.errors import CaoError, InvalidInput, StoreBusy
-from cao.hooks import HOOK_KEY_HEADER
+from cao.hookstate import HOOK_KEY_HEADER
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -283,7 +283,7 @@ def create_app(core: Cao) -> FastAPI:
 
     @app.post("/terminals/{terminal_id}/hooks")
     async def hook_event(terminal_id: str, request: Request) -> dict[str, Any]:
-        """Called by ``python -m cao.hook`` when the agent CLI runs a lifecycle hook (cao/hooks.py)."""
+        """Called by ``python -m cao.hook`` when the agent CLI runs a lifecycle hook (cao/hookstate.py)."""
         report = _hook_report(await request.body())
         key = request.headers.get(HOOK_KEY_HEADER, "")  # never None here: the key is always checked
         phase = await _off_loop(core.hook, terminal_id, report, key=key)

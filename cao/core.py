@@ -466,7 +466,7 @@ class Cao:
         self.engine.kick(terminal_id, Trigger.MCP_READY)
 
     def hook(self, terminal_id: str, report: dict[str, object], *, key: str | None = None) -> str | None:
-        """One lifecycle event reported by the agent CLI's hook (cao/hooks.py). A turn's end, its
+        """One lifecycle event reported by the agent CLI's hook (cao/hookstate.py). A turn's end, its
         session's start (or a question, or its exit) wakes delivery to that agent at once and
         refreshes its status for listeners. ``key`` (the HTTP route always passes one, ``""`` when
         the request had none) must be the terminal's own hook key; in-process callers pass None."""

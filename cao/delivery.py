@@ -384,7 +384,7 @@ class Delivery:
         """Seconds until a closed gate opens by the clock alone, or None: a failed screen read (a
         tmux hiccup: an idle pane writes nothing more to wake us); the MCP wait's timeout;
         a fresh turn-start report that alone reads "busy" on a ready screen, or a fresh session-end
-        report that alone reads "exited" (cao/hooks.py: each counts for ``hook_settle`` seconds)."""
+        report that alone reads "exited" (cao/hookstate.py: each counts for ``hook_settle`` seconds)."""
         now = self.clock()
         if why == WaitReason.UNREADABLE:
             return self.settings.retry_delay

@@ -60,7 +60,7 @@ class Settings:
     lease_seconds: float = 60.0
     delivery_workers: int = 32
     mcp_ready_timeout: float = 30.0
-    hooks: bool = True  # wire the agent CLIs' lifecycle hooks to cao-server (cao/hooks.py)
+    hooks: bool = True  # wire the agent CLIs' lifecycle hooks to cao-server (cao/hookstate.py)
     hook_settle: float = 5.0  # seconds a hook may be ahead of the screen before they disagree
     input_ready_timeout: float = 60.0  # typed input waits this long for a starting agent
     input_wait_timeout: float = 10.0  # typed input waits this long for a person's text or tmux mode

@@ -128,7 +128,7 @@ class JobState(StrEnum):
 
 
 class HookPhase(StrEnum):
-    """What an agent CLI's lifecycle hook event says about its turn (see cao/hooks.py)."""
+    """What an agent CLI's lifecycle hook event says about its turn (see cao/hookstate.py)."""
 
     TURN_START = "turn_start"  # a prompt was submitted and a turn begins
     TURN_END = "turn_end"  # the turn finished; the CLI waits for input

@@ -1,5 +1,5 @@
 """What a terminal is doing: its status, read live from its screen and from what its CLI's own
-lifecycle hooks reported (cao/hooks.py), and the view of it the API shows.
+lifecycle hooks reported (cao/hookstate.py), and the view of it the API shows.
 
 The screen is the state: every read is an identity-checked capture (cao/panes.py) that the
 terminal's provider interprets; the row only keeps the last status seen (for listings and the
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from cao.errors import DiskFull, Forbidden, InvalidInput, PaneGone, StoreBusy, TmuxServerDown
 from cao.events import EventBus
-from cao.hooks import Hooks, combine, hook_key, load_secret
+from cao.hookstate import Hooks, combine, hook_key, load_secret
 from cao.panes import Panes
 from cao.settings import Settings
 from cao.states import ENDED, READY, HookPhase, Status, TerminalState
@@ -37,7 +37,7 @@ class TerminalView:
     status: str
     mcp_ready: bool | None = None  # None: this provider doesn't wait for cao's MCP server
     status_reason: str | None = None  # why: an unknown screen, hooks, or why the terminal is gone
-    hook: dict[str, object] | None = None  # the CLI's latest lifecycle hook event (cao/hooks.py)
+    hook: dict[str, object] | None = None  # the CLI's latest lifecycle hook event (cao/hookstate.py)
 
     def as_dict(self) -> dict[str, object]:
         t = self.terminal
@@ -75,7 +75,7 @@ class StatusReader:
         self.panes = panes
         self.events = events
         self.clock = clock
-        self.hooks = Hooks(clock)  # what the CLIs' own lifecycle hooks reported (cao/hooks.py)
+        self.hooks = Hooks(clock)  # what the CLIs' own lifecycle hooks reported (cao/hookstate.py)
         self._hooks_lock = threading.Lock()  # one hook report (memory + row) at a time
         self._hook_secret = load_secret(settings.home)
         self._seen_status: dict[str, str] = {}  # last status published per terminal
@@ -116,7 +116,7 @@ class StatusReader:
 
     def read(self, terminal: Terminal, screen: str) -> Reading:
         """The status of ``screen`` as the provider reads it, combined with what the CLI's own
-        lifecycle hooks reported (cao/hooks.py); the reason is kept for the operator when the
+        lifecycle hooks reported (cao/hookstate.py); the reason is kept for the operator when the
         status is unknown or the hooks decided or annotated it."""
         reading, by_hooks = combine(
             self.panes.provider(terminal).detect(screen),

@@ -67,7 +67,7 @@ class LaunchContext:
     # agent_profile names no profile (the scripted agent's rule-file names).
     profile: Profile | None = None
     hooks: bool = True  # wire the CLI's lifecycle hooks to cao-server (CAO_HOOKS)
-    hook_key: str = ""  # this terminal's own key for its hook reports (cao/hooks.py: hook_key)
+    hook_key: str = ""  # this terminal's own key for its hook reports (cao/hookstate.py: hook_key)
 
     @overload
     def knob(self, knob: Knob[T]) -> T: ...
@@ -163,7 +163,7 @@ class Provider:
 
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         """What the CLI's lifecycle hook ``event`` (with its ``payload``, see cao/hook.py) says
-        about its turn (cao/hooks.py); None: nothing (an event cao doesn't use, or a provider
+        about its turn (cao/hookstate.py); None: nothing (an event cao doesn't use, or a provider
         whose launch wires no hooks). The launch wires them with ``ctx.hook_command(...)``. The
         default looks the event up in ``hook_phases``; providers whose events need their payload
         read override this."""
@@ -179,7 +179,7 @@ class Provider:
 
     def can_read(self, screen: str) -> bool:
         """Does this screen match anything the provider knows? On one it can't read, the input box
-        can't be found or told from the history, whatever the CLI's hooks say (cao/hooks.py):
+        can't be found or told from the history, whatever the CLI's hooks say (cao/hookstate.py):
         no paste goes there, and neither "the box emptied" nor a header on it proves anything."""
         return self.detect(screen).status != TerminalStatus.UNKNOWN
 

@@ -139,7 +139,7 @@ class ClaudeCodeProvider(BoxedTUI):
             "skipDangerousModePermissionPrompt": True,
             "promptSuggestionEnabled": False,
         }
-        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hookstate.py)
             events = HOOK_EVENTS if version is None or version >= (2, 0) else HOOK_EVENTS[:-1]
             settings["hooks"] = cli.command_hooks(ctx, "claude", events, timeout=10)
         servers = cli.mcp_servers(ctx)

@@ -201,7 +201,7 @@ class CodexProvider(BoxedTUI):
                 "codex has no credentials: set CAO_OPENAI_API_KEY (or CAO_MODEL_BASE_URL for a local "
                 "model server) for cao-server"
             )
-        # Lifecycle hooks (cao/hooks.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
+        # Lifecycle hooks (cao/hookstate.py): 0.171 runs Claude-style hooks from $CODEX_HOME/hooks.json
         # (trusted with --dangerously-bypass-hook-trust: cao wrote them into the throwaway home);
         # before that, the `notify` program on each turn's end is all there is.
         binary = cli.find_cli(ctx, BIN, "@openai/codex")

@@ -178,7 +178,7 @@ class GeminiCliProvider(BoxedTUI):
         settings = cli.gemini_settings(ctx, "gemini-api-key", general)
         binary = cli.find_cli(ctx, BIN, "@google/gemini-cli")
         command = [binary]
-        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); no on-screen notes
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hookstate.py); no on-screen notes
             # (Gemini's hook timeout is in ms.)
             hooks = cli.command_hooks(ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao")
             version = cli.npm_version(binary, "@google/gemini-cli")

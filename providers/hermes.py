@@ -159,7 +159,7 @@ class HermesProvider(BoxedTUI):
         config = _config(
             api.base_url, api.key, api.model, cli.mcp_servers(ctx), cli.system_prompt(ctx), bypass
         )
-        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py)
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hookstate.py)
             config["hooks"] = {
                 event: [{"command": shlex.join(ctx.hook_command("hermes", event)), "timeout": 10}]
                 for event in HOOK_PHASES

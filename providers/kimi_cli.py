@@ -136,7 +136,7 @@ class KimiCliProvider(BoxedTUI):
         )
         share = ctx.terminal_home / ".kimi"
         config = _config(api.base_url, api.key, "openai_legacy" if api.local else "kimi", api.model)
-        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py): [[hooks]] tables
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hookstate.py): [[hooks]] tables
             config += "".join(
                 f"\n[[hooks]]\nevent = {_toml(event)}\n"
                 f"command = {_toml(shlex.join(ctx.hook_command('kimi', event)))}\ntimeout = 10\n"

@@ -94,7 +94,7 @@ class QwenCodeProvider(BoxedTUI):
         settings["$version"] = 4  # the current schema: else Qwen migrates (rewrites) the file at start
         if model:
             settings["model"] = {"name": model}
-        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hooks.py); Claude Code's format
+        if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hookstate.py); Claude Code's format
             settings["hooks"] = cli.command_hooks(ctx, "qwen", HOOK_EVENTS, timeout=10_000, matcher="")  # ms
         command = [cli.find_cli(ctx, BIN, "@qwen-code/qwen-code")]
         if bypass:

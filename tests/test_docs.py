@@ -59,3 +59,15 @@ def test_every_server_setting_is_read_once_and_documented():
     }
     # cli.py says where a URL came from; server.py whether CAO_SERVER_URL was given
     assert others <= {"CAO_SERVER_URL", "CAO_API_PORT", "CAO_API_HOST"}, others
+
+
+def test_documented_fault_points_are_the_ones_in_the_code():
+    """docs/configuration.md and docs/testing.md list every crash point the code has, and no other."""
+    code = "\n".join(p.read_text() for p in (ROOT / "cao").rglob("*.py"))
+    points = set(re.findall(r"\b(?:faults\.hit|faults\.active|self\.fault)\(\"([a-z_]+)\"", code))
+    assert {"before_commit", "after_paste", "after_pane_created"} <= points  # the pattern still matches
+    for doc in ("docs/configuration.md", "docs/testing.md"):
+        text = (ROOT / doc).read_text()
+        section = text[text.index("CAO_FAULT_POINT") :][:900]
+        listed = set(re.findall(r"`([a-z]+_[a-z_]+)`", section))
+        assert listed == points, f"{doc}: missing {sorted(points - listed)}, stale {sorted(listed - points)}"

@@ -1,4 +1,4 @@
-"""Lifecycle hooks (cao/hooks.py, cao/hook.py): what the CLIs report about their turns, next to the
+"""Lifecycle hooks (cao/hookstate.py, cao/hook.py): what the CLIs report about their turns, next to the
 screen. Real cao-server, real tmux, the scripted agent running the real hook program."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from cao.hook import report
-from cao.hooks import HOOK_KEY_HEADER, Hooks, HookState, combine, hook_key, load_secret
+from cao.hookstate import HOOK_KEY_HEADER, Hooks, HookState, combine, hook_key, load_secret
 from cao.paste import header
 from cao.states import HookPhase
 from providers.base import Reading, TerminalStatus
@@ -25,7 +25,7 @@ TOKEN = "hook-test-token-0123456789abcdef"
 S = TerminalStatus
 
 
-# -- combining the screen and the hooks (the table in cao/hooks.py) ----------------------------
+# -- combining the screen and the hooks (the table in cao/hookstate.py) ----------------------------
 def _state(phase: HookPhase, age: float, starts: bool = True, now: float = 1000.0) -> HookState:
     return HookState(phase=phase, event="Stop", at=now - age, starts=starts)
 

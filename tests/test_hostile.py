@@ -698,7 +698,7 @@ def test_a_file_under_cao_home_that_is_a_directory_is_a_clear_message(tmp_path, 
 
 
 def test_an_empty_or_short_hook_secret_is_made_anew(tmp_path):
-    from cao.hooks import load_secret
+    from cao.hookstate import load_secret
 
     home = tmp_path / "cao"
     home.mkdir()

@@ -589,7 +589,7 @@ def test_hermes_after_clear_is_idle_and_its_session_boundary_is_no_exit() -> Non
     """/clear (and /new) fire Hermes's on_session_finalize, as quitting does; only the hook's
     reason tells them apart. A fresh session waiting for input must not read as an exited CLI."""
     from cao.hook import report
-    from cao.hooks import Hooks, combine
+    from cao.hookstate import Hooks, combine
     from cao.states import HookPhase
 
     hermes = providers.get("hermes")

@@ -45,7 +45,7 @@ class Terminal(SQLModel):
     fence: int = 0  # schema 3
     gone_reason: str | None = None  # schema 3: why the terminal is gone
     initial_message_id: int | None = None  # schema 4: the task it was created with (an inbox message)
-    # schema 6: the CLI's latest lifecycle hook report (cao/hooks.py), so a restart keeps it
+    # schema 6: the CLI's latest lifecycle hook report (cao/hookstate.py), so a restart keeps it
     hook_phase: str | None = None
     hook_event: str | None = None
     hook_at: float | None = None
@@ -239,7 +239,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             removed_at REAL
         )""",
     ),
-    # 6: the CLI's latest lifecycle hook report survives a restart (cao/hooks.py)
+    # 6: the CLI's latest lifecycle hook report survives a restart (cao/hookstate.py)
     6: (
         "ALTER TABLE terminal ADD COLUMN hook_phase TEXT",
         "ALTER TABLE terminal ADD COLUMN hook_event TEXT",

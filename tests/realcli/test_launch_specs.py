@@ -328,7 +328,7 @@ def test_an_unrelated_package_json_is_no_release(tmp_path: Path) -> None:
     assert "--no-alt-screen" in providers.get("codex").launch(context(tmp_path, knobs)).command
 
 
-# -- lifecycle hooks (cao/hooks.py; what each release runs: docs/providers.md) -----------------
+# -- lifecycle hooks (cao/hookstate.py; what each release runs: docs/providers.md) -----------------
 HOOK = "-m cao.hook --terminal 1a2b3c4d --server http://127.0.0.1:9889"
 CLAUDE_PKG = "@anthropic-ai/claude-code"
 TRUST_FLAG = "--dangerously-bypass-hook-trust"

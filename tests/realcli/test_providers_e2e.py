@@ -34,7 +34,7 @@ class CLI(NamedTuple):
     provider: str
     queues_while_busy: bool  # a message pasted mid-turn is queued and runs as its own turn
     start_timeout: float
-    turn_end: str = ""  # its lifecycle hook event for a finished turn (cao/hooks.py); "": none
+    turn_end: str = ""  # its lifecycle hook event for a finished turn (cao/hookstate.py); "": none
     asking: str = ""  # ... and for a permission prompt
 
 
@@ -106,7 +106,7 @@ class Agent(NamedTuple):
         return self.server.message(message_id)
 
     def hook(self) -> dict[str, Any]:
-        """The CLI's latest lifecycle hook event as cao-server got it (cao/hooks.py), or {}."""
+        """The CLI's latest lifecycle hook event as cao-server got it (cao/hookstate.py), or {}."""
         return dict(self.server.call("GET", f"/terminals/{self.id}")["hook"] or {})
 
     def wait_hook(self, event: str, phase: str, timeout: float = 15) -> None:

@@ -1,4 +1,5 @@
-"""Lifecycle hooks: what the agent CLIs themselves report about their turns, next to the screen.
+"""What the server keeps of the agent CLIs' lifecycle hooks: what they report about their turns,
+next to the screen. (The program the CLIs run to report is ``cao/hook.py``.)
 
 Claude Code runs hook commands on ``UserPromptSubmit`` / ``Stop`` / ``Notification``, Codex runs
 its ``notify`` program when a turn completes, Gemini CLI runs ``BeforeAgent`` / ``AfterAgent``
