@@ -23,7 +23,9 @@ from cao import dashboard, inputs, security
 from cao.core import JOB_ID_RE, MAX_STEP_TIMEOUT, Cao
 from cao.errors import CaoError, InvalidInput, StoreBusy
 from cao.hooks import HOOK_KEY_HEADER
-from cao.params import Param, Params, Values
+from cao.params import NAME_SCHEMA, Param, Params, Values, path, query
+from cao.store import MESSAGE_STATUSES
+from cao.terminals import TERMINAL_ID_RE
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,6 +97,10 @@ SEND = Params(
     Param("sender_id", default="cli", doc="a terminal id, or a name like cli"),
     Param("idempotency_key", doc="a retry with the same key and intent answers the first receipt"),
 )
+# path and query parameters FastAPI reads from the signature, with what core checks in their schema
+TerminalId = Annotated[str, path(pattern=TERMINAL_ID_RE.pattern)]
+MessageId = Annotated[str, path(pattern="^[0-9]{1,18}$")]
+Status = Annotated[str | None, query(enum=list(MESSAGE_STATUSES))]
 
 HOOK_TEXT = ("source", "last_message", "notification_type", "message", "title", "reason")
 
@@ -188,49 +194,53 @@ def create_app(core: Cao) -> FastAPI:
         return await _off_loop(core.run_step, **p)
 
     @app.get("/handoff-results/{job_id}")
-    async def handoff_result(job_id: str) -> dict[str, Any]:
+    async def handoff_result(job_id: Annotated[str, path(pattern=JOB_ID_RE.pattern)]) -> dict[str, Any]:
         return await _off_loop(core.handoff_result, job_id)
 
     @app.get("/terminals/{terminal_id}")
-    async def get_terminal(terminal_id: str) -> dict[str, Any]:
+    async def get_terminal(terminal_id: TerminalId) -> dict[str, Any]:
         return await _off_loop(core.terminal_view, terminal_id)
 
     @app.get("/terminals/{terminal_id}/siblings", dependencies=[Depends(SIBLINGS)])
-    async def siblings(terminal_id: str) -> list[dict[str, Any]]:
+    async def siblings(terminal_id: TerminalId) -> list[dict[str, Any]]:
         """The other live terminals of its session (``depth``, ``cross_session``: accepted, no
         effect; cao has no terminal groups)."""
         return await _off_loop(core.siblings, terminal_id)
 
     @app.get("/terminals/{terminal_id}/working-directory")
-    async def working_directory(terminal_id: str) -> dict[str, Any]:
+    async def working_directory(terminal_id: TerminalId) -> dict[str, Any]:
         return {"working_directory": await _off_loop(core.working_directory, terminal_id)}
 
     @app.post("/terminals/{terminal_id}/key")
-    async def send_key(terminal_id: str, p: Annotated[Values, Depends(KEY)]) -> dict[str, Any]:
+    async def send_key(terminal_id: TerminalId, p: Annotated[Values, Depends(KEY)]) -> dict[str, Any]:
         await _off_loop(core.send_key, terminal_id, p["key"])
         return {"success": True}
 
     @app.post("/terminals/{terminal_id}/input")
-    async def send_input(terminal_id: str, p: Annotated[Values, Depends(INPUT)]) -> dict[str, Any]:
+    async def send_input(terminal_id: TerminalId, p: Annotated[Values, Depends(INPUT)]) -> dict[str, Any]:
         confirmed = await _off_loop(core.send_input, terminal_id, p["message"])
         return {"success": True, "confirmed": confirmed}
 
     @app.get("/terminals/{terminal_id}/output")
-    async def get_output(terminal_id: str, mode: str = "full", format: str = "json") -> Any:
+    async def get_output(
+        terminal_id: TerminalId,
+        mode: Annotated[str, query(enum=["full", "last"])] = "full",
+        format: Annotated[str, query(enum=["json", "text"])] = "json",
+    ) -> Any:
         out = await _off_loop(core.output, terminal_id, mode)
         if format == "text":
             return PlainTextResponse(out)
         return {"output": out, "mode": mode}
 
     @app.post("/terminals/{terminal_id}/mcp-ready")
-    async def mcp_ready(terminal_id: str) -> dict[str, Any]:
+    async def mcp_ready(terminal_id: TerminalId) -> dict[str, Any]:
         """Called by cao-mcp-server when it starts: the agent's cao tools are about to be there."""
 
         await _off_loop(core.mcp_ready, terminal_id)
         return {"success": True}
 
     @app.post("/terminals/{terminal_id}/hooks")
-    async def hook_event(terminal_id: str, request: Request) -> dict[str, Any]:
+    async def hook_event(terminal_id: TerminalId, request: Request) -> dict[str, Any]:
         """Called by ``python -m cao.hook`` when the agent CLI runs a lifecycle hook (cao/hooks.py)."""
         report = _hook_report(await request.body())
         key = request.headers.get(HOOK_KEY_HEADER, "")  # never None here: the key is always checked
@@ -238,7 +248,7 @@ def create_app(core: Cao) -> FastAPI:
         return {"success": True, "phase": phase}
 
     @app.post("/terminals/{terminal_id}/exit")
-    async def exit_terminal(terminal_id: str) -> dict[str, Any]:
+    async def exit_terminal(terminal_id: TerminalId) -> dict[str, Any]:
         confirmed = await _off_loop(core.exit_terminal, terminal_id)
         return {"success": True, "confirmed": confirmed}
 
@@ -248,25 +258,27 @@ def create_app(core: Cao) -> FastAPI:
         return await _off_loop(core.worktrees)
 
     @app.get("/terminals/{terminal_id}/diff")
-    async def worker_diff(terminal_id: str, full: bool = False, into: str | None = None) -> dict[str, Any]:
+    async def worker_diff(
+        terminal_id: TerminalId, full: bool = False, into: Annotated[str | None, query(**NAME_SCHEMA)] = None
+    ) -> dict[str, Any]:
         """The worker's changes on its branch (and uncommitted, while its worktree exists)."""
         if into is not None:
             inputs.check_text("into", into)
         return await _off_loop(core.diff, terminal_id, stat=not full, into=into)
 
     @app.post("/terminals/{terminal_id}/merge")
-    async def merge_worker(terminal_id: str, p: Annotated[Values, Depends(MERGE)]) -> dict[str, Any]:
+    async def merge_worker(terminal_id: TerminalId, p: Annotated[Values, Depends(MERGE)]) -> dict[str, Any]:
         """Merge the worker's branch into ``into`` (default: the branch it was made from)."""
         return await _off_loop(core.merge, terminal_id, into=p["into"])
 
     @app.delete("/terminals/{terminal_id}")
-    async def delete_terminal(terminal_id: str) -> dict[str, Any]:
+    async def delete_terminal(terminal_id: TerminalId) -> dict[str, Any]:
         failed = await _off_loop(core.delete_terminal, terminal_id)
         return {"success": True, "failed_messages": failed}
 
     # -- inbox ----------------------------------------------------------------------------------
     @app.post("/terminals/{receiver_id}/inbox/messages", status_code=201)
-    async def send_message(receiver_id: str, p: Annotated[Values, Depends(SEND)]) -> JSONResponse:
+    async def send_message(receiver_id: TerminalId, p: Annotated[Values, Depends(SEND)]) -> JSONResponse:
         receipt = await _off_loop(
             core.send_message,
             receiver_id,
@@ -278,23 +290,27 @@ def create_app(core: Cao) -> FastAPI:
 
     @app.get("/terminals/{terminal_id}/inbox/messages")
     async def list_inbox(
-        terminal_id: str, status: str | None = None, limit: int = 10
+        terminal_id: TerminalId,
+        status: Status = None,
+        limit: Annotated[int, query(minimum=1, maximum=100)] = 10,
     ) -> list[dict[str, Any]]:
         """The reference's list: oldest first, ISO times (our full view: /messages?receiver_id=)."""
         return await _off_loop(core.reference_inbox, terminal_id, status=status, limit=limit)
 
     @app.get("/messages")
     async def list_messages(
-        status: str | None = None, limit: int = 50, receiver_id: str | None = None
+        status: Status = None,
+        limit: Annotated[int, query(minimum=1, maximum=10000)] = 50,
+        receiver_id: Annotated[str | None, query(pattern=TERMINAL_ID_RE.pattern)] = None,
     ) -> list[dict[str, Any]]:
         return await _off_loop(core.list_messages, status=status, limit=limit, receiver_id=receiver_id)
 
     @app.get("/messages/{message_id}")
-    async def get_message(message_id: str) -> dict[str, Any]:
+    async def get_message(message_id: MessageId) -> dict[str, Any]:
         return await _off_loop(core.get_message, _message_id(message_id))
 
     @app.post("/messages/{message_id}/cancel")
-    async def cancel_message(message_id: str) -> dict[str, Any]:
+    async def cancel_message(message_id: MessageId) -> dict[str, Any]:
         return await _off_loop(core.cancel_message, _message_id(message_id))
 
     return app

@@ -17,7 +17,6 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from cao.params import Params
-from cao.store import MESSAGE_STATUSES
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 ERROR_SCHEMA: dict[str, Any] = {
@@ -46,16 +45,6 @@ STATE_CHANGING_ERRORS = {
 }
 UNAUTHORIZED = {"401": "missing or wrong bearer token (CAO_API_TOKEN)"}
 
-# constraints the routes check that FastAPI can't see in their signatures
-PARAMETERS: dict[str, dict[str, Any]] = {
-    "terminal_id": {"type": "string", "pattern": "^[0-9a-f]{8}$"},
-    "receiver_id": {"type": "string", "pattern": "^[0-9a-f]{8}$"},
-    "message_id": {"type": "string", "pattern": "^[0-9]{1,18}$"},
-    "limit": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 50},
-    "status": {"type": "string", "enum": list(MESSAGE_STATUSES)},
-    "mode": {"type": "string", "enum": ["full", "last"], "default": "full"},
-    "format": {"type": "string", "enum": ["json", "text"], "default": "json"},
-}
 # Routes that read only a JSON object body (no query form): the schema of that body.
 _hook_text = {"type": "string", "maxLength": 65536}
 JSON_BODIES: dict[tuple[str, str], dict[str, Any]] = {
@@ -125,8 +114,7 @@ def _complete_operation(
 ) -> None:
     responses = op.setdefault("responses", {})
     for param in op.get("parameters", []):
-        if param["name"] in PARAMETERS:
-            param["schema"] = {**PARAMETERS[param["name"]], "title": param["schema"].get("title", "")}
+        param["schema"] = _not_null(param["schema"])
     errors = dict(ERRORS)
     if method in ("post", "put", "patch", "delete"):
         errors |= STATE_CHANGING_ERRORS
@@ -165,6 +153,15 @@ def _complete_operation(
         }
     if (method, path) == TEXT_OUTPUT:
         responses["200"].setdefault("content", {})["text/plain"] = {"schema": {"type": "string"}}
+
+
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI writes an optional parameter as ``anyOf: [T, null]``; a URL can't carry a null."""
+    options = schema.get("anyOf")
+    if not isinstance(options, list) or len(options) != 2 or {"type": "null"} not in options:
+        return schema
+    [kept] = [option for option in options if option != {"type": "null"}]
+    return {**kept, **{key: value for key, value in schema.items() if key != "anyOf"}}
 
 
 def install(app: FastAPI, *, token: bool) -> None:

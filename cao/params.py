@@ -31,7 +31,8 @@ take a parameter its schema doesn't show.
 What needs the library (a known provider, a terminal id's shape, a job id, a timeout's bounds) is
 checked in core, with its words and in its order; a ``Param`` states it for the schema
 (``constraints``) and tests/test_fuzz.py holds the server to it. Path parameters and the
-query-only reads of ``GET`` routes stay with FastAPI.
+query-only reads of ``GET`` routes stay with FastAPI (its signature is their one place); ``path``
+and ``query`` add what core checks to their schema.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from collections.abc import KeysView, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fastapi import Request
+from fastapi import Path, Query, Request
 
 from cao import inputs
 from cao.errors import InvalidInput
@@ -179,3 +180,14 @@ class Params:
                     param.check_text(value)
         values = {p.name: p.read(given.get(p.name)) for p in self.params}  # in declaration order
         return Values({p.name: values[p.name] for p in self.params if not p.ignored})
+
+
+def path(**schema: Any) -> Any:
+    """A path parameter FastAPI reads itself (it checks only the type: core checks the rest, in its
+    words), with what core checks added to its schema: ``Annotated[str, path(pattern=...)]``."""
+    return Path(json_schema_extra=schema)
+
+
+def query(**schema: Any) -> Any:
+    """The same for a query parameter FastAPI reads itself."""
+    return Query(json_schema_extra=schema)

@@ -13,6 +13,7 @@ from cao import api, openapi
 from cao.api import create_app
 from cao.core import Cao
 from cao.errors import InvalidInput
+from cao.store import MESSAGE_STATUSES
 from tests.conftest import pid_alive, received_bodies, wait_until, write_rules
 
 
@@ -351,6 +352,30 @@ def test_each_routes_schema_is_written_from_its_declaration(make_core: Any, sett
     # any other body a route reads is the hook report's, JSON only (openapi.JSON_BODIES)
     bodies = {(m, p) for p, ops in schema["paths"].items() for m, op in ops.items() if "requestBody" in op}
     assert bodies - DECLARED == set(openapi.JSON_BODIES)
+
+
+def test_path_and_query_parameters_fastapi_reads_state_cores_checks(make_core: Any, settings: Any):
+    """They come from the route's signature (cao.params.path/query): no table by name elsewhere."""
+    with TestClient(create_app(make_core(settings, start=False))) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+
+    def schema(path: str, name: str, method: str = "get") -> dict[str, Any]:
+        [found] = [p["schema"] for p in paths[path][method]["parameters"] if p["name"] == name]
+        return found
+
+    inbox, messages = "/terminals/{terminal_id}/inbox/messages", "/messages"
+    assert (schema(inbox, "limit")["maximum"], schema(inbox, "limit")["default"]) == (100, 10)
+    assert (schema(messages, "limit")["maximum"], schema(messages, "limit")["default"]) == (10000, 50)
+    assert schema(messages, "status") == {"type": "string", "enum": list(MESSAGE_STATUSES), "title": "Status"}
+    assert (
+        schema(messages, "receiver_id")["pattern"]
+        == schema(inbox, "terminal_id")["pattern"]
+        == "^[0-9a-f]{8}$"
+    )
+    assert schema("/messages/{message_id}", "message_id")["pattern"] == "^[0-9]{1,18}$"
+    assert schema("/terminals/{terminal_id}/output", "mode")["enum"] == ["full", "last"]
+    assert schema("/terminals/{terminal_id}/diff", "into")["maxLength"] == 4096
+    assert schema("/handoff-results/{job_id}", "job_id")["pattern"] == "^[0-9a-f]{32}$"
 
 
 def test_a_route_reads_only_the_parameters_it_declares():
