@@ -101,7 +101,7 @@ class Param:
             if isinstance(value, (str, int, float)) and not isinstance(value, bool):
                 try:
                     return float(value)
-                except ValueError:
+                except (ValueError, OverflowError):  # OverflowError: a JSON integer past 1e308
                     pass
             raise InvalidInput(f"{self.name} must be a number of seconds")
         if value is None or value == "":
