@@ -2,7 +2,8 @@
 
 Route shapes follow the reference orchestrator (cli-agent-orchestrator) so its clients keep
 working (docs/compatibility.md); every route that takes parameters accepts them as a query string
-or as a JSON body. Errors are JSON:
+or as a JSON body, as its declaration below says (cao/params.py: the route reads them through it,
+the OpenAPI schema is written from it). Errors are JSON:
 ``{"detail": "<what is wrong and what to do>", "error": "<ErrorClass>"}``.
 """
 
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -21,66 +22,87 @@ import providers
 from cao import dashboard, inputs, security
 from cao.core import Cao
 from cao.errors import CaoError, InvalidInput, StoreBusy
+from cao.handoff import JOB_ID_RE, MAX_STEP_TIMEOUT
 from cao.hookstate import HOOK_KEY_HEADER
+from cao.names import TERMINAL_ID_RE
+from cao.params import NAME_SCHEMA, Param, Params, Values, path, query
+from cao.store import MESSAGE_STATUSES
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-# Free text that may hold anything printable, newlines included (like ``message``).
-FREE_TEXT = frozenset({"initial_message", "prompt"})
-
-
-async def _params(request: Request) -> dict[str, Any]:
-    """Query parameters and a JSON object body (if any) together, every text value checked; a
-    parameter may come either way, not both."""
-    params: dict[str, Any] = dict(request.query_params)
-    raw = await request.body()
-    if raw.strip():
-        body = inputs.json_object(raw)
-        if twice := sorted(set(params) & set(body)):
-            # one of the two would be dropped unchecked: say so instead of guessing which is meant
-            raise InvalidInput(
-                f"{', '.join(twice)} given both in the query string and in the JSON body; pass each once"
-            )
-        params.update(body)
-    for name, value in params.items():
-        if not isinstance(value, str):
-            continue
-        if name in FREE_TEXT:
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidInput(f"{name} is not valid text (it has a lone UTF-16 surrogate)") from None
-            if "\x00" in value:
-                raise InvalidInput(f"{name} contains a NUL character; remove it")
-        else:
-            inputs.check_text(name, value)
-    return params
-
-
-def _bool(params: dict[str, Any], name: str, default: bool = False) -> bool:
-    value = params.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-        return value.lower() in ("true", "1", "yes")
-    raise InvalidInput(f"{name} must be true or false")
-
-
-def _number(params: dict[str, Any], name: str, default: float) -> float:
-    value = params.get(name)
-    if value is None or value == "":
-        return default
-    if isinstance(value, bool):
-        raise InvalidInput(f"{name} must be a number of seconds")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise InvalidInput(f"{name} must be a number of seconds") from None
-
+# -- what each route takes -------------------------------------------------------------------------
+# Query string or JSON body (cao/params.py); a route reads them in the order declared here.
+_DEFER_INIT = Param(
+    "defer_init",
+    "flag",
+    default=False,
+    ignored=True,
+    doc="accepted: cao-server always answers once the pane exists",
+)
+_PROVIDER = Param("provider", doc="the agent CLI to run (GET /health lists them)")
+_PROFILE = Param("agent_profile", doc="the agent profile (default: developer)")
+_WORKDIR = Param("working_directory", "path", doc="where the agent starts")
+_CALLER = Param("caller_id", doc="the terminal that creates this one, where its replies go")
+_TASK = Param("initial_message", "free_text", doc="the first task, into the new agent's inbox; empty: none")
+_WORKTREE = Param("use_worktree", "flag", doc="its own git worktree and branch (default: the profile's)")
+NEW_SESSION = Params(
+    _DEFER_INIT,
+    _PROVIDER,
+    _PROFILE,
+    Param("session_name", doc="random if omitted"),
+    _WORKDIR,
+    _CALLER,
+    _TASK,
+    _WORKTREE,
+)
+NEW_TERMINAL = Params(
+    _DEFER_INIT,
+    _PROVIDER,
+    _PROFILE,
+    _WORKDIR,
+    Param("supervisor_id", doc="the same link as caller_id (pass one of them)"),
+    _CALLER,
+    _TASK,
+    _WORKTREE,
+)
+RUN_STEP = Params(
+    Param("prompt", "free_text", required=True, doc="the task, typed when the worker is ready; not blank"),
+    Param("agent", required=True, doc="the worker's agent profile"),
+    _PROVIDER,
+    Param("session_name", doc="default: a new session"),
+    Param("reuse_terminal_id", doc="type into this terminal instead of starting a worker"),
+    Param("teardown", "flag", default=True, doc="delete the worker after a success"),
+    Param("remove_on_failure", "flag", default=False, doc="delete the worker after a failure too"),
+    Param(
+        "timeout",
+        "seconds",
+        default=600.0,
+        constraints={"exclusiveMinimum": 0, "maximum": int(MAX_STEP_TIMEOUT)},
+    ),
+    Param("working_directory", "path", doc="default: the caller's"),
+    _CALLER,
+    Param(
+        "job_id",
+        doc="keeps the state and result for GET /handoff-results/{job_id}",
+        constraints={"pattern": JOB_ID_RE.pattern},
+    ),
+    _WORKTREE,
+)
+SIBLINGS = Params()  # depth, cross_session: accepted (checked as text), no effect: cao has no groups
+KEY = Params(Param("key", required=True, doc="one named key: Escape, C-c, Enter, Up, a letter…"))
+INPUT = Params(Param("message", "message", required=True))
+MERGE = Params(Param("into", doc="the branch to merge into (default: the one its worktree came from)"))
+SEND = Params(
+    Param("message", "message", required=True, missing="message is required and must be a non-empty string"),
+    Param("sender_id", default="cli", doc="a terminal id, or a name like cli"),
+    Param("idempotency_key", doc="a retry with the same key and intent answers the first receipt"),
+)
+# path and query parameters FastAPI reads from the signature, with what core checks in their schema
+TerminalId = Annotated[str, path(pattern=TERMINAL_ID_RE.pattern)]
+MessageId = Annotated[str, path(pattern="^[0-9]{1,18}$")]
+Status = Annotated[str | None, query(enum=list(MESSAGE_STATUSES))]
 
 HOOK_TEXT = ("source", "last_message", "notification_type", "message", "title", "reason")
 
@@ -103,22 +125,6 @@ def _hook_report(raw: bytes) -> dict[str, Any]:
         if isinstance(value, str) and "\x00" in value:
             raise InvalidInput(f"{name} contains a NUL character; remove it")
     return report
-
-
-def _maybe_bool(params: dict[str, Any], name: str) -> bool | None:
-    """A flag that may be left out (``None``: the default decides, e.g. the profile's)."""
-    return None if params.get(name) is None else _bool(params, name)
-
-
-def _str(params: dict[str, Any], name: str, *, required: bool = False) -> str | None:
-    value = params.get(name)
-    if value is None or value == "":
-        if required:
-            raise InvalidInput(f"{name} is required")
-        return None
-    if not isinstance(value, str):
-        raise InvalidInput(f"{name} must be a string, got {type(value).__name__}")
-    return value
 
 
 async def _off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -155,20 +161,8 @@ def create_app(core: Cao) -> FastAPI:
 
     # -- sessions -------------------------------------------------------------------------------
     @app.post("/sessions", status_code=201)
-    async def create_session(request: Request) -> dict[str, Any]:
-        p = await _params(request)
-        _bool(p, "defer_init")  # accepted: cao-server always answers once the pane exists
-        return await _off_loop(
-            core.create_terminal,
-            provider=_str(p, "provider"),
-            agent_profile=_str(p, "agent_profile"),
-            session_name=_str(p, "session_name"),
-            working_directory=_str(p, "working_directory"),
-            new_session=True,
-            caller_id=_str(p, "caller_id"),
-            initial_message=_str(p, "initial_message"),
-            use_worktree=_maybe_bool(p, "use_worktree"),
-        )
+    async def create_session(p: Annotated[Values, Depends(NEW_SESSION)]) -> dict[str, Any]:
+        return await _off_loop(core.create_terminal, new_session=True, **p)
 
     @app.get("/sessions")
     async def list_sessions() -> list[dict[str, Any]]:
@@ -184,21 +178,8 @@ def create_app(core: Cao) -> FastAPI:
         return {"success": True, "deleted_terminals": deleted}
 
     @app.post("/sessions/{name}/terminals", status_code=201)
-    async def add_terminal(name: str, request: Request) -> dict[str, Any]:
-        p = await _params(request)
-        _bool(p, "defer_init")  # accepted: cao-server always answers once the pane exists
-        return await _off_loop(
-            core.create_terminal,
-            provider=_str(p, "provider"),
-            agent_profile=_str(p, "agent_profile"),
-            session_name=name,
-            working_directory=_str(p, "working_directory"),
-            new_session=False,
-            supervisor_id=_str(p, "supervisor_id"),
-            caller_id=_str(p, "caller_id"),
-            initial_message=_str(p, "initial_message"),
-            use_worktree=_maybe_bool(p, "use_worktree"),
-        )
+    async def add_terminal(name: str, p: Annotated[Values, Depends(NEW_TERMINAL)]) -> dict[str, Any]:
+        return await _off_loop(core.create_terminal, session_name=name, new_session=False, **p)
 
     @app.get("/sessions/{name}/terminals")
     async def session_terminals(name: str) -> list[dict[str, Any]]:
@@ -210,79 +191,58 @@ def create_app(core: Cao) -> FastAPI:
         return await _off_loop(core.list_terminals)
 
     @app.post("/terminals/run-step")
-    async def run_step(request: Request) -> dict[str, Any]:
+    async def run_step(p: Annotated[Values, Depends(RUN_STEP)]) -> dict[str, Any]:
         """One agent step, start to answer (the reference's handoff): see Cao.run_step."""
-        p = await _params(request)
-        prompt = _str(p, "prompt", required=True)
-        agent = _str(p, "agent", required=True)
-        assert prompt is not None and agent is not None
-        return await _off_loop(
-            core.run_step,
-            provider=_str(p, "provider"),
-            agent=agent,
-            prompt=prompt,
-            session_name=_str(p, "session_name"),
-            reuse_terminal_id=_str(p, "reuse_terminal_id"),
-            teardown=_bool(p, "teardown", default=True),
-            remove_on_failure=_bool(p, "remove_on_failure", default=False),
-            timeout=_number(p, "timeout", 600.0),
-            working_directory=_str(p, "working_directory"),
-            caller_id=_str(p, "caller_id"),
-            job_id=_str(p, "job_id"),
-            use_worktree=_maybe_bool(p, "use_worktree"),
-        )
+        return await _off_loop(core.run_step, **p)
 
     @app.get("/handoff-results/{job_id}")
-    async def handoff_result(job_id: str) -> dict[str, Any]:
+    async def handoff_result(job_id: Annotated[str, path(pattern=JOB_ID_RE.pattern)]) -> dict[str, Any]:
         return await _off_loop(core.handoff_result, job_id)
 
     @app.get("/terminals/{terminal_id}")
-    async def get_terminal(terminal_id: str) -> dict[str, Any]:
+    async def get_terminal(terminal_id: TerminalId) -> dict[str, Any]:
         return await _off_loop(core.terminal_view, terminal_id)
 
-    @app.get("/terminals/{terminal_id}/siblings")
-    async def siblings(terminal_id: str, request: Request) -> list[dict[str, Any]]:
+    @app.get("/terminals/{terminal_id}/siblings", dependencies=[Depends(SIBLINGS)])
+    async def siblings(terminal_id: TerminalId) -> list[dict[str, Any]]:
         """The other live terminals of its session (``depth``, ``cross_session``: accepted, no
         effect; cao has no terminal groups)."""
-        await _params(request)
         return await _off_loop(core.siblings, terminal_id)
 
     @app.get("/terminals/{terminal_id}/working-directory")
-    async def working_directory(terminal_id: str) -> dict[str, Any]:
+    async def working_directory(terminal_id: TerminalId) -> dict[str, Any]:
         return {"working_directory": await _off_loop(core.working_directory, terminal_id)}
 
     @app.post("/terminals/{terminal_id}/key")
-    async def send_key(terminal_id: str, request: Request) -> dict[str, Any]:
-        p = await _params(request)
-        key = _str(p, "key", required=True)
-        assert key is not None
-        await _off_loop(core.send_key, terminal_id, key)
+    async def send_key(terminal_id: TerminalId, p: Annotated[Values, Depends(KEY)]) -> dict[str, Any]:
+        await _off_loop(core.send_key, terminal_id, p["key"])
         return {"success": True}
 
     @app.post("/terminals/{terminal_id}/input")
-    async def send_input(terminal_id: str, request: Request) -> dict[str, Any]:
-        p = await _params(request)
-        text = _str(p, "message", required=True)
-        assert text is not None
-        confirmed = await _off_loop(core.send_input, terminal_id, text)
+    async def send_input(terminal_id: TerminalId, p: Annotated[Values, Depends(INPUT)]) -> dict[str, Any]:
+        confirmed = await _off_loop(core.send_input, terminal_id, p["message"])
         return {"success": True, "confirmed": confirmed}
 
     @app.get("/terminals/{terminal_id}/output")
-    async def get_output(terminal_id: str, mode: str = "full", format: str = "json") -> Any:
+    async def get_output(
+        terminal_id: TerminalId,
+        mode: Annotated[str, query(enum=["full", "last"])] = "full",
+        format: Annotated[str, query(enum=["json", "text"])] = "json",
+    ) -> Any:
         out = await _off_loop(core.output, terminal_id, mode)
         if format == "text":
             return PlainTextResponse(out)
         return {"output": out, "mode": mode}
 
     @app.post("/terminals/{terminal_id}/mcp-ready")
-    async def mcp_ready(terminal_id: str) -> dict[str, Any]:
+    async def mcp_ready(terminal_id: TerminalId) -> dict[str, Any]:
         """Called by cao-mcp-server when it starts: the agent's cao tools are about to be there."""
 
         await _off_loop(core.mcp_ready, terminal_id)
         return {"success": True}
 
     @app.post("/terminals/{terminal_id}/hooks")
-    async def hook_event(terminal_id: str, request: Request) -> dict[str, Any]:
+    async def hook_event(terminal_id: TerminalId, request: Request) -> dict[str, Any]:
         """Called by ``python -m cao.hook`` when the agent CLI runs a lifecycle hook (cao/hookstate.py)."""
         report = _hook_report(await request.body())
         key = request.headers.get(HOOK_KEY_HEADER, "")  # never None here: the key is always checked
@@ -290,7 +250,7 @@ def create_app(core: Cao) -> FastAPI:
         return {"success": True, "phase": phase}
 
     @app.post("/terminals/{terminal_id}/exit")
-    async def exit_terminal(terminal_id: str) -> dict[str, Any]:
+    async def exit_terminal(terminal_id: TerminalId) -> dict[str, Any]:
         confirmed = await _off_loop(core.exit_terminal, terminal_id)
         return {"success": True, "confirmed": confirmed}
 
@@ -300,54 +260,59 @@ def create_app(core: Cao) -> FastAPI:
         return await _off_loop(core.worktrees)
 
     @app.get("/terminals/{terminal_id}/diff")
-    async def worker_diff(terminal_id: str, full: bool = False, into: str | None = None) -> dict[str, Any]:
+    async def worker_diff(
+        terminal_id: TerminalId, full: bool = False, into: Annotated[str | None, query(**NAME_SCHEMA)] = None
+    ) -> dict[str, Any]:
         """The worker's changes on its branch (and uncommitted, while its worktree exists)."""
         if into is not None:
             inputs.check_text("into", into)
         return await _off_loop(core.diff, terminal_id, stat=not full, into=into)
 
     @app.post("/terminals/{terminal_id}/merge")
-    async def merge_worker(terminal_id: str, request: Request) -> dict[str, Any]:
+    async def merge_worker(terminal_id: TerminalId, p: Annotated[Values, Depends(MERGE)]) -> dict[str, Any]:
         """Merge the worker's branch into ``into`` (default: the branch it was made from)."""
-        p = await _params(request)
-        return await _off_loop(core.merge, terminal_id, into=_str(p, "into"))
+        return await _off_loop(core.merge, terminal_id, into=p["into"])
 
     @app.delete("/terminals/{terminal_id}")
-    async def delete_terminal(terminal_id: str) -> dict[str, Any]:
+    async def delete_terminal(terminal_id: TerminalId) -> dict[str, Any]:
         failed = await _off_loop(core.delete_terminal, terminal_id)
         return {"success": True, "failed_messages": failed}
 
     # -- inbox ----------------------------------------------------------------------------------
     @app.post("/terminals/{receiver_id}/inbox/messages", status_code=201)
-    async def send_message(receiver_id: str, request: Request) -> JSONResponse:
-        p = await _params(request)
-        body = p.get("message")
-        if not isinstance(body, str) or body == "":
-            raise InvalidInput("message is required and must be a non-empty string")
-        sender = _str(p, "sender_id") or "cli"
-        key = _str(p, "idempotency_key")
-        receipt = await _off_loop(core.send_message, receiver_id, body, sender_id=sender, idempotency_key=key)
+    async def send_message(receiver_id: TerminalId, p: Annotated[Values, Depends(SEND)]) -> JSONResponse:
+        receipt = await _off_loop(
+            core.send_message,
+            receiver_id,
+            p["message"],
+            sender_id=p["sender_id"],
+            idempotency_key=p["idempotency_key"],
+        )
         return JSONResponse(receipt.as_dict(), status_code=200 if receipt.duplicate else 201)
 
     @app.get("/terminals/{terminal_id}/inbox/messages")
     async def list_inbox(
-        terminal_id: str, status: str | None = None, limit: int = 10
+        terminal_id: TerminalId,
+        status: Status = None,
+        limit: Annotated[int, query(minimum=1, maximum=100)] = 10,
     ) -> list[dict[str, Any]]:
         """The reference's list: oldest first, ISO times (our full view: /messages?receiver_id=)."""
         return await _off_loop(core.reference_inbox, terminal_id, status=status, limit=limit)
 
     @app.get("/messages")
     async def list_messages(
-        status: str | None = None, limit: int = 50, receiver_id: str | None = None
+        status: Status = None,
+        limit: Annotated[int, query(minimum=1, maximum=10000)] = 50,
+        receiver_id: Annotated[str | None, query(pattern=TERMINAL_ID_RE.pattern)] = None,
     ) -> list[dict[str, Any]]:
         return await _off_loop(core.list_messages, status=status, limit=limit, receiver_id=receiver_id)
 
     @app.get("/messages/{message_id}")
-    async def get_message(message_id: str) -> dict[str, Any]:
+    async def get_message(message_id: MessageId) -> dict[str, Any]:
         return await _off_loop(core.get_message, _message_id(message_id))
 
     @app.post("/messages/{message_id}/cancel")
-    async def cancel_message(message_id: str) -> dict[str, Any]:
+    async def cancel_message(message_id: MessageId) -> dict[str, Any]:
         return await _off_loop(core.cancel_message, _message_id(message_id))
 
     return app

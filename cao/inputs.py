@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import unicodedata
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,18 +36,15 @@ HTTP_ERROR_NAMES = {
     413: "PayloadTooLarge",
     415: "UnsupportedMediaType",
 }
-
-
-async def read_params(request: Request) -> dict[str, Any]:
-    """Query parameters overlaid by a JSON object body (if any), every text value checked."""
-    params: dict[str, Any] = dict(request.query_params)
-    raw = await request.body()
-    if raw.strip():
-        params.update(json_object(raw))
-    for name, value in params.items():
-        if isinstance(value, str):
-            check_text(name, value)
-    return params
+TextKind = Literal["name", "path", "message", "free_text"]
+# how a parameter no route declares is checked (the reference's clients send some: description,
+# model…): as the routes that take that name check it, else as a name
+KIND_BY_NAME: dict[str, TextKind] = {
+    "message": "message",
+    "working_directory": "path",
+    "initial_message": "free_text",
+    "prompt": "free_text",
+}
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -62,7 +59,13 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def check_text(name: str, value: str) -> str:
+def check_text(name: str, value: str, kind: TextKind | None = None) -> str:
+    """A text parameter: a ``name`` (id, path: at most 4096 characters, no control characters),
+    a ``path`` (a name the OS can also look up), a ``message`` (any text that isn't blank) or
+    ``free_text``. Without ``kind`` the parameter's name decides (``KIND_BY_NAME``)."""
+    kind = kind or KIND_BY_NAME.get(name, "name")
+    if kind == "free_text":
+        return check_free_text(name, value)
     field = name if name.isidentifier() and len(name) <= 64 else "a parameter"
     try:
         value.encode("utf-8")
@@ -70,9 +73,9 @@ def check_text(name: str, value: str) -> str:
         raise InvalidInput(
             f"{field} is not valid text (it has a lone UTF-16 surrogate); fix its encoding"
         ) from None
-    if name == "message":  # any text: control characters are neutralised before it is pasted
+    if kind == "message":  # any text: control characters are neutralised before it is pasted
         if value and blank(value):
-            raise InvalidInput("message is blank (only whitespace or invisible characters); send some text")
+            raise InvalidInput(f"{field} is blank (only whitespace or invisible characters); send some text")
         return value
     if "\x00" in value:
         raise InvalidInput(f"{field} contains a NUL character; remove it")
@@ -80,8 +83,20 @@ def check_text(name: str, value: str) -> str:
         raise InvalidInput(f"{field} is {len(value)} characters long; the limit is {MAX_FIELD_CHARS}")
     if any(unicodedata.category(ch) == "Cc" for ch in value):
         raise InvalidInput(f"{field} contains a control character; remove it")
-    if name == "working_directory":
+    if kind == "path":
         check_path(field, value)
+    return value
+
+
+def check_free_text(name: str, value: str) -> str:
+    """Free text (a first task, a prompt): anything printable, newlines and tabs included; only a
+    lone surrogate (not text at all) and NUL (which no terminal can take) are refused."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{name} is not valid text (it has a lone UTF-16 surrogate)") from None
+    if "\x00" in value:
+        raise InvalidInput(f"{name} contains a NUL character; remove it")
     return value
 
 

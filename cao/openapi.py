@@ -1,19 +1,22 @@
 """cao-server's OpenAPI schema, made honest: what FastAPI can't see from the route signatures.
 
-Routes read their parameters from the query string *or* a JSON body (``api._params``), answer
-errors in one shape (``{"detail", "error"}``), and the guard in front of them (cao/security.py)
-can refuse any request. FastAPI's generated schema knows none of that, so this module adds it after
-generation: the request bodies, every error status a route can answer, and the bearer scheme when
-a token is required. schemathesis fuzzes the server against the result (tests/test_fuzz.py).
+Routes read their parameters from the query string *or* a JSON body, through the ``Params``
+each declares (cao/params.py), answer errors in one shape (``{"detail", "error"}``), and the guard
+in front of them (cao/security.py) can refuse any request. FastAPI's generated schema knows none
+of that, so this module adds it after generation: each route's parameters and request body from
+its declaration, every error status a route can answer, and the bearer scheme when a token is
+required. schemathesis fuzzes the server against the result (tests/test_fuzz.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
-from cao.store import MESSAGE_STATUSES
+from cao.params import Params
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 ERROR_SCHEMA: dict[str, Any] = {
@@ -42,68 +45,6 @@ STATE_CHANGING_ERRORS = {
 }
 UNAUTHORIZED = {"401": "missing or wrong bearer token (CAO_API_TOKEN)"}
 
-_text = {"type": "string"}
-# names, ids and paths: what cao.inputs.check_text lets through
-_name = {"type": "string", "maxLength": 4096, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$"}
-_message = {"type": "string", "minLength": 1, "description": "at most 256 KiB; not only blanks"}
-_flag = {"type": "boolean"}
-# a terminal's first task: empty means none (the reference's clients may send it empty)
-_task = {"type": "string", "description": "the first task, into the new agent's inbox; empty: none"}
-# constraints the routes check that FastAPI can't see in their signatures
-PARAMETERS: dict[str, dict[str, Any]] = {
-    "terminal_id": {"type": "string", "pattern": "^[0-9a-f]{8}$"},
-    "receiver_id": {"type": "string", "pattern": "^[0-9a-f]{8}$"},
-    "message_id": {"type": "string", "pattern": "^[0-9]{1,18}$"},
-    "limit": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 50},
-    "status": {"type": "string", "enum": list(MESSAGE_STATUSES)},
-    "mode": {"type": "string", "enum": ["full", "last"], "default": "full"},
-    "format": {"type": "string", "enum": ["json", "text"], "default": "json"},
-}
-# The parameters each body-reading route takes, in the query string or a JSON object body.
-BODIES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
-    ("post", "/sessions"): {
-        "provider": _name,
-        "agent_profile": _name,
-        "session_name": _name,
-        "working_directory": _name,
-        "caller_id": _name,
-        "initial_message": _task,
-        "defer_init": _flag,
-        "use_worktree": _flag,
-    },
-    ("post", "/sessions/{name}/terminals"): {
-        "provider": _name,
-        "agent_profile": _name,
-        "working_directory": _name,
-        "supervisor_id": _name,
-        "caller_id": _name,
-        "initial_message": _task,
-        "defer_init": _flag,
-        "use_worktree": _flag,
-    },
-    ("post", "/terminals/run-step"): {
-        "provider": _name,
-        "agent": _name,
-        "prompt": _message,
-        "session_name": _name,
-        "reuse_terminal_id": _name,
-        "teardown": _flag,
-        "remove_on_failure": _flag,
-        "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400, "default": 600},
-        "working_directory": _name,
-        "caller_id": _name,
-        "job_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
-        "use_worktree": _flag,
-    },
-    ("post", "/terminals/{terminal_id}/merge"): {"into": _name},
-    ("post", "/terminals/{terminal_id}/key"): {"key": _name},
-    ("post", "/terminals/{terminal_id}/input"): {"message": _message},
-    ("post", "/terminals/{receiver_id}/inbox/messages"): {
-        "sender_id": _name,
-        "message": _message,
-        "idempotency_key": _name,
-    },
-}
 # Routes that read only a JSON object body (no query form): the schema of that body.
 _hook_text = {"type": "string", "maxLength": 65536}
 JSON_BODIES: dict[tuple[str, str], dict[str, Any]] = {
@@ -137,15 +78,30 @@ EXTRA_SUCCESS = {("post", "/terminals/{receiver_id}/inbox/messages"): "200"}  # 
 TEXT_OUTPUT = ("get", "/terminals/{terminal_id}/output")  # format=text answers text/plain
 
 
-def complete(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
-    """Add bodies, error responses and security to FastAPI's generated ``schema`` (in place)."""
+def declarations(app: FastAPI) -> dict[tuple[str, str], Params]:
+    """Each route's declared parameters (the ``Params`` it depends on), by (method, path)."""
+    found: dict[tuple[str, str], Params] = {}
+    for route in app.routes:
+        if isinstance(route, APIRoute):
+            for dependency in route.dependant.dependencies:
+                if isinstance(dependency.call, Params):
+                    for method in route.methods or ():
+                        found[method.lower(), route.path_format] = dependency.call
+    return found
+
+
+def complete(
+    schema: dict[str, Any], *, token: bool, declared: Mapping[tuple[str, str], Params]
+) -> dict[str, Any]:
+    """Add parameters, bodies, error responses and security to FastAPI's generated ``schema`` (in
+    place); ``declared``: what each route takes (``declarations``)."""
     schemas = schema.setdefault("components", {}).setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     schemas["Error"] = ERROR_SCHEMA
     for path, ops in schema.get("paths", {}).items():
         for method, op in ops.items():
-            _complete_operation(method, path, op, token=token)
+            _complete_operation(method, path, op, token=token, params=declared.get((method, path)))
     if token:
         schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         schema["security"] = [{"bearer": []}]
@@ -153,11 +109,12 @@ def complete(schema: dict[str, Any], *, token: bool) -> dict[str, Any]:
     return schema
 
 
-def _complete_operation(method: str, path: str, op: dict[str, Any], *, token: bool) -> None:
+def _complete_operation(
+    method: str, path: str, op: dict[str, Any], *, token: bool, params: Params | None
+) -> None:
     responses = op.setdefault("responses", {})
     for param in op.get("parameters", []):
-        if param["name"] in PARAMETERS:
-            param["schema"] = {**PARAMETERS[param["name"]], "title": param["schema"].get("title", "")}
+        param["schema"] = _not_null(param["schema"])
     errors = dict(ERRORS)
     if method in ("post", "put", "patch", "delete"):
         errors |= STATE_CHANGING_ERRORS
@@ -166,22 +123,22 @@ def _complete_operation(method: str, path: str, op: dict[str, Any], *, token: bo
     errors |= EXTRA_ERRORS.get((method, path), {})
     for code, why in errors.items():
         responses[code] = {"description": why, "content": {"application/json": {"schema": ERROR_REF}}}
-    if (method, path) in BODIES:
-        fields = BODIES[method, path]
+    if params is not None and params.params:
+        fields = {p.name: p.schema() for p in params.params}
         op["requestBody"] = {
             "required": False,
-            "description": "the same parameters as the query string (the body wins)",
+            "description": "the same parameters as the query string (each one way: a name in both is a 422)",
             "content": {
                 "application/json": {
                     "schema": {"type": "object", "properties": fields, "additionalProperties": True}
                 }
             },
         }
-        declared = {p["name"] for p in op.get("parameters", [])}
+        in_path = {p["name"] for p in op.get("parameters", [])}
         op.setdefault("parameters", []).extend(
             {"name": name, "in": "query", "required": False, "schema": spec}
             for name, spec in fields.items()
-            if name not in declared
+            if name not in in_path
         )
     if (method, path) in JSON_BODIES:
         op["requestBody"] = {
@@ -195,7 +152,16 @@ def _complete_operation(method: str, path: str, op: dict[str, Any], *, token: bo
             "description": "the receipt of an earlier send with the same idempotency key",
         }
     if (method, path) == TEXT_OUTPUT:
-        responses["200"].setdefault("content", {})["text/plain"] = {"schema": _text}
+        responses["200"].setdefault("content", {})["text/plain"] = {"schema": {"type": "string"}}
+
+
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI writes an optional parameter as ``anyOf: [T, null]``; a URL can't carry a null."""
+    options = schema.get("anyOf")
+    if not isinstance(options, list) or len(options) != 2 or {"type": "null"} not in options:
+        return schema
+    [kept] = [option for option in options if option != {"type": "null"}]
+    return {**kept, **{key: value for key, value in schema.items() if key != "anyOf"}}
 
 
 def install(app: FastAPI, *, token: bool) -> None:
@@ -203,7 +169,7 @@ def install(app: FastAPI, *, token: bool) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = complete(generate(), token=token)
+            app.openapi_schema = complete(generate(), token=token, declared=declarations(app))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

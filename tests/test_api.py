@@ -9,8 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 import providers
+from cao import api, openapi
 from cao.api import create_app
 from cao.core import Cao
+from cao.errors import InvalidInput
+from cao.store import MESSAGE_STATUSES
 from tests.helpers import pid_alive, received_bodies, wait_until, write_rules
 
 
@@ -290,6 +293,29 @@ def test_run_step_failures_name_kind_and_worker_and_leave_it(client: TestClient,
     assert kept["state"] == "error" and kept["terminal_id"] == body["terminal_id"]
 
 
+def test_run_step_with_remove_on_failure_removes_a_failed_worker(client: TestClient, core: Cao):
+    """What the MCP handoff asks for: a worker that failed is not left behind (the failure still
+    names it, and the kept result says what happened)."""
+    write_rules(
+        core.settings.home, "failing", {"rules": [{"match": ".", "error": "API Error: 500 overloaded"}]}
+    )
+    job = "ef" * 16
+    r = client.post(
+        "/terminals/run-step",
+        json={"agent": "failing", "prompt": "go", "timeout": 30, "job_id": job, "remove_on_failure": True},
+    )
+    assert r.status_code == 502, r.text
+    worker = r.json()["terminal_id"]
+    assert client.get(f"/terminals/{worker}").status_code == 404
+    assert client.get(f"/handoff-results/{job}").json()["state"] == "error"
+    assert (
+        client.post(
+            "/terminals/run-step", json={"agent": "x", "prompt": "go", "remove_on_failure": "maybe"}
+        ).status_code
+        == 422
+    )
+
+
 def test_unknown_provider_names_ours_and_the_mapping(client: TestClient):
     detail = client.post("/sessions", params={"provider": "kiro_cli"}).json()["detail"]
     assert f"choose one of: {', '.join(providers.names())}." in detail
@@ -298,8 +324,6 @@ def test_unknown_provider_names_ours_and_the_mapping(client: TestClient):
 
 
 def test_provider_aliases_run_one_of_ours(make_core: Any, settings: Any, tmp_path: Path):
-    from cao.errors import InvalidInput
-
     core = make_core(settings.with_(provider_aliases=(("kiro_cli", "scripted"),)))
     with TestClient(create_app(core)) as c:
         term = c.post("/sessions", params={"provider": "kiro_cli", "working_directory": str(tmp_path)}).json()
@@ -320,3 +344,84 @@ def test_a_parameter_given_in_both_the_query_and_the_body_is_refused_and_nothing
     assert core.store.list_terminals() == []
     ok = client.post("/sessions", params={"session_name": "both-ways"}, json={"defer_init": True})
     assert ok.status_code == 201  # different parameters may come either way
+
+
+# -- each route's parameters come from its one declaration (cao/params.py) -------------------------
+DECLARED = {
+    ("post", "/sessions"),
+    ("post", "/sessions/{name}/terminals"),
+    ("post", "/terminals/run-step"),
+    ("get", "/terminals/{terminal_id}/siblings"),
+    ("post", "/terminals/{terminal_id}/key"),
+    ("post", "/terminals/{terminal_id}/input"),
+    ("post", "/terminals/{terminal_id}/merge"),
+    ("post", "/terminals/{receiver_id}/inbox/messages"),
+}
+
+
+def test_each_routes_schema_is_written_from_its_declaration(make_core: Any, settings: Any):
+    app = create_app(make_core(settings, start=False))
+    declared = openapi.declarations(app)
+    assert set(declared) == DECLARED
+    with TestClient(app) as c:
+        schema = c.get("/openapi.json").json()
+    for (method, path), params in declared.items():
+        op = schema["paths"][path][method]
+        names = [p.name for p in params.params]
+        body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+        assert list(body.get("properties", {})) == names, (method, path)
+        assert body.get("properties", {}) == {p.name: p.schema() for p in params.params}, (method, path)
+        assert [p["name"] for p in op.get("parameters", []) if p["in"] == "query"] == names, (method, path)
+    # any other body a route reads is the hook report's, JSON only (openapi.JSON_BODIES)
+    bodies = {(m, p) for p, ops in schema["paths"].items() for m, op in ops.items() if "requestBody" in op}
+    assert bodies - DECLARED == set(openapi.JSON_BODIES)
+
+
+def test_path_and_query_parameters_fastapi_reads_state_cores_checks(make_core: Any, settings: Any):
+    """They come from the route's signature (cao.params.path/query): no table by name elsewhere."""
+    with TestClient(create_app(make_core(settings, start=False))) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+
+    def schema(path: str, name: str, method: str = "get") -> dict[str, Any]:
+        [found] = [p["schema"] for p in paths[path][method]["parameters"] if p["name"] == name]
+        return found
+
+    inbox, messages = "/terminals/{terminal_id}/inbox/messages", "/messages"
+    assert (schema(inbox, "limit")["maximum"], schema(inbox, "limit")["default"]) == (100, 10)
+    assert (schema(messages, "limit")["maximum"], schema(messages, "limit")["default"]) == (10000, 50)
+    assert schema(messages, "status") == {"type": "string", "enum": list(MESSAGE_STATUSES), "title": "Status"}
+    assert (
+        schema(messages, "receiver_id")["pattern"]
+        == schema(inbox, "terminal_id")["pattern"]
+        == "^[0-9a-f]{8}$"
+    )
+    assert schema("/messages/{message_id}", "message_id")["pattern"] == "^[0-9]{1,18}$"
+    assert schema("/terminals/{terminal_id}/output", "mode")["enum"] == ["full", "last"]
+    assert schema("/terminals/{terminal_id}/diff", "into")["maxLength"] == 4096
+    assert schema("/handoff-results/{job_id}", "job_id")["pattern"] == "^[0-9a-f]{32}$"
+
+
+def test_a_route_reads_only_the_parameters_it_declares():
+    values = api.KEY.parse({"key": "C-c"}, b'{"description": "not ours"}')
+    assert values["key"] == "C-c" and list(values.keys()) == ["key"]
+    for undeclared in ("description", "message"):
+        with pytest.raises(KeyError, match="declare it"):
+            values[undeclared]
+    assert not hasattr(values, "get")  # no silent None for a name the route forgot to declare
+    # an ignored parameter is checked, then left out of what the route reads
+    with pytest.raises(InvalidInput, match="defer_init must be true or false"):
+        api.NEW_SESSION.parse({"defer_init": "maybe"}, b"")
+    with pytest.raises(KeyError):
+        api.NEW_SESSION.parse({"defer_init": "true"}, b"")["defer_init"]
+    # undeclared text is checked all the same (by its name), then dropped
+    with pytest.raises(InvalidInput, match="description contains a control character"):
+        api.KEY.parse({"key": "C-c", "description": "a\x1b[2J"}, b"")
+    step = api.RUN_STEP.parse(
+        {"agent": "dev", "timeout": "30"}, b'{"prompt": "two\\nlines", "teardown": "no"}'
+    )
+    assert (step["prompt"], step["timeout"], step["teardown"], step["use_worktree"]) == (
+        "two\nlines",
+        30.0,
+        False,
+        None,
+    )

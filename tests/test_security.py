@@ -401,6 +401,13 @@ ODD = [
     Odd("not JSON", "post", "/sessions", raw_json(b"{not json"), 422),
     Odd("not UTF-8", "post", INBOX, raw_json(b'{"message": "\xff\xfe"}'), 422),
     Odd("a 5,000-digit number", "post", "/sessions", raw_json(b'{"a": 1' + b"1" * 5000 + b"}"), 422),
+    Odd(
+        "a timeout past float's range",
+        "post",
+        "/terminals/run-step",
+        raw_json(b'{"agent": "x", "prompt": "p", "timeout": 1' + b"0" * 400 + b"}"),
+        422,
+    ),
     Odd("JSON array", "post", "/sessions", {"json": [1, 2]}, 422),
     Odd("message not a string", "post", INBOX, {"json": {"message": {"a": 1}}}, 422),
 ]
