@@ -93,6 +93,10 @@ RUN_STEP = Params(
 SIBLINGS = Params()  # depth, cross_session: accepted (checked as text), no effect: cao has no groups
 KEY = Params(Param("key", required=True, doc="one named key: Escape, C-c, Enter, Up, a letter…"))
 INPUT = Params(Param("message", "message", required=True))
+INSTALL_PROFILE = Params(
+    Param("text", "message", doc="a profile's markdown (front matter, then the system prompt)"),
+    Param("builtin", doc="or a built-in profile's name: copy it into the store to edit it there"),
+)
 MERGE = Params(Param("into", doc="the branch to merge into (default: the one its worktree came from)"))
 SEND = Params(
     Param("message", "message", required=True, missing="message is required and must be a non-empty string"),
@@ -194,6 +198,21 @@ def create_app(core: Cao) -> FastAPI:
     async def run_step(p: Annotated[Values, Depends(RUN_STEP)]) -> dict[str, Any]:
         """One agent step, start to answer (the reference's handoff): see Cao.run_step."""
         return await _off_loop(core.run_step, **p)
+
+    # -- agent profiles ---------------------------------------------------------------------------
+    @app.get("/profiles")
+    async def list_profiles() -> list[dict[str, Any]]:
+        """Every agent profile: the built-ins and those installed in $CAO_HOME/agent-store."""
+        return await _off_loop(core.profiles)
+
+    @app.get("/profiles/{name}")
+    async def get_profile(name: Annotated[str, path(**NAME_SCHEMA)]) -> dict[str, Any]:
+        return await _off_loop(core.profile, name)
+
+    @app.post("/profiles", status_code=201)
+    async def install_profile(p: Annotated[Values, Depends(INSTALL_PROFILE)]) -> dict[str, Any]:
+        """Install (or replace) a profile from its text, or copy a built-in into the store."""
+        return await _off_loop(core.install_profile, **p)
 
     @app.get("/handoff-results/{job_id}")
     async def handoff_result(job_id: Annotated[str, path(pattern=JOB_ID_RE.pattern)]) -> dict[str, Any]:

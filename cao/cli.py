@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -531,7 +532,6 @@ def cancel(ctx: click.Context, message_id: str) -> None:
     console.print(f"message #{data['id']} {data['status']}")
 
 
-# -- agent profiles (local: the profile store is a folder under CAO_HOME) ------------------------
 @cli.command(epilog="\b\nExamples:\n  cao dashboard\n  cao dashboard --open")
 @click.option("--open", "open_", is_flag=True, help="Open it in the default web browser too.")
 @click.pass_context
@@ -565,22 +565,18 @@ def watch(ctx: click.Context, as_json: bool, duration: float | None) -> None:
 
 @cli.command("profiles", epilog="\b\nExamples:\n  cao profiles\n  cao profiles --json | jq '.[].name'")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (with each system prompt).")
-def profiles_(as_json: bool) -> None:
-    """List agent profiles: built-in ones and those installed in $CAO_HOME/agent-store."""
-    from cao import profiles as agent_profiles
-
-    try:
-        rows = agent_profiles.list(_settings().profiles_dir)
-    except CaoError as exc:
-        raise click.ClickException(exc.message) from None
+@click.pass_context
+def profiles_(ctx: click.Context, as_json: bool) -> None:
+    """List agent profiles: built-in ones and those installed in cao-server's agent store."""
+    rows = _client(ctx).get("/profiles")
     if as_json:
-        _print_json([p.as_dict() for p in rows])
+        _print_json(rows)
         return
     table = Table(title="agent profiles")
     for col in ("name", "description", "provider", "source"):
         table.add_column(col, overflow="fold")
     for p in rows:
-        table.add_row(p.name, escape(p.description), p.provider or "-", escape(p.source))
+        table.add_row(p["name"], escape(p["description"]), p["provider"] or "-", escape(p["source"]))
     console.print(table)
 
 
@@ -591,21 +587,29 @@ def profiles_(as_json: bool) -> None:
 )
 @click.argument("name_or_path")
 @click.option("--json", "as_json", is_flag=True, help="Print the installed profile as JSON.")
-def install(name_or_path: str, as_json: bool) -> None:
-    """Install an agent profile (a .md file, or a built-in's NAME) into $CAO_HOME/agent-store.
+@click.pass_context
+def install(ctx: click.Context, name_or_path: str, as_json: bool) -> None:
+    """Install an agent profile (a .md file, or a built-in's NAME) into cao-server's agent store
+    ($CAO_HOME/agent-store).
 
-    The file is validated first; an installed profile replaces one of the same name.
+    The file is read here and sent to the server, which validates it before writing anything; an
+    installed profile replaces one of the same name.
     """
-    from cao import profiles as agent_profiles
-
-    try:
-        profile, path = agent_profiles.install(name_or_path, _settings().profiles_dir)
-    except CaoError as exc:
-        raise click.ClickException(exc.message) from None
-    if as_json:
-        _print_json(profile.as_dict())
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        try:
+            body = {"text": path.read_text(encoding="utf-8")}
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.ClickException(f"can't read {path}: {exc}; pass a UTF-8 profile .md file") from None
+    elif os.sep in name_or_path or name_or_path.endswith(".md"):
+        raise click.ClickException(f"no profile file at {path}; pass an existing .md file or a built-in name")
     else:
-        console.print(f"installed profile [bold]{profile.name}[/] at {escape(str(path))}")
+        body = {"builtin": name_or_path}
+    profile = _client(ctx).post("/profiles", json=body)
+    if as_json:
+        _print_json(profile)
+    else:
+        console.print(f"installed profile [bold]{profile['name']}[/] at {escape(profile['path'])}")
 
 
 @cli.command(

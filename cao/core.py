@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import providers
+from cao import profiles
 from cao.clock import SYSTEM, Clock
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
@@ -520,6 +521,29 @@ class Cao:
 
     def handoff_result(self, job_id: str) -> dict[str, object]:
         return self.handoffs.result(job_id)
+
+    # -- agent profiles (the store is a folder of cao-server's; clients read it through here) --
+    def profiles(self) -> list[dict[str, object]]:
+        """Every agent profile, built-in or installed, sorted by name (a file shadows a built-in)."""
+        return [p.as_dict() for p in profiles.list(self.settings.profiles_dir)]
+
+    def profile(self, name: str) -> dict[str, object]:
+        return profiles.load(name, self.settings.profiles_dir).as_dict()
+
+    def install_profile(self, text: str | None = None, builtin: str | None = None) -> dict[str, object]:
+        """Install a profile from its text (a .md file's content), or copy a built-in into the
+        store to edit it there; exactly one of the two. Validated before anything is written."""
+        if bool(text) == bool(builtin):
+            raise InvalidInput(
+                "give exactly one of text (a profile's markdown: front matter and system prompt) "
+                "or builtin (a built-in profile's name, to copy it into the store)"
+            )
+        store = self.settings.profiles_dir
+        if text:
+            profile, path = profiles.install_text(text, store, source="the request")
+        else:
+            profile, path = profiles.install_builtin(builtin or "", store)
+        return {**profile.as_dict(), "path": str(path)}
 
     def info(self) -> dict[str, object]:
         s = self.settings

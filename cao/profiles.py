@@ -25,6 +25,7 @@ from __future__ import annotations
 import builtins
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -240,25 +241,40 @@ def list(store: Path | None = None) -> builtins.list[Profile]:
 
 def install(name_or_path: str, store: Path | None = None) -> tuple[Profile, Path]:
     """Copy a profile file (or a built-in, to edit it) into the store; returns it and where it went."""
-    folder = _store(store)
     path = Path(name_or_path).expanduser()
     if path.is_file():
-        text = path.read_text(encoding="utf-8")
-        profile = parse(text, str(path))
-    elif os.sep in name_or_path or name_or_path.endswith(".md"):
+        return install_text(path.read_text(encoding="utf-8"), store, source=str(path))
+    if os.sep in name_or_path or name_or_path.endswith(".md"):
         raise NotFound(f"no profile file at {path}; pass an existing .md file or a built-in profile name")
-    else:
-        builtin = _builtin_texts().get(validate_name(name_or_path))
-        if builtin is None:
-            raise NotFound(
-                f"{name_or_path!r} is neither a file nor a built-in profile "
-                f"({', '.join(builtin_names())}); pass the path of a profile .md file"
-            )
-        text = builtin
-        profile = parse(text, BUILTIN)
+    return install_builtin(name_or_path, store)
+
+
+def install_builtin(name: str, store: Path | None = None) -> tuple[Profile, Path]:
+    """A built-in's file copied into the store, to edit it there."""
+    text = _builtin_texts().get(validate_name(name))
+    if text is None:
+        raise NotFound(
+            f"{name!r} is neither a file nor a built-in profile "
+            f"({', '.join(builtin_names())}); pass the path of a profile .md file"
+        )
+    return install_text(text, store, source=BUILTIN)
+
+
+def install_text(
+    text: str, store: Path | None = None, *, source: str = "the request"
+) -> tuple[Profile, Path]:
+    """A profile's text validated, then written as ``<store>/<name>.md`` in one rename (a reader
+    sees the old file or the new one; an installed profile replaces one of the same name)."""
+    profile = parse(text, source)
+    folder = _store(store)
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / f"{profile.name}.md"
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(dest)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{dest.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return parse(text, str(dest)), dest

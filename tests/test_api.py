@@ -356,6 +356,7 @@ DECLARED = {
     ("post", "/terminals/{terminal_id}/input"),
     ("post", "/terminals/{terminal_id}/merge"),
     ("post", "/terminals/{receiver_id}/inbox/messages"),
+    ("post", "/profiles"),
 }
 
 

@@ -163,26 +163,89 @@ def test_install_from_a_file_or_a_builtin(tmp_path: Path):
     assert sorted(p.name for p in store.iterdir()) == ["reviewer.md", "tester.md"]
 
 
-# -- the CLI ---------------------------------------------------------------------------------------
-def test_cli_install_and_profiles(tmp_path: Path):
-    env = {"CAO_HOME": str(tmp_path / "cao")}
-    runner = CliRunner()
-    listed = runner.invoke(cli, ["profiles", "--json"], env=env)
+# -- through the API, and the CLI on it -----------------------------------------------------------
+FIELDS = {
+    "name", "description", "provider", "model", "allowed_tools", "mcp_servers", "use_worktree", "source",
+    "system_prompt",
+}  # fmt: skip
+
+
+def test_profiles_through_the_api_list_show_and_install(core: Cao, tmp_path: Path):
+    store = core.settings.profiles_dir
+    with TestClient(create_app(core)) as client:
+        listed = client.get("/profiles").json()
+        assert [p["name"] for p in listed] == BUILTINS and set(listed[0]) == FIELDS
+        assert client.get("/profiles/reviewer").json()["source"] == "builtin"
+        missing = client.get("/profiles/nosuch")
+        assert (
+            missing.status_code == 404 and "code_supervisor, developer, reviewer" in missing.json()["detail"]
+        )
+        assert client.get("/profiles/bad%0Aname").status_code == 422
+        made = client.post("/profiles", json={"text": TESTER})
+        assert made.status_code == 201, made.text
+        assert made.json()["name"] == "tester" and made.json()["path"] == str(store / "tester.md")
+        assert (store / "tester.md").read_text() == TESTER
+        assert client.get("/profiles/tester").json()["provider"] == "scripted_eager"
+        copied = client.post("/profiles", params={"builtin": "reviewer"})
+        assert copied.status_code == 201 and copied.json()["source"] == str(store / "reviewer.md")
+        # refused, and nothing written: neither or both, a broken profile, an unknown built-in
+        for body, words in [
+            ({}, "exactly one of text"),
+            ({"text": TESTER, "builtin": "reviewer"}, "exactly one of text"),
+            ({"text": "no front matter"}, "no YAML front matter"),
+            ({"text": "   "}, "text"),
+            ({"builtin": "nosuch"}, "neither a file nor a built-in"),
+            ({"builtin": "../x"}, "is not allowed"),
+        ]:
+            r = client.post("/profiles", json=body)
+            assert r.status_code in (404, 422) and words in r.json()["detail"], (body, r.text)
+    assert sorted(p.name for p in store.iterdir()) == ["reviewer.md", "tester.md"]
+
+
+def test_two_installs_of_one_profile_at_once_leave_one_whole_file(core: Cao):
+    """Each install writes its own temporary file and renames it over the profile: the last rename
+    wins and no reader ever sees half a file (a shared temporary name used to fail one of them)."""
+    import concurrent.futures
+
+    texts = [TESTER.replace("Writes the missing tests", f"Writes test {i}") for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda t: core.install_profile(text=t), texts))
+    assert len(done) == 8
+    assert (core.settings.profiles_dir / "tester.md").read_text() in texts
+    assert [p.name for p in core.settings.profiles_dir.iterdir()] == ["tester.md"]  # no leftovers
+
+
+@pytest.fixture
+def run(core: Cao):
+    """``cao`` against this test's server (through the API only: no CAO_HOME of its own)."""
+    from cao.cli import Client
+
+    with TestClient(create_app(core)) as http:
+        client = Client("http://testserver", http=http)
+        yield lambda *args: CliRunner().invoke(
+            cli, list(args), obj={"client": client}, env={"CAO_HOME": "/nonexistent"}
+        )
+
+
+def test_cli_install_and_profiles(run: Any, core: Cao, tmp_path: Path):
+    listed = run("profiles", "--json")
     assert listed.exit_code == 0, listed.output
-    assert [p["name"] for p in json.loads(listed.output)] == BUILTINS
-    assert set(json.loads(listed.output)[0]) == {
-        "name", "description", "provider", "model", "allowed_tools", "mcp_servers", "use_worktree", "source",
-        "system_prompt",
-    }  # fmt: skip
+    assert [p["name"] for p in json.loads(listed.output)] == BUILTINS and set(
+        json.loads(listed.output)[0]
+    ) == FIELDS
     src = _write(tmp_path / "tester.md", TESTER)
-    installed = runner.invoke(cli, ["install", str(src)], env=env)
+    installed = run("install", str(src))
     assert installed.exit_code == 0, installed.output
     assert "installed profile tester" in installed.output
-    assert (tmp_path / "cao" / "agent-store" / "tester.md").read_text() == TESTER
-    table = runner.invoke(cli, ["profiles"], env=env)
+    assert (core.settings.profiles_dir / "tester.md").read_text() == TESTER  # the server's store
+    table = run("profiles")
     assert table.exit_code == 0 and "│ tester " in table.output  # the rich table, for people
-    broken = runner.invoke(cli, ["install", str(_write(tmp_path / "x.md", "no front matter"))], env=env)
+    broken = run("install", str(_write(tmp_path / "x.md", "no front matter")))
     assert broken.exit_code == 1 and "no YAML front matter" in broken.output
+    gone = run("install", str(tmp_path / "nope.md"))
+    assert gone.exit_code == 1 and "no profile file at" in gone.output
+    builtin = run("install", "reviewer", "--json")
+    assert builtin.exit_code == 0 and json.loads(builtin.output)["path"].endswith("agent-store/reviewer.md")
 
 
 # -- terminals resolve their profile ---------------------------------------------------------------
