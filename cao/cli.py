@@ -10,110 +10,22 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-import httpx
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 import cao
-from cao import apitoken, runfile
-from cao.errors import CaoError
-from cao.settings import Settings
+from cao import apitoken
+from cao import client as server
 from cao.timefmt import epoch
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 console = Console()
 err_console = Console(stderr=True)
-
-
-class Client:
-    """A small httpx client for cao-server; errors become ClickException (exit 1)."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        http: httpx.Client | None = None,
-        timeout: float = 60.0,
-        auth: httpx.Auth | None = None,
-    ):
-        self.base_url = base_url
-        self.found_in: str = "CAO_SERVER_URL"  # where the URL came from, for the "not reachable" error
-        self.http = http or httpx.Client(base_url=base_url, timeout=timeout, auth=auth)
-
-    def response(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """The raw answer (for callers that read an error's fields); unreachable → exit 1."""
-        try:
-            return self.http.request(method, path, **kwargs)
-        except httpx.TransportError:
-            raise click.ClickException(
-                f"cao-server is not reachable at {self.base_url} ({self.found_in}); start it with "
-                "`cao-server`, or point cao at a running one with CAO_SERVER_URL=http://HOST:PORT"
-            ) from None
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self.answer(self.response(method, path, **kwargs))
-
-    def answer(self, resp: httpx.Response) -> Any:
-        if resp.status_code >= 400:
-            try:
-                detail = resp.json().get("detail", resp.text)
-            except ValueError:
-                detail = resp.text
-            if isinstance(detail, list):  # FastAPI validation errors
-                detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
-            raise click.ClickException(f"{detail} (HTTP {resp.status_code})")
-        if resp.headers.get("content-type", "").startswith("application/json"):
-            return resp.json()
-        return resp.text
-
-    def get(self, path: str, **kw: Any) -> Any:
-        return self.request("GET", path, **kw)
-
-    def post(self, path: str, **kw: Any) -> Any:
-        return self.request("POST", path, **kw)
-
-    def delete(self, path: str, **kw: Any) -> Any:
-        return self.request("DELETE", path, **kw)
-
-
-def _settings() -> Settings:
-    try:
-        return Settings.from_env()
-    except CaoError as exc:
-        raise click.ClickException(exc.message) from None
-
-
-def server_location(settings: Settings, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """The URL of the cao-server to talk to, and where it came from: CAO_SERVER_URL (or
-    CAO_API_HOST/CAO_API_PORT) when set, else the server that is running for this CAO_HOME
-    ($CAO_HOME/server.json), else the default."""
-    env = os.environ if environ is None else environ
-    if env.get("CAO_SERVER_URL"):
-        return settings.server_url, "from CAO_SERVER_URL"
-    if env.get("CAO_API_PORT") or env.get("CAO_API_HOST"):
-        return settings.server_url, "from CAO_API_HOST/CAO_API_PORT"
-    running = runfile.read(settings.home)
-    if running is not None:
-        return str(running["url"]).rstrip("/"), f"the server running for {settings.home}"
-    return settings.server_url, f"the default; no cao-server is running for {settings.home}"
-
-
-def _client(ctx: click.Context) -> Client:
-    obj = ctx.ensure_object(dict)
-    if "client" not in obj:
-        settings = _settings()  # the token: CAO_API_TOKEN, else the one cao-server wrote to CAO_HOME
-        url, found_in = server_location(settings)
-        client = Client(url, auth=apitoken.BearerAuth(settings))
-        client.found_in = found_in
-        obj["client"] = client
-    client_: Client = obj["client"]
-    return client_
 
 
 def _print_json(data: Any) -> None:
@@ -197,7 +109,7 @@ def launch(
     as_json: bool,
 ) -> None:
     """Create a session with one agent and attach to it (unless --headless)."""
-    client = _client(ctx)
+    client = server.for_context(ctx)
     body = {
         "provider": provider,
         "agent_profile": agent_profile,
@@ -236,7 +148,7 @@ def launch(
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
     """Show sessions, their terminals and each agent's live status."""
-    client = _client(ctx)
+    client = server.for_context(ctx)
     path = f"/sessions/{session}/terminals" if session else "/terminals"
     terms = client.get(path)
     if as_json:
@@ -278,7 +190,7 @@ def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
 @click.pass_context
 def send_input(ctx: click.Context, terminal_id: str, text: str) -> None:
     """Type TEXT into a terminal now (bracketed paste + Enter), whatever its status."""
-    _client(ctx).post(f"/terminals/{terminal_id}/input", json={"message": text})
+    server.for_context(ctx).post(f"/terminals/{terminal_id}/input", json={"message": text})
     console.print(f"sent to {terminal_id}")
 
 
@@ -295,7 +207,7 @@ def send_input(ctx: click.Context, terminal_id: str, text: str) -> None:
 @click.pass_context
 def output(ctx: click.Context, terminal_id: str, mode: str, as_json: bool) -> None:
     """Print a terminal's output."""
-    data = _client(ctx).get(f"/terminals/{terminal_id}/output", params={"mode": mode})
+    data = server.for_context(ctx).get(f"/terminals/{terminal_id}/output", params={"mode": mode})
     if as_json:
         _print_json(data)
     else:
@@ -311,7 +223,7 @@ def shutdown(ctx: click.Context, all_: bool, session: str | None, as_json: bool)
     """Stop agents: kill their panes and processes, keep their history in the database."""
     if all_ == bool(session):
         raise click.UsageError("give exactly one of --all or --session NAME")
-    client = _client(ctx)
+    client = server.for_context(ctx)
     names = [s["name"] for s in client.get("/sessions")] if all_ else [session]
     removed: dict[str, list[str]] = {}
     for name in names:
@@ -330,8 +242,8 @@ def shutdown(ctx: click.Context, all_: bool, session: str | None, as_json: bool)
 @click.pass_context
 def info(ctx: click.Context, as_json: bool) -> None:
     """Show where cao keeps its data, which tmux server it drives, and inbox counters."""
-    data = _client(ctx).get("/info")
-    data["server_url"] = _client(ctx).base_url
+    data = server.for_context(ctx).get("/info")
+    data["server_url"] = server.for_context(ctx).base_url
     if as_json:
         _print_json(data)
         return
@@ -354,7 +266,7 @@ def diff(ctx: click.Context, terminal_id: str, full: bool, into: str | None, as_
     params: dict[str, Any] = {"full": "true" if full else "false"}
     if into:
         params["into"] = into
-    data = _client(ctx).get(f"/terminals/{terminal_id}/diff", params=params)
+    data = server.for_context(ctx).get(f"/terminals/{terminal_id}/diff", params=params)
     if as_json:
         _print_json(data)
         return
@@ -370,7 +282,7 @@ def diff(ctx: click.Context, terminal_id: str, full: bool, into: str | None, as_
 @click.pass_context
 def merge(ctx: click.Context, terminal_id: str, into: str | None, as_json: bool) -> None:
     """Merge a worker's branch. A conflict stops before anything changes and is shown."""
-    client = _client(ctx)
+    client = server.for_context(ctx)
     resp = client.response("POST", f"/terminals/{terminal_id}/merge", json={"into": into} if into else {})
     if resp.status_code == 409 and resp.json().get("conflicts") is not None:
         data = resp.json()
@@ -396,7 +308,7 @@ def merge(ctx: click.Context, terminal_id: str, into: str | None, as_json: bool)
 @click.pass_context
 def worktrees(ctx: click.Context, as_json: bool) -> None:
     """List workers' worktrees: branch, state, changes, and orphans found at server start."""
-    rows = _client(ctx).get("/worktrees")
+    rows = server.for_context(ctx).get("/worktrees")
     if as_json:
         _print_json(rows)
         return
@@ -440,7 +352,7 @@ def send(
     body: dict[str, Any] = {"sender_id": sender, "message": message}
     if key:
         body["idempotency_key"] = key
-    receipt = _client(ctx).post(f"/terminals/{receiver_id}/inbox/messages", json=body)
+    receipt = server.for_context(ctx).post(f"/terminals/{receiver_id}/inbox/messages", json=body)
     if as_json:
         _print_json(receipt)
     else:
@@ -463,7 +375,7 @@ def inbox(ctx: click.Context, terminal_id: str | None, status: str | None, limit
         params["status"] = status
     if terminal_id:
         params["receiver_id"] = terminal_id
-    rows = _client(ctx).get("/messages", params=params)
+    rows = server.for_context(ctx).get("/messages", params=params)
     if as_json:
         _print_json(rows)
         return
@@ -495,7 +407,7 @@ def inbox(ctx: click.Context, terminal_id: str | None, status: str | None, limit
 @click.pass_context
 def message(ctx: click.Context, message_id: str, as_json: bool) -> None:
     """Show one message's whole lifecycle."""
-    data = _client(ctx).get(f"/messages/{message_id}")
+    data = server.for_context(ctx).get(f"/messages/{message_id}")
     if as_json:
         _print_json(data)
         return
@@ -528,7 +440,7 @@ def message(ctx: click.Context, message_id: str, as_json: bool) -> None:
 @click.pass_context
 def cancel(ctx: click.Context, message_id: str) -> None:
     """Cancel a pending message (it will not be delivered)."""
-    data = _client(ctx).post(f"/messages/{message_id}/cancel")
+    data = server.for_context(ctx).post(f"/messages/{message_id}/cancel")
     console.print(f"message #{data['id']} {data['status']}")
 
 
@@ -539,10 +451,10 @@ def dashboard(ctx: click.Context, open_: bool) -> None:
     """Print the web dashboard's address (with a one-time login link when a token is set).
 
     The link works once, within two minutes: run the command again for another."""
-    client = _client(ctx)
+    client = server.for_context(ctx)
     client.get("/health")  # reachable?
     path = "/"
-    if apitoken.read(_settings()):
+    if apitoken.read(server.settings()):
         path = str(client.post("/login-codes")["url"])
     url = f"{client.base_url}{path}"
     console.print(f"dashboard: [bold]{url}[/]")
@@ -560,7 +472,7 @@ def watch(ctx: click.Context, as_json: bool, duration: float | None) -> None:
     """Follow the fleet live: statuses and messages as they change (cao-server's event stream)."""
     from cao.watch import Watcher
 
-    Watcher(_client(ctx), as_json=as_json, duration=duration, console=console).run()
+    Watcher(server.for_context(ctx), as_json=as_json, duration=duration, console=console).run()
 
 
 @cli.command("profiles", epilog="\b\nExamples:\n  cao profiles\n  cao profiles --json | jq '.[].name'")
@@ -568,7 +480,7 @@ def watch(ctx: click.Context, as_json: bool, duration: float | None) -> None:
 @click.pass_context
 def profiles_(ctx: click.Context, as_json: bool) -> None:
     """List agent profiles: built-in ones and those installed in cao-server's agent store."""
-    rows = _client(ctx).get("/profiles")
+    rows = server.for_context(ctx).get("/profiles")
     if as_json:
         _print_json(rows)
         return
@@ -605,7 +517,7 @@ def install(ctx: click.Context, name_or_path: str, as_json: bool) -> None:
         raise click.ClickException(f"no profile file at {path}; pass an existing .md file or a built-in name")
     else:
         body = {"builtin": name_or_path}
-    profile = _client(ctx).post("/profiles", json=body)
+    profile = server.for_context(ctx).post("/profiles", json=body)
     if as_json:
         _print_json(profile)
     else:

@@ -22,7 +22,7 @@ from rich.table import Table
 from cao.states import MessageStatus
 
 if TYPE_CHECKING:
-    from cao.cli import Client
+    from cao.client import Client
 
 MESSAGE_ROWS = 12
 

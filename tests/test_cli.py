@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 import cao
 from cao.api import create_app
-from cao.cli import Client, cli
+from cao.cli import cli
+from cao.client import Client
 from cao.core import Cao
 from tests.helpers import wait_until
 

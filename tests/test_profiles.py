@@ -218,7 +218,7 @@ def test_two_installs_of_one_profile_at_once_leave_one_whole_file(core: Cao):
 @pytest.fixture
 def run(core: Cao):
     """``cao`` against this test's server (through the API only: no CAO_HOME of its own)."""
-    from cao.cli import Client
+    from cao.client import Client
 
     with TestClient(create_app(core)) as http:
         client = Client("http://testserver", http=http)

@@ -1031,7 +1031,7 @@ def test_http_routes(wt_core: Cao, repo: Path, tmp_path: Path):
 def test_cli_launch_diff_merge_and_worktrees(wt_core: Cao, repo: Path):
     from click.testing import CliRunner
 
-    from cao.cli import Client, cli
+    from cao.client import Client, cli
 
     with TestClient(create_app(wt_core)) as http:
         client = Client("http://testserver", http=http)

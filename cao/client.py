@@ -1,0 +1,103 @@
+"""How ``cao`` (and ``cao watch``, ``cao demo``) reach cao-server: where it is (the environment, or
+the server running for this CAO_HOME), its token, and an httpx client whose errors become a
+``click.ClickException`` that says what to do (exit 1)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import click
+import httpx
+
+from cao import apitoken, runfile
+from cao.errors import CaoError
+from cao.settings import Settings
+
+
+class Client:
+    """A small httpx client for cao-server; errors become ClickException (exit 1)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        http: httpx.Client | None = None,
+        timeout: float = 60.0,
+        auth: httpx.Auth | None = None,
+    ):
+        self.base_url = base_url
+        self.found_in: str = "CAO_SERVER_URL"  # where the URL came from, for the "not reachable" error
+        self.http = http or httpx.Client(base_url=base_url, timeout=timeout, auth=auth)
+
+    def response(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The raw answer (for callers that read an error's fields); unreachable → exit 1."""
+        try:
+            return self.http.request(method, path, **kwargs)
+        except httpx.TransportError:
+            raise click.ClickException(
+                f"cao-server is not reachable at {self.base_url} ({self.found_in}); start it with "
+                "`cao-server`, or point cao at a running one with CAO_SERVER_URL=http://HOST:PORT"
+            ) from None
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.answer(self.response(method, path, **kwargs))
+
+    def answer(self, resp: httpx.Response) -> Any:
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("detail", resp.text)
+            except ValueError:
+                detail = resp.text
+            if isinstance(detail, list):  # FastAPI validation errors
+                detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
+            raise click.ClickException(f"{detail} (HTTP {resp.status_code})")
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return resp.json()
+        return resp.text
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.request("DELETE", path, **kw)
+
+
+def settings() -> Settings:
+    """cao's settings from the environment; a bad value is a ClickException naming it."""
+    try:
+        return Settings.from_env()
+    except CaoError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+def server_location(settings: Settings, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The URL of the cao-server to talk to, and where it came from: CAO_SERVER_URL (or
+    CAO_API_HOST/CAO_API_PORT) when set, else the server that is running for this CAO_HOME
+    ($CAO_HOME/server.json), else the default."""
+    env = os.environ if environ is None else environ
+    if env.get("CAO_SERVER_URL"):
+        return settings.server_url, "from CAO_SERVER_URL"
+    if env.get("CAO_API_PORT") or env.get("CAO_API_HOST"):
+        return settings.server_url, "from CAO_API_HOST/CAO_API_PORT"
+    running = runfile.read(settings.home)
+    if running is not None:
+        return str(running["url"]).rstrip("/"), f"the server running for {settings.home}"
+    return settings.server_url, f"the default; no cao-server is running for {settings.home}"
+
+
+def for_context(ctx: click.Context) -> Client:
+    """The command's client, made once per invocation (tests put their own in ``ctx.obj``)."""
+    obj = ctx.ensure_object(dict)
+    if "client" not in obj:
+        found = settings()  # the token: CAO_API_TOKEN, else the one cao-server wrote to CAO_HOME
+        url, found_in = server_location(found)
+        client = Client(url, auth=apitoken.BearerAuth(found))
+        client.found_in = found_in
+        obj["client"] = client
+    client_: Client = obj["client"]
+    return client_
