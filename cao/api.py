@@ -23,6 +23,7 @@ from cao import dashboard, inputs, security
 from cao.core import Cao
 from cao.errors import CaoError, InvalidInput, StoreBusy
 from cao.handoff import JOB_ID_RE, MAX_STEP_TIMEOUT
+from cao.hook import TEXT_LIMIT as HOOK_TEXT_LIMIT
 from cao.hookstate import HOOK_KEY_HEADER
 from cao.names import TERMINAL_ID_RE
 from cao.params import NAME_SCHEMA, Param, Params, Values, path, query
@@ -126,8 +127,13 @@ def _hook_report(raw: bytes) -> dict[str, Any]:
         if report.get(name) is not None and not isinstance(report[name], str):
             raise InvalidInput(f"{name} must be a string")
     for name, value in [*((n, report.get(n)) for n in HOOK_TEXT), *(("prompts", p) for p in prompts)]:
-        if isinstance(value, str) and "\x00" in value:
-            raise InvalidInput(f"{name} contains a NUL character; remove it")
+        if isinstance(value, str):
+            inputs.check_free_text(name, value)  # no NUL, no lone surrogate
+            if len(value) > HOOK_TEXT_LIMIT:
+                raise InvalidInput(
+                    f"{name} is {len(value)} characters; at most {HOOK_TEXT_LIMIT} "
+                    "(python -m cao.hook cuts texts to that length)"
+                )
     return report
 
 
@@ -248,6 +254,8 @@ def create_app(core: Cao) -> FastAPI:
         mode: Annotated[str, query(enum=["full", "last"])] = "full",
         format: Annotated[str, query(enum=["json", "text"])] = "json",
     ) -> Any:
+        if format not in ("json", "text"):
+            raise InvalidInput(f"format {format[:40]!r} is not one of json, text; leave it out for JSON")
         out = await _off_loop(core.output, terminal_id, mode)
         if format == "text":
             return PlainTextResponse(out)

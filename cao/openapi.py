@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
+from cao.hook import TEXT_LIMIT as HOOK_TEXT_LIMIT
 from cao.params import Params
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
@@ -46,7 +47,7 @@ STATE_CHANGING_ERRORS = {
 UNAUTHORIZED = {"401": "missing or wrong bearer token (CAO_API_TOKEN)"}
 
 # Routes that read only a JSON object body (no query form): the schema of that body.
-_hook_text = {"type": "string", "maxLength": 65536}
+_hook_text = {"type": "string", "maxLength": HOOK_TEXT_LIMIT}  # what python -m cao.hook sends at most
 JSON_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/terminals/{terminal_id}/hooks"): {
         "type": "object",

@@ -143,6 +143,8 @@ def test_output_mode_validated(client: TestClient):
     tid = client.post("/sessions", json={"session_name": "m"}).json()["id"]
     r = client.get(f"/terminals/{tid}/output", params={"mode": "weird"})
     assert r.status_code == 422 and "use full or last" in r.json()["detail"]
+    r = client.get(f"/terminals/{tid}/output", params={"format": "xml"})
+    assert r.status_code == 422 and "not one of json, text" in r.json()["detail"]  # was JSON, silently
 
 
 # -- what the reference orchestrator's clients use (docs/compatibility.md) -------------------------

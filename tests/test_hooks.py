@@ -357,8 +357,13 @@ def test_the_hooks_route_checks_what_it_is_given(make_server: Callable[..., Serv
         ({"event": "Stop", "prompts": ["x"] * 17}, "prompts"),
         ({"event": "Stop", "last_message": 7}, "last_message"),
         ({"event": "Stop", "prompts": ["a\x00b"]}, "NUL"),
+        (b'{"event": "Stop", "last_message": "lone \\ud800 surrogate"}', "surrogate"),
+        ({"event": "Stop", "last_message": "x" * 65_537}, "at most 65536"),
     ]:
-        r = http.post(url, json=body)
+        if isinstance(body, bytes):  # JSON that only decodes to a lone surrogate (httpx can't encode one)
+            r = http.post(url, content=body, headers={"Content-Type": "application/json"})
+        else:
+            r = http.post(url, json=body)
         assert r.status_code == 422 and words in r.json()["detail"], (body, r.text)
     assert http.post("/terminals/0badf00d/hooks", json={"event": "Stop"}).status_code == 404
     assert _term(http, tid)["hook"] is None  # nothing half-recorded
