@@ -1180,3 +1180,65 @@ def test_a_repositorys_setup_commands_run_only_when_the_operator_allows_it(wt_co
     ready(wt_core, term["id"])
     assert not (tree(term) / "pwned.txt").exists()
     assert "CAO_WORKTREE_SETUP_COMMANDS=true" in wt_core.output(term["id"])
+
+
+# A stand-in for git-lfs as `git lfs install` sets it up (a filter in the operator's global config)
+# that, like git-lfs, takes programs from the repository's config: each extension's clean/smudge
+# command, and a standalone transfer agent.
+FAKE_LFS = """#!/bin/sh
+for key in $(git config --name-only --get-regexp '^lfs[.]extension[.].*[.]'"$1"'$'); do
+  cmd=$(git config --get "$key"); [ -n "$cmd" ] && sh -c "$cmd" </dev/null >/dev/null 2>&1
+done
+agent=$(git config --get lfs.standalonetransferagent)
+if [ -n "$agent" ]; then
+  cmd=$(git config --get "lfs.customtransfer.$agent.path")
+  [ -n "$cmd" ] && sh -c "$cmd" </dev/null >/dev/null 2>&1
+fi
+cat
+"""
+
+
+@pytest.mark.parametrize("lfs", ["stand-in", "git-lfs"])
+def test_an_operators_lfs_filter_runs_no_program_the_repositorys_config_names(
+    wt_core: Cao, repo: Path, tmp_path: Path, lfs: str
+):
+    """The operator's git-lfs filter (global config, trusted) reads programs from the repository's
+    config, which a worker can write: its extensions' clean/smudge commands, a standalone transfer
+    agent, credential helpers. None of them may run in cao's diff, diffstat, merge or delete."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    if lfs == "git-lfs":
+        if shutil.which("git-lfs") is None:
+            pytest.skip("git-lfs is not installed (the stand-in case covers what it reads)")
+        git(repo, "lfs", "install", "--skip-repo")
+        git(repo, "config", "--global", "--unset", "filter.lfs.required")  # so the branch stays readable
+    else:
+        fake = tmp_path / "fake-lfs"
+        fake.write_text(FAKE_LFS)
+        fake.chmod(0o755)
+        git(repo, "config", "--global", "filter.lfs.clean", f"{fake} clean")
+        git(repo, "config", "--global", "filter.lfs.smudge", f"{fake} smudge")
+    a = make_worker(wt_core, repo)
+    path = tree(a)
+    for key, value in {  # the worker writes them (the repository's config is shared by its worktrees)
+        "lfs.extension.evil.clean": f"touch {marks / 'clean'}",
+        "lfs.extension.evil.smudge": f"touch {marks / 'smudge'}",
+        "lfs.extension.evil.priority": "0",
+        "lfs.standalonetransferagent": "evil",
+        "lfs.customtransfer.evil.path": f"touch {marks / 'agent'}",
+        "credential.helper": f"!touch {marks / 'credential'}",
+        "core.askPass": f"touch {marks / 'askpass'}",
+    }.items():
+        git(path, "config", key, value)
+    (path / ".gitattributes").write_text("*.bin filter=lfs diff=lfs merge=lfs -text\n")
+    (path / "model.bin").write_text("weights\n")
+    client = TestClient(create_app(wt_core))
+    client.get(f"/terminals/{a['id']}")  # the diffstat
+    client.get(f"/terminals/{a['id']}/diff", params={"full": "true"})
+    b = make_worker(wt_core, repo)
+    (tree(b) / "more.bin").write_text("more weights\n")
+    wt_core.delete_terminal(b["id"])
+    client.post(f"/terminals/{b['id']}/merge", json={})
+    wt_core.delete_terminal(a["id"])
+    assert sorted(p.name for p in marks.iterdir()) == []
+    assert (repo / "more.bin").exists() or wt_core.store.get_worktree(b["id"]).state == "kept"  # type: ignore[union-attr]

@@ -54,6 +54,17 @@ GUARD = (
 )
 TRUSTED_SCOPES = ("system", "global")  # the operator's config; local and worktree are the repository's
 FILTER_KEYS = ("clean", "smudge", "process", "required")
+# What an operator's own filter reads from the repository's config and runs: git-lfs (whose
+# `git lfs install` puts its filter in the global config) runs each `lfs.extension.<name>` command
+# on clean and smudge, a `lfs.customtransfer.<name>` program as a standalone transfer agent, and,
+# when its server asks for credentials, the credential helpers and `core.askPass`; for an ssh://
+# endpoint `core.sshCommand`. Each set by the repository is replaced by the operator's setting
+# of the same key, or switched off (value here).
+PROGRAM_KEYS = re.compile(
+    r"^(?:lfs\.(?:extension\..+\.(?:clean|smudge)|customtransfer\..+\.(?:path|args)|standalonetransferagent)"
+    r"|core\.(?:askpass|sshcommand)|credential\.(?:.+\.)?helper)$"
+)
+PROGRAM_OFF = {"core.sshcommand": "ssh"}  # else "": no extension, no agent, no askpass, no helper
 # A merge driver the repository's config defines, without one of the operator's of that name:
 # git's own text merge, as the driver (an empty one would "merge" by keeping our side).
 TEXT_MERGE = "git merge-file -L ours -L base -L theirs --marker-size=%L %A %O %B"
@@ -225,7 +236,7 @@ class Git:
             "--show-scope",
             "--null",
             "--get-regexp",
-            r"^(filter|merge)\.",
+            r"^(filter|merge|lfs|credential)\.|^core\.(askpass|sshcommand)$",
             env=env,
             check=False,
         )
@@ -234,27 +245,37 @@ class Git:
                 f"could not read the repository's filter and merge drivers: {done.stderr.strip()[:300]}"
             )
         parts = done.stdout.split("\0")
-        trusted: dict[str, str] = {}
-        theirs: list[str] = []  # filter.<name>.<leaf> and merge.<name>.driver keys the repository sets
+        trusted: dict[str, list[str]] = {}
+        theirs: list[str] = []  # the keys above the repository sets
         for scope, entry in zip(parts[0::2], parts[1::2], strict=False):
             key, _, value = entry.partition("\n")
             section, _, leaf = key.rpartition(".")
             driver = key.startswith("merge.") and leaf == "driver" and section != "merge"
-            if not driver and not (key.startswith("filter.") and leaf in FILTER_KEYS):
+            program = PROGRAM_KEYS.match(key) is not None
+            if not driver and not program and not (key.startswith("filter.") and leaf in FILTER_KEYS):
                 continue
             if scope in TRUSTED_SCOPES:
-                trusted[key] = value
+                trusted.setdefault(key, []).append(value)
             elif scope != "command" and key not in theirs:
                 theirs.append(key)
 
         def off(key: str) -> str:
             if key.startswith("merge."):
                 return TEXT_MERGE
+            if key in PROGRAM_OFF:
+                return PROGRAM_OFF[key]
             return "false" if key.endswith(".required") else ""
 
         # Per key: an empty `process` would switch off the operator's `clean` too (git prefers a
-        # defined process), so only what the repository sets is replaced.
-        return config_env([*GUARD, *((k, trusted.get(k, off(k))) for k in theirs)])
+        # defined process), so only what the repository sets is replaced. A credential helper is a
+        # list: an empty value empties it, then the operator's own are listed again.
+        pairs: list[tuple[str, str]] = []
+        for key in theirs:
+            if key.startswith("credential."):
+                pairs += [(key, ""), *((key, v) for v in trusted.get(key, []) if v)]
+            else:
+                pairs.append((key, trusted.get(key, [off(key)])[-1]))
+        return config_env([*GUARD, *pairs])
 
     # -- the source checkout ---------------------------------------------------------------------
     def inspect(self, directory: Path) -> Repo:
