@@ -1242,3 +1242,76 @@ def test_an_operators_lfs_filter_runs_no_program_the_repositorys_config_names(
     wt_core.delete_terminal(a["id"])
     assert sorted(p.name for p in marks.iterdir()) == []
     assert (repo / "more.bin").exists() or wt_core.store.get_worktree(b["id"]).state == "kept"  # type: ignore[union-attr]
+
+
+def _worker_commits(core: Cao, repo: Path, files: dict[str, str]) -> dict[str, Any]:
+    term = make_worker(core, repo)
+    for name, text in files.items():
+        (tree(term) / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree(term) / name).write_text(text)
+        git(tree(term), "add", "-f", name)
+    git(tree(term), "commit", "-q", "-m", "the worker's files")
+    return term
+
+
+@pytest.mark.parametrize(
+    "theirs", [".env", "build"], ids=["file over an ignored file", "file over an ignored dir"]
+)
+def test_merge_never_overwrites_ignored_files_in_the_supervisors_checkout(
+    wt_core: Cao, repo: Path, theirs: str
+):
+    """git merge overwrites ignored files without asking (they count as expendable): a worker that
+    committed a `.env` (git add -f) would have replaced the operator's own ignored `.env`."""
+    (repo / ".gitignore").write_text(".env\nbuild/\n")
+    commit_all(repo, "ignore build/")
+    (repo / ".env").write_text("SECRET=the operator's own\n")
+    (repo / "build").mkdir()
+    (repo / "build" / "out.o").write_text("an hour of compiling\n")
+    term = _worker_commits(wt_core, repo, {theirs: "WORKER=1\n"})
+    head = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(NotMergeable, match="in the way") as refused:
+        wt_core.merge(term["id"])
+    assert theirs in refused.value.message and "nothing was changed" in refused.value.message
+    assert git(repo, "rev-parse", "HEAD") == head
+    assert (repo / ".env").read_text() == "SECRET=the operator's own\n"
+    assert (repo / "build" / "out.o").read_text() == "an hour of compiling\n"
+
+
+def test_merge_never_overwrites_a_local_edit_hidden_with_assume_unchanged(wt_core: Cao, repo: Path):
+    """`git update-index --assume-unchanged` keeps a local edit of a tracked file out of `git
+    status`, so the checkout looked clean, and git merge replaced the edit (even when it then
+    refused with "local changes would be overwritten")."""
+    term = _worker_commits(wt_core, repo, {"app.py": "line 1\nthe worker's line\nline 3\n"})
+    git(repo, "update-index", "--assume-unchanged", "app.py")
+    (repo / "app.py").write_text("line 1\nthe operator's local edit\nline 3\n")
+    head = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(NotMergeable, match="assume-unchanged") as refused:
+        wt_core.merge(term["id"])
+    assert "app.py" in refused.value.message
+    assert git(repo, "rev-parse", "HEAD") == head
+    assert (repo / "app.py").read_text() == "line 1\nthe operator's local edit\nline 3\n"
+    git(repo, "update-index", "--no-assume-unchanged", "app.py")  # the operator gives the edit up
+    git(repo, "checkout", "--", "app.py")
+    assert wt_core.merge(term["id"])["merged"]
+    assert "the worker's line" in (repo / "app.py").read_text()
+
+
+def test_merge_into_a_branch_being_rebased_is_refused(wt_core: Cao, repo: Path):
+    """A rebase detaches HEAD, so the branch looked checked out nowhere and cao moved it under
+    the rebase: `git rebase --continue` then failed, and `git rebase --abort` put the branch back,
+    dropping cao's merge (and the worker's branch, deleted once merged, with it)."""
+    (repo / "app.py").write_text("line 1\nline 2\nline 3\nline 4\n")
+    commit_all(repo, "main's second commit")
+    term = _worker_commits(wt_core, repo, {"feature.py": "print('hi')\n"})
+    env = {**os.environ, "GIT_SEQUENCE_EDITOR": "sed -i s/^pick/edit/"}
+    subprocess.run(
+        ["git", "rebase", "-q", "-i", "HEAD~1"], cwd=repo, env=env, check=True, capture_output=True
+    )
+    before = git(repo, "rev-parse", "refs/heads/main")
+    with pytest.raises(NotMergeable, match="being rebased") as refused:
+        wt_core.merge(term["id"])
+    assert str(repo) in refused.value.message
+    assert git(repo, "rev-parse", "refs/heads/main") == before
+    git(repo, "rebase", "--continue")
+    assert wt_core.merge(term["id"])["merged"]
+    assert (repo / "feature.py").exists()
