@@ -710,3 +710,22 @@ def test_an_empty_or_short_hook_secret_is_made_anew(tmp_path):
     assert len(second) >= 32 and second != b"abc"
     (home / "hook-secret").chmod(0o644)
     assert load_secret(home) == second and (home / "hook-secret").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_removed_tmux_socket_loses_no_agent(core: Cao):
+    """A /tmp cleaner (systemd-tmpfiles, tmpreaper) or an `rm` removes the tmux server's socket
+    while the server and its agents run on: tmux then answers "no server running", and every
+    agent was taken for gone for good, its mail failed, while it went on running untracked. The
+    server is asked to recreate its socket (SIGUSR1, as tmux(1) says) and nothing is lost."""
+    import os
+
+    tid = new_terminal(core)
+    socket = core.tmux.run("display-message", "-p", "#{socket_path}").strip()
+    os.unlink(socket)
+    mid = core.send_message(tid, "after the socket went", sender_id="s").message.id or 0
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=10, what="the message delivered")
+    assert core.store.get_terminal(tid).state == "live" and os.path.exists(socket)
+    settle(core, tid)
+    assert [m["body"] for r in read_records(core.settings.home, tid) for m in r["messages"]] == [
+        "after the socket went"
+    ]
