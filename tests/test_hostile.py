@@ -729,3 +729,57 @@ def test_a_removed_tmux_socket_loses_no_agent(core: Cao):
     assert [m["body"] for r in read_records(core.settings.home, tid) for m in r["messages"]] == [
         "after the socket went"
     ]
+
+
+def test_an_api_token_or_hook_secret_deleted_or_changed_under_the_server_is_written_again(
+    make_server, tmp_path
+):
+    """The agents (their MCP servers, the scripted agent) and `cao` read the token from
+    $CAO_HOME/api-token: deleted or overwritten under a running server, every agent's call to cao
+    was a 401 (no message between agents, no handoff) until a restart; a deleted hook-secret made
+    the next start refuse every running agent's hook reports."""
+    from tests.helpers import write_rules
+
+    home = tmp_path / "cao"
+    relay = {"match": r"^relay (?P<to>[0-9a-f]{8}) (?P<m>.+)$", "reply": "relayed"}
+    write_rules(
+        home, "relay", {"record": True, "rules": [{**relay, "send": [{"to": "{to}", "message": "{m}"}]}]}
+    )
+    token = "t" * 32
+    srv = make_server(CAO_API_TOKEN=token, CAO_SCRIPTED_RECORD="1", CAO_PIPE_CHECK_INTERVAL="0.2")
+    auth = {"Authorization": f"Bearer {token}"}
+    with srv.client() as c:
+        a = c.post("/sessions", json={"provider": "scripted", "agent_profile": "relay"}, headers=auth).json()
+        b = c.post("/sessions", json={"provider": "scripted"}, headers=auth).json()
+        for t in (a, b):
+            wait_until(
+                lambda t=t: c.get(f"/terminals/{t['id']}", headers=auth).json()["status"] == "idle",
+                timeout=20,
+            )
+        secret = (home / "hook-secret").read_bytes()
+        for damage in ("deleted", "changed"):
+            if damage == "deleted":
+                (home / "api-token").unlink()
+                (home / "hook-secret").unlink()
+            else:
+                (home / "api-token").write_text("x" * 32 + "\n")
+                (home / "hook-secret").write_bytes(b"y" * 64)
+            wait_until(
+                lambda: (home / "api-token").exists() and (home / "api-token").read_text().strip() == token,
+                timeout=5,
+                what="the token written again",
+            )
+            assert (home / "api-token").stat().st_mode & 0o777 == 0o600
+            assert (home / "hook-secret").read_bytes() == secret
+            body = f"relay {b['id']} after the token was {damage}"
+            sent = c.post(
+                f"/terminals/{a['id']}/inbox/messages",
+                json={"sender_id": "op", "message": body},
+                headers=auth,
+            )
+            assert sent.status_code == 201
+            wait_until(
+                lambda damage=damage: f"after the token was {damage}" in str(read_records(home, b["id"])),
+                timeout=10,
+                what="the agent's own send reached the other agent",
+            )
