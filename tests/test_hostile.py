@@ -783,3 +783,27 @@ def test_an_api_token_or_hook_secret_deleted_or_changed_under_the_server_is_writ
                 timeout=10,
                 what="the agent's own send reached the other agent",
             )
+
+
+def test_a_read_only_home_is_a_clear_503_not_a_500(make_core: Callable[..., Cao], settings, tmp_path):
+    """`CAO_HOME` remounted read-only (or, for a user, `chmod -w`) under a running server: a create
+    crashed with a 500 "internal error"; now it names the file, and nothing is half-made."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    core = make_core(settings)
+    tid = new_terminal(core)
+    home = str(settings.home)
+    if subprocess.run(["mount", "--bind", home, home], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", home], check=True, capture_output=True)
+        with TestClient(create_app(core)) as client:
+            r = client.post("/sessions", json={"provider": "scripted"})
+            assert r.status_code == 503 and "Read-only file system" in r.json()["detail"], r.text
+            assert "nothing was written" in r.json()["detail"]
+        assert [t.id for t in core.store.list_terminals()] == [tid]
+    finally:
+        subprocess.run(["umount", home], check=False)
