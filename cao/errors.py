@@ -36,6 +36,9 @@ class CaoError(Exception):
     status_code = 500
 
     def __init__(self, message: str) -> None:
+        # a file name read byte for byte (cao/worktrees/git.py) may carry non-UTF-8 bytes as
+        # surrogates: an answer must be valid UTF-8
+        message = message.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         super().__init__(message)
         self.message = message
 

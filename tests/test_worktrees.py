@@ -1315,3 +1315,27 @@ def test_merge_into_a_branch_being_rebased_is_refused(wt_core: Cao, repo: Path):
     git(repo, "rebase", "--continue")
     assert wt_core.merge(term["id"])["merged"]
     assert (repo / "feature.py").exists()
+
+
+def test_a_file_whose_name_is_not_utf8_is_committed_not_deleted(wt_core: Cao, repo: Path):
+    """File names are bytes: one that is not UTF-8 (from a zip, a legacy encoding) came back from
+    git with U+FFFD in it, named no file, so it was neither shown nor committed — and `git worktree
+    remove` deleted it with the worktree."""
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    name = b"caf\xe9-notes.txt"
+    (path / os.fsdecode(name)).write_bytes(b"precious work\n")
+    (path / "ignored-dir-free.txt").write_text("a plain one\n")
+    assert "caf\ufffd-notes.txt" in wt_core.diff(term["id"])["diff"]
+    state, note = retired(wt_core, term)
+    assert state == "removed", note
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "-r", "-z", "--name-only", branch],
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    assert name in listed
+    shown = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{branch}:" + os.fsdecode(name)], capture_output=True
+    )
+    assert shown.stdout == b"precious work\n"

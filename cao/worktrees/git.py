@@ -133,6 +133,12 @@ def config_env(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     return env
 
 
+def shown(text: str) -> str:
+    """Text with file names read byte for byte (:meth:`Git.run` ``paths``) made printable: a
+    non-UTF-8 byte becomes U+FFFD (a note or an answer must be valid UTF-8)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def dotgit_like(name: str) -> bool:
     """A name git refuses as a path part (``.git`` in any case, ``.git.``, NTFS's ``git~1``...)."""
     n = name.casefold().split(":", 1)[0].rstrip(" .")
@@ -182,9 +188,14 @@ class Git:
         commit: bool = False,
         input: str | None = None,
         guarded: bool = True,
+        paths: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """One git call. ``guarded`` (all but ``git worktree add``): :data:`GUARD` and literal
-        pathspecs; an ``env`` from :meth:`guard` or :meth:`Pinned.env` replaces the former."""
+        pathspecs; an ``env`` from :meth:`guard` or :meth:`Pinned.env` replaces the former.
+        ``paths``: the output (and ``input``) are file names, which may be any bytes but NUL and
+        must come back to the same file: non-UTF-8 bytes are kept as surrogates (``os.fsencode``
+        gives them back), not replaced (a file named ``caf\xe9.txt`` was never committed, then
+        deleted with its worktree); :func:`shown` makes such text printable."""
         argv = ["git", *(f for o in OVERRIDES for f in ("-c", o))]
         if commit:
             argv += self.identity
@@ -201,7 +212,7 @@ class Git:
                 input=input,
                 capture_output=True,
                 text=True,
-                errors="replace",
+                errors="surrogateescape" if paths else "replace",
                 timeout=self.timeout,
                 check=False,
             )
@@ -219,8 +230,8 @@ class Git:
         return self.run(cwd, *args, env=env, commit=commit).stdout.strip()
 
     def lines(self, cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> list[str]:
-        """NUL-separated output of a git call (``-z``)."""
-        return [x for x in self.run(cwd, *args, env=env).stdout.split("\0") if x]
+        """NUL-separated output of a git call (``-z``): file names, byte for byte (``paths``)."""
+        return [x for x in self.run(cwd, *args, env=env, paths=True).stdout.split("\0") if x]
 
     def guard(self, cwd: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment that keeps a repository's own config from running code in a git call
