@@ -138,7 +138,13 @@ def _hook_report(raw: bytes) -> dict[str, Any]:
 
 
 async def _off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return await run_in_threadpool(fn, *args, **kwargs)
+    try:
+        return await run_in_threadpool(fn, *args, **kwargs)
+    except OSError as exc:  # a full disk, a read-only mount: the operator's to fix, not a crash
+        mapped = inputs.file_error(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc
 
 
 def create_app(core: Cao) -> FastAPI:

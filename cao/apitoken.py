@@ -10,6 +10,7 @@ the file again and retries once, so a rotated token reaches long-running MCP ser
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Generator
@@ -48,6 +49,21 @@ def publish(settings: Settings) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def keep(settings: Settings) -> bool:
+    """Publish the token again if ``$CAO_HOME/api-token`` was deleted or changed while the server
+    runs: every client (``cao``, the agents' MCP servers, the scripted agent) reads it there, and
+    without it they all got 401 until a restart. Returns whether it had to."""
+    if settings.api_token is None or read_file(settings.token_file) == settings.api_token:
+        return False
+    if settings.token_file.is_dir():
+        return False  # an operator's directory there: the next start says so
+    publish(settings)
+    logging.getLogger(__name__).warning(
+        "api-token was deleted or changed under the running server; written again"
+    )
+    return True
 
 
 def read(settings: Settings) -> str | None:

@@ -154,6 +154,7 @@ class Cao:
         )
         self.engine = DeliveryEngine(self.delivery, clock=now)
         self.engine.lifecycle = self.lifecycle
+        self.engine.keepers.append(self.status.keep_secret)
         self.handoffs = Handoffs(
             self.store,
             self.status,

@@ -97,6 +97,9 @@ class DeliveryEngine:
         self._observer: PollingObserverVFS | None = None
         self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
         self._housekeeper: threading.Thread | None = None
+        # checks of the files under CAO_HOME that clients read (run with the pipe check): each
+        # writes its file again when an operator deleted or changed it under the running server
+        self.keepers: list[Callable[[], object]] = []
         self.events = delivery.events
         self._refreshing: set[str] = set()  # terminals whose status is being re-read for listeners
         self.stats: dict[str, int] = {"kicks": 0, "runs": 0, "delivered": 0, "sweeps": 0, "logs_capped": 0}
@@ -326,6 +329,11 @@ class DeliveryEngine:
                     next_pipes = time.monotonic() + self.settings.pipe_check_interval
                     if self.lifecycle is not None:
                         self.lifecycle.restore_pipes()
+                    for keep in self.keepers:
+                        try:
+                            keep()
+                        except Exception:
+                            logger.exception("a file under CAO_HOME could not be written again")
             except StoreGone:
                 continue  # logged once by the store; nothing more to do until a restart
             except Exception:

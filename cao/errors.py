@@ -22,6 +22,7 @@
     │   └── BoxOccupied          409: the agent's input box holds someone's text (nothing typed)
     ├── StoreGone                503: cao.db was deleted or replaced under the running server
     ├── DiskFull                 507: the disk is full (nothing was written)
+    ├── Unwritable               503: a file can't be written (read-only mount, permissions; nothing written)
     ├── ProviderError            unknown provider or a provider could not start
     └── ServerUnavailable        the CLI could not reach cao-server
 
@@ -35,6 +36,9 @@ class CaoError(Exception):
     status_code = 500
 
     def __init__(self, message: str) -> None:
+        # a file name read byte for byte (cao/worktrees/git.py) may carry non-UTF-8 bytes as
+        # surrogates: an answer must be valid UTF-8
+        message = message.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         super().__init__(message)
         self.message = message
 
@@ -130,6 +134,13 @@ class DiskFull(CaoError):
     """The disk (or the database's filesystem) is full: nothing was written; retry once there is room."""
 
     status_code = 507
+
+
+class Unwritable(CaoError):
+    """A file cao-server writes (under CAO_HOME, a worker's folder) can't be written: a read-only
+    mount, its permissions. Nothing was written; retry once it is writable again."""
+
+    status_code = 503
 
 
 class ProviderError(CaoError):

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -64,6 +65,8 @@ MARKER_RE = re.compile(
     r" \(ref [0-9a-f]{1,32}\)$",
     re.M,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -268,6 +271,27 @@ def load_secret(home: Path) -> bytes:
         path.chmod(0o600)
         return fresh
     return found
+
+
+def keep_secret(home: Path, secret: bytes) -> bool:
+    """Write this server's secret again if ``$CAO_HOME/hook-secret`` was deleted or changed under it
+    (the running agents' hook keys are derived from it, so a restart would make a new one and
+    refuse them all). Returns whether it had to."""
+    path = home / SECRET_FILE
+    try:
+        if path.read_bytes().strip() == secret:
+            return False
+    except (FileNotFoundError, IsADirectoryError):
+        pass
+    if path.is_dir():
+        return False  # an operator's directory there: the next start says so
+    tmp = path.with_name(f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secret)
+    os.replace(tmp, path)
+    logger.warning("hook-secret was deleted or changed under the running server; written again")
+    return True
 
 
 def hook_key(secret: bytes, terminal_id: str) -> str:

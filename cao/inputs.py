@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from cao.errors import InvalidInput
+from cao.errors import DiskFull, InvalidInput, Unwritable
 from cao.paste import is_blank as blank
 
 logger = logging.getLogger(__name__)
@@ -159,3 +159,21 @@ def install_error_handlers(app: FastAPI) -> None:
             },
             status_code=500,
         )
+
+
+def file_error(exc: OSError) -> Exception:
+    """A file write that failed for a reason an operator fixes (a full disk, a read-only mount,
+    permissions) as the error the API answers with (507 / 503, saying nothing was written);
+    anything else as it is (a 500)."""
+    where = exc.filename or "a file under CAO_HOME"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(
+            f"the disk is full ({where}); nothing was written (what was half-made is undone). Free some "
+            "space, then retry the same request"
+        )
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return Unwritable(
+            f"cannot write {where}: {exc.strerror}; nothing was written (what was half-made is undone). "
+            "Make it writable again (a read-only mount, permissions), then retry the same request"
+        )
+    return exc

@@ -228,6 +228,7 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
     try:
         core = Cao(settings)
         apitoken.publish(settings)
+        core.engine.keepers.append(lambda: apitoken.keep(settings))
         adopted = core.start()
         runfile.write(settings.home, url=settings.server_url, tmux_socket=settings.tmux_socket)
     except CaoError as exc:

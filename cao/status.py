@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from cao.errors import DiskFull, Forbidden, InvalidInput, PaneGone, StoreBusy, TmuxServerDown
 from cao.events import EventBus
-from cao.hookstate import Hooks, combine, hook_key, load_secret
+from cao.hookstate import Hooks, combine, hook_key, keep_secret, load_secret
 from cao.panes import Panes
 from cao.settings import Settings
 from cao.states import ENDED, READY, HookPhase, Status, TerminalState
@@ -81,6 +81,10 @@ class StatusReader:
         self._seen_status: dict[str, str] = {}  # last status published per terminal
         self._reasons: dict[str, str] = {}  # why a terminal reads unknown (shown with its status)
         panes.on_gone(self._gone)
+
+    def keep_secret(self) -> None:
+        """Write the hook secret again if it was deleted or changed under the running server."""
+        keep_secret(self.settings.home, self._hook_secret)
 
     def _gone(self, terminal_id: str) -> None:
         self.note_status(terminal_id, Status.GONE)

@@ -710,3 +710,100 @@ def test_an_empty_or_short_hook_secret_is_made_anew(tmp_path):
     assert len(second) >= 32 and second != b"abc"
     (home / "hook-secret").chmod(0o644)
     assert load_secret(home) == second and (home / "hook-secret").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_removed_tmux_socket_loses_no_agent(core: Cao):
+    """A /tmp cleaner (systemd-tmpfiles, tmpreaper) or an `rm` removes the tmux server's socket
+    while the server and its agents run on: tmux then answers "no server running", and every
+    agent was taken for gone for good, its mail failed, while it went on running untracked. The
+    server is asked to recreate its socket (SIGUSR1, as tmux(1) says) and nothing is lost."""
+    import os
+
+    tid = new_terminal(core)
+    socket = core.tmux.run("display-message", "-p", "#{socket_path}").strip()
+    os.unlink(socket)
+    mid = core.send_message(tid, "after the socket went", sender_id="s").message.id or 0
+    wait_until(lambda: status_of(core, mid) == "delivered", timeout=10, what="the message delivered")
+    assert core.store.get_terminal(tid).state == "live" and os.path.exists(socket)
+    settle(core, tid)
+    assert [m["body"] for r in read_records(core.settings.home, tid) for m in r["messages"]] == [
+        "after the socket went"
+    ]
+
+
+def test_an_api_token_or_hook_secret_deleted_or_changed_under_the_server_is_written_again(
+    make_server, tmp_path
+):
+    """The agents (their MCP servers, the scripted agent) and `cao` read the token from
+    $CAO_HOME/api-token: deleted or overwritten under a running server, every agent's call to cao
+    was a 401 (no message between agents, no handoff) until a restart; a deleted hook-secret made
+    the next start refuse every running agent's hook reports."""
+    from tests.helpers import write_rules
+
+    home = tmp_path / "cao"
+    relay = {"match": r"^relay (?P<to>[0-9a-f]{8}) (?P<m>.+)$", "reply": "relayed"}
+    write_rules(
+        home, "relay", {"record": True, "rules": [{**relay, "send": [{"to": "{to}", "message": "{m}"}]}]}
+    )
+    token = "t" * 32
+    srv = make_server(CAO_API_TOKEN=token, CAO_SCRIPTED_RECORD="1", CAO_PIPE_CHECK_INTERVAL="0.2")
+    auth = {"Authorization": f"Bearer {token}"}
+    with srv.client() as c:
+        a = c.post("/sessions", json={"provider": "scripted", "agent_profile": "relay"}, headers=auth).json()
+        b = c.post("/sessions", json={"provider": "scripted"}, headers=auth).json()
+        for t in (a, b):
+            wait_until(
+                lambda t=t: c.get(f"/terminals/{t['id']}", headers=auth).json()["status"] == "idle",
+                timeout=20,
+            )
+        secret = (home / "hook-secret").read_bytes()
+        for damage in ("deleted", "changed"):
+            if damage == "deleted":
+                (home / "api-token").unlink()
+                (home / "hook-secret").unlink()
+            else:
+                (home / "api-token").write_text("x" * 32 + "\n")
+                (home / "hook-secret").write_bytes(b"y" * 64)
+            wait_until(
+                lambda: (home / "api-token").exists() and (home / "api-token").read_text().strip() == token,
+                timeout=5,
+                what="the token written again",
+            )
+            assert (home / "api-token").stat().st_mode & 0o777 == 0o600
+            assert (home / "hook-secret").read_bytes() == secret
+            body = f"relay {b['id']} after the token was {damage}"
+            sent = c.post(
+                f"/terminals/{a['id']}/inbox/messages",
+                json={"sender_id": "op", "message": body},
+                headers=auth,
+            )
+            assert sent.status_code == 201
+            wait_until(
+                lambda damage=damage: f"after the token was {damage}" in str(read_records(home, b["id"])),
+                timeout=10,
+                what="the agent's own send reached the other agent",
+            )
+
+
+def test_a_read_only_home_is_a_clear_503_not_a_500(make_core: Callable[..., Cao], settings, tmp_path):
+    """`CAO_HOME` remounted read-only (or, for a user, `chmod -w`) under a running server: a create
+    crashed with a 500 "internal error"; now it names the file, and nothing is half-made."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    core = make_core(settings)
+    tid = new_terminal(core)
+    home = str(settings.home)
+    if subprocess.run(["mount", "--bind", home, home], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", home], check=True, capture_output=True)
+        with TestClient(create_app(core)) as client:
+            r = client.post("/sessions", json={"provider": "scripted"})
+            assert r.status_code == 503 and "Read-only file system" in r.json()["detail"], r.text
+            assert "nothing was written" in r.json()["detail"]
+        assert [t.id for t in core.store.list_terminals()] == [tid]
+    finally:
+        subprocess.run(["umount", home], check=False)

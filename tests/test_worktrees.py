@@ -1180,3 +1180,162 @@ def test_a_repositorys_setup_commands_run_only_when_the_operator_allows_it(wt_co
     ready(wt_core, term["id"])
     assert not (tree(term) / "pwned.txt").exists()
     assert "CAO_WORKTREE_SETUP_COMMANDS=true" in wt_core.output(term["id"])
+
+
+# A stand-in for git-lfs as `git lfs install` sets it up (a filter in the operator's global config)
+# that, like git-lfs, takes programs from the repository's config: each extension's clean/smudge
+# command, and a standalone transfer agent.
+FAKE_LFS = """#!/bin/sh
+for key in $(git config --name-only --get-regexp '^lfs[.]extension[.].*[.]'"$1"'$'); do
+  cmd=$(git config --get "$key"); [ -n "$cmd" ] && sh -c "$cmd" </dev/null >/dev/null 2>&1
+done
+agent=$(git config --get lfs.standalonetransferagent)
+if [ -n "$agent" ]; then
+  cmd=$(git config --get "lfs.customtransfer.$agent.path")
+  [ -n "$cmd" ] && sh -c "$cmd" </dev/null >/dev/null 2>&1
+fi
+cat
+"""
+
+
+@pytest.mark.parametrize("lfs", ["stand-in", "git-lfs"])
+def test_an_operators_lfs_filter_runs_no_program_the_repositorys_config_names(
+    wt_core: Cao, repo: Path, tmp_path: Path, lfs: str
+):
+    """The operator's git-lfs filter (global config, trusted) reads programs from the repository's
+    config, which a worker can write: its extensions' clean/smudge commands, a standalone transfer
+    agent, credential helpers. None of them may run in cao's diff, diffstat, merge or delete."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    if lfs == "git-lfs":
+        if shutil.which("git-lfs") is None:
+            pytest.skip("git-lfs is not installed (the stand-in case covers what it reads)")
+        git(repo, "lfs", "install", "--skip-repo")
+        git(repo, "config", "--global", "--unset", "filter.lfs.required")  # so the branch stays readable
+    else:
+        fake = tmp_path / "fake-lfs"
+        fake.write_text(FAKE_LFS)
+        fake.chmod(0o755)
+        git(repo, "config", "--global", "filter.lfs.clean", f"{fake} clean")
+        git(repo, "config", "--global", "filter.lfs.smudge", f"{fake} smudge")
+    a = make_worker(wt_core, repo)
+    path = tree(a)
+    for key, value in {  # the worker writes them (the repository's config is shared by its worktrees)
+        "lfs.extension.evil.clean": f"touch {marks / 'clean'}",
+        "lfs.extension.evil.smudge": f"touch {marks / 'smudge'}",
+        "lfs.extension.evil.priority": "0",
+        "lfs.standalonetransferagent": "evil",
+        "lfs.customtransfer.evil.path": f"touch {marks / 'agent'}",
+        "credential.helper": f"!touch {marks / 'credential'}",
+        "core.askPass": f"touch {marks / 'askpass'}",
+    }.items():
+        git(path, "config", key, value)
+    (path / ".gitattributes").write_text("*.bin filter=lfs diff=lfs merge=lfs -text\n")
+    (path / "model.bin").write_text("weights\n")
+    client = TestClient(create_app(wt_core))
+    client.get(f"/terminals/{a['id']}")  # the diffstat
+    client.get(f"/terminals/{a['id']}/diff", params={"full": "true"})
+    b = make_worker(wt_core, repo)
+    (tree(b) / "more.bin").write_text("more weights\n")
+    wt_core.delete_terminal(b["id"])
+    client.post(f"/terminals/{b['id']}/merge", json={})
+    wt_core.delete_terminal(a["id"])
+    assert sorted(p.name for p in marks.iterdir()) == []
+    assert (repo / "more.bin").exists() or wt_core.store.get_worktree(b["id"]).state == "kept"  # type: ignore[union-attr]
+
+
+def _worker_commits(core: Cao, repo: Path, files: dict[str, str]) -> dict[str, Any]:
+    term = make_worker(core, repo)
+    for name, text in files.items():
+        (tree(term) / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree(term) / name).write_text(text)
+        git(tree(term), "add", "-f", name)
+    git(tree(term), "commit", "-q", "-m", "the worker's files")
+    return term
+
+
+@pytest.mark.parametrize(
+    "theirs", [".env", "build"], ids=["file over an ignored file", "file over an ignored dir"]
+)
+def test_merge_never_overwrites_ignored_files_in_the_supervisors_checkout(
+    wt_core: Cao, repo: Path, theirs: str
+):
+    """git merge overwrites ignored files without asking (they count as expendable): a worker that
+    committed a `.env` (git add -f) would have replaced the operator's own ignored `.env`."""
+    (repo / ".gitignore").write_text(".env\nbuild/\n")
+    commit_all(repo, "ignore build/")
+    (repo / ".env").write_text("SECRET=the operator's own\n")
+    (repo / "build").mkdir()
+    (repo / "build" / "out.o").write_text("an hour of compiling\n")
+    term = _worker_commits(wt_core, repo, {theirs: "WORKER=1\n"})
+    head = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(NotMergeable, match="in the way") as refused:
+        wt_core.merge(term["id"])
+    assert theirs in refused.value.message and "nothing was changed" in refused.value.message
+    assert git(repo, "rev-parse", "HEAD") == head
+    assert (repo / ".env").read_text() == "SECRET=the operator's own\n"
+    assert (repo / "build" / "out.o").read_text() == "an hour of compiling\n"
+
+
+def test_merge_never_overwrites_a_local_edit_hidden_with_assume_unchanged(wt_core: Cao, repo: Path):
+    """`git update-index --assume-unchanged` keeps a local edit of a tracked file out of `git
+    status`, so the checkout looked clean, and git merge replaced the edit (even when it then
+    refused with "local changes would be overwritten")."""
+    term = _worker_commits(wt_core, repo, {"app.py": "line 1\nthe worker's line\nline 3\n"})
+    git(repo, "update-index", "--assume-unchanged", "app.py")
+    (repo / "app.py").write_text("line 1\nthe operator's local edit\nline 3\n")
+    head = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(NotMergeable, match="assume-unchanged") as refused:
+        wt_core.merge(term["id"])
+    assert "app.py" in refused.value.message
+    assert git(repo, "rev-parse", "HEAD") == head
+    assert (repo / "app.py").read_text() == "line 1\nthe operator's local edit\nline 3\n"
+    git(repo, "update-index", "--no-assume-unchanged", "app.py")  # the operator gives the edit up
+    git(repo, "checkout", "--", "app.py")
+    assert wt_core.merge(term["id"])["merged"]
+    assert "the worker's line" in (repo / "app.py").read_text()
+
+
+def test_merge_into_a_branch_being_rebased_is_refused(wt_core: Cao, repo: Path):
+    """A rebase detaches HEAD, so the branch looked checked out nowhere and cao moved it under
+    the rebase: `git rebase --continue` then failed, and `git rebase --abort` put the branch back,
+    dropping cao's merge (and the worker's branch, deleted once merged, with it)."""
+    (repo / "app.py").write_text("line 1\nline 2\nline 3\nline 4\n")
+    commit_all(repo, "main's second commit")
+    term = _worker_commits(wt_core, repo, {"feature.py": "print('hi')\n"})
+    env = {**os.environ, "GIT_SEQUENCE_EDITOR": "sed -i s/^pick/edit/"}
+    subprocess.run(
+        ["git", "rebase", "-q", "-i", "HEAD~1"], cwd=repo, env=env, check=True, capture_output=True
+    )
+    before = git(repo, "rev-parse", "refs/heads/main")
+    with pytest.raises(NotMergeable, match="being rebased") as refused:
+        wt_core.merge(term["id"])
+    assert str(repo) in refused.value.message
+    assert git(repo, "rev-parse", "refs/heads/main") == before
+    git(repo, "rebase", "--continue")
+    assert wt_core.merge(term["id"])["merged"]
+    assert (repo / "feature.py").exists()
+
+
+def test_a_file_whose_name_is_not_utf8_is_committed_not_deleted(wt_core: Cao, repo: Path):
+    """File names are bytes: one that is not UTF-8 (from a zip, a legacy encoding) came back from
+    git with U+FFFD in it, named no file, so it was neither shown nor committed — and `git worktree
+    remove` deleted it with the worktree."""
+    term = make_worker(wt_core, repo)
+    path, branch = tree(term), term["worktree"]["branch"]
+    name = b"caf\xe9-notes.txt"
+    (path / os.fsdecode(name)).write_bytes(b"precious work\n")
+    (path / "ignored-dir-free.txt").write_text("a plain one\n")
+    assert "caf\ufffd-notes.txt" in wt_core.diff(term["id"])["diff"]
+    state, note = retired(wt_core, term)
+    assert state == "removed", note
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "-r", "-z", "--name-only", branch],
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    assert name in listed
+    shown = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{branch}:" + os.fsdecode(name)], capture_output=True
+    )
+    assert shown.stdout == b"precious work\n"

@@ -11,7 +11,9 @@ Naming: sessions ``cao-<name>``, one window per terminal, panes addressed by the
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -38,6 +40,15 @@ from cao.tmux.refs import (
     in_mode_error,
 )
 
+logger = logging.getLogger(__name__)
+
+
+def _link(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
 
 class Tmux:
     """A tmux server: ``socket_name=None`` is the user's default server (so `tmux attach` just works)."""
@@ -54,7 +65,9 @@ class Tmux:
             base += ["-L", self.socket_name]
         return base + list(args)
 
-    def run(self, *args: str, input: bytes | None = None, target: str | None = None) -> str:
+    def run(
+        self, *args: str, input: bytes | None = None, target: str | None = None, revive: bool = True
+    ) -> str:
         try:
             proc = subprocess.run(self.argv(*args), input=input, capture_output=True, timeout=30, check=False)
         except FileNotFoundError:
@@ -65,6 +78,8 @@ class Tmux:
             raise TmuxError(f"tmux {args[0]} did not answer within 30 s") from None
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip()
+            if revive and self._recreate_socket(err):
+                return self.run(*args, input=input, target=target, revive=False)
             if any(w in err for w in _SERVER_DOWN_WORDS):
                 raise TmuxServerDown(
                     f"no tmux server is running on socket {self.socket_name or 'default'}; "
@@ -74,6 +89,55 @@ class Tmux:
                 raise PaneGone(f"tmux pane {target or ''} no longer exists ({err})".replace("  ", " "))
             raise TmuxError(f"tmux {args[0]} failed: {err}")
         return proc.stdout.decode("utf-8", "replace")
+
+    @staticmethod
+    def _recreate_socket(err: str) -> bool:
+        """The server's socket file is gone (a /tmp cleaner, an ``rm``) while the server still runs:
+        tmux answers "no server running" / "error connecting to", and every agent on it would be
+        taken for gone for good. Ask that server to recreate its socket (``SIGUSR1``, as tmux(1)
+        says) and say whether it did. Only a connect that failed (nothing reached a server) is
+        answered so, so the command can be run again. Linux only (``/proc``); elsewhere False."""
+        found = re.search(r"(?:no server running on|error connecting to) (/\S+)", err)
+        if found is None or os.path.exists(found.group(1)):
+            return False
+        path = found.group(1)
+        try:
+            with open("/proc/net/unix", encoding="utf-8", errors="replace") as table:
+                # Num RefCount Protocol Flags Type St Inode Path: a listening socket still shows
+                # the path it was bound to after the file was removed
+                inodes = {
+                    f"socket:[{cols[6]}]"
+                    for cols in (line.split() for line in table)
+                    if len(cols) >= 8 and cols[7] == path and cols[5] == "01"
+                }
+        except OSError:
+            return False
+        if not inodes:
+            return False  # nothing listens there: the server is really gone
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if not (entry / "comm").read_text().startswith("tmux"):
+                    continue
+                fds = list((entry / "fd").iterdir())
+            except OSError:
+                continue
+            if not any(_link(fd) in inodes for fd in fds):
+                continue
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGUSR1)
+                deadline = time.monotonic() + 2.0
+                while not os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            if os.path.exists(path):
+                logger.warning(
+                    "the tmux server's socket had been removed; it was asked to recreate it (SIGUSR1)",
+                    extra={"socket": path, "tmux_server_pid": int(entry.name)},
+                )
+                return True
+            return False
+        return False
 
     def is_alive(self) -> bool:
         return bool(self.server.is_alive())

@@ -54,6 +54,17 @@ GUARD = (
 )
 TRUSTED_SCOPES = ("system", "global")  # the operator's config; local and worktree are the repository's
 FILTER_KEYS = ("clean", "smudge", "process", "required")
+# What an operator's own filter reads from the repository's config and runs: git-lfs (whose
+# `git lfs install` puts its filter in the global config) runs each `lfs.extension.<name>` command
+# on clean and smudge, a `lfs.customtransfer.<name>` program as a standalone transfer agent, and,
+# when its server asks for credentials, the credential helpers and `core.askPass`; for an ssh://
+# endpoint `core.sshCommand`. Each set by the repository is replaced by the operator's setting
+# of the same key, or switched off (value here).
+PROGRAM_KEYS = re.compile(
+    r"^(?:lfs\.(?:extension\..+\.(?:clean|smudge)|customtransfer\..+\.(?:path|args)|standalonetransferagent)"
+    r"|core\.(?:askpass|sshcommand)|credential\.(?:.+\.)?helper)$"
+)
+PROGRAM_OFF = {"core.sshcommand": "ssh"}  # else "": no extension, no agent, no askpass, no helper
 # A merge driver the repository's config defines, without one of the operator's of that name:
 # git's own text merge, as the driver (an empty one would "merge" by keeping our side).
 TEXT_MERGE = "git merge-file -L ours -L base -L theirs --marker-size=%L %A %O %B"
@@ -122,6 +133,12 @@ def config_env(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     return env
 
 
+def shown(text: str) -> str:
+    """Text with file names read byte for byte (:meth:`Git.run` ``paths``) made printable: a
+    non-UTF-8 byte becomes U+FFFD (a note or an answer must be valid UTF-8)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def dotgit_like(name: str) -> bool:
     """A name git refuses as a path part (``.git`` in any case, ``.git.``, NTFS's ``git~1``...)."""
     n = name.casefold().split(":", 1)[0].rstrip(" .")
@@ -171,9 +188,14 @@ class Git:
         commit: bool = False,
         input: str | None = None,
         guarded: bool = True,
+        paths: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """One git call. ``guarded`` (all but ``git worktree add``): :data:`GUARD` and literal
-        pathspecs; an ``env`` from :meth:`guard` or :meth:`Pinned.env` replaces the former."""
+        pathspecs; an ``env`` from :meth:`guard` or :meth:`Pinned.env` replaces the former.
+        ``paths``: the output (and ``input``) are file names, which may be any bytes but NUL and
+        must come back to the same file: non-UTF-8 bytes are kept as surrogates (``os.fsencode``
+        gives them back), not replaced (a file named ``caf\xe9.txt`` was never committed, then
+        deleted with its worktree); :func:`shown` makes such text printable."""
         argv = ["git", *(f for o in OVERRIDES for f in ("-c", o))]
         if commit:
             argv += self.identity
@@ -190,7 +212,7 @@ class Git:
                 input=input,
                 capture_output=True,
                 text=True,
-                errors="replace",
+                errors="surrogateescape" if paths else "replace",
                 timeout=self.timeout,
                 check=False,
             )
@@ -208,8 +230,8 @@ class Git:
         return self.run(cwd, *args, env=env, commit=commit).stdout.strip()
 
     def lines(self, cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> list[str]:
-        """NUL-separated output of a git call (``-z``)."""
-        return [x for x in self.run(cwd, *args, env=env).stdout.split("\0") if x]
+        """NUL-separated output of a git call (``-z``): file names, byte for byte (``paths``)."""
+        return [x for x in self.run(cwd, *args, env=env, paths=True).stdout.split("\0") if x]
 
     def guard(self, cwd: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment that keeps a repository's own config from running code in a git call
@@ -225,7 +247,7 @@ class Git:
             "--show-scope",
             "--null",
             "--get-regexp",
-            r"^(filter|merge)\.",
+            r"^(filter|merge|lfs|credential)\.|^core\.(askpass|sshcommand)$",
             env=env,
             check=False,
         )
@@ -234,27 +256,37 @@ class Git:
                 f"could not read the repository's filter and merge drivers: {done.stderr.strip()[:300]}"
             )
         parts = done.stdout.split("\0")
-        trusted: dict[str, str] = {}
-        theirs: list[str] = []  # filter.<name>.<leaf> and merge.<name>.driver keys the repository sets
+        trusted: dict[str, list[str]] = {}
+        theirs: list[str] = []  # the keys above the repository sets
         for scope, entry in zip(parts[0::2], parts[1::2], strict=False):
             key, _, value = entry.partition("\n")
             section, _, leaf = key.rpartition(".")
             driver = key.startswith("merge.") and leaf == "driver" and section != "merge"
-            if not driver and not (key.startswith("filter.") and leaf in FILTER_KEYS):
+            program = PROGRAM_KEYS.match(key) is not None
+            if not driver and not program and not (key.startswith("filter.") and leaf in FILTER_KEYS):
                 continue
             if scope in TRUSTED_SCOPES:
-                trusted[key] = value
+                trusted.setdefault(key, []).append(value)
             elif scope != "command" and key not in theirs:
                 theirs.append(key)
 
         def off(key: str) -> str:
             if key.startswith("merge."):
                 return TEXT_MERGE
+            if key in PROGRAM_OFF:
+                return PROGRAM_OFF[key]
             return "false" if key.endswith(".required") else ""
 
         # Per key: an empty `process` would switch off the operator's `clean` too (git prefers a
-        # defined process), so only what the repository sets is replaced.
-        return config_env([*GUARD, *((k, trusted.get(k, off(k))) for k in theirs)])
+        # defined process), so only what the repository sets is replaced. A credential helper is a
+        # list: an empty value empties it, then the operator's own are listed again.
+        pairs: list[tuple[str, str]] = []
+        for key in theirs:
+            if key.startswith("credential."):
+                pairs += [(key, ""), *((key, v) for v in trusted.get(key, []) if v)]
+            else:
+                pairs.append((key, trusted.get(key, [off(key)])[-1]))
+        return config_env([*GUARD, *pairs])
 
     # -- the source checkout ---------------------------------------------------------------------
     def inspect(self, directory: Path) -> Repo:

@@ -13,11 +13,12 @@ driver of the repository's own config runs, in the worker's tree or in the super
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cao.errors import Conflict
 from cao.worktrees import scratch
@@ -160,6 +161,13 @@ def merge(git: Git, *, common_dir: Path, branch: str, target: str, label: str) -
             branch=branch,
         )
     message = f"Merge {branch} into {target} ({label})"
+    rebasing = _rebasing(common_dir, target_ref)
+    if rebasing is not None:
+        raise NotMergeable(
+            f"merge: {target} is being rebased in {rebasing} (its HEAD is detached meanwhile); finish "
+            "or abort the rebase there first (nothing was changed): moving the branch under it would "
+            "make `git rebase --continue` fail and `git rebase --abort` drop the merge"
+        )
     checkout = next((p for p, b in git.registered(common_dir, env).items() if b == target), None)
     if checkout is None:
         done = git.run(
@@ -180,6 +188,7 @@ def merge(git: Git, *, common_dir: Path, branch: str, target: str, label: str) -
             f"merge: {target} is checked out at {where} with uncommitted changes; commit or stash them "
             "there first (nothing was changed)"
         )
+    _nothing_in_the_way(git, where, here, old, tree)
     done = git.run(
         where,
         "merge",
@@ -201,6 +210,83 @@ def merge(git: Git, *, common_dir: Path, branch: str, target: str, label: str) -
         )
     head = git.out(where, "rev-parse", "HEAD", env=here)
     return MergeResult(True, head, target, branch, where=str(where))
+
+
+def _rebasing(common_dir: Path, target_ref: str) -> Path | None:
+    """The checkout where ``target_ref`` is being rebased (its HEAD detached meanwhile), or None."""
+    gitdirs = [common_dir.resolve()]
+    root = common_dir / "worktrees"
+    gitdirs += sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    for gitdir in gitdirs:
+        for state in ("rebase-merge", "rebase-apply"):
+            try:
+                named = (gitdir / state / "head-name").read_text(encoding="utf-8", errors="replace").strip()
+            except OSError:
+                continue
+            if named == target_ref:
+                if gitdir == gitdirs[0]:
+                    return gitdir.parent if gitdir.name == ".git" else gitdir
+                try:
+                    return Path((gitdir / "gitdir").read_text(encoding="utf-8").strip()).parent
+                except OSError:
+                    return gitdir
+    return None
+
+
+def _nothing_in_the_way(git: Git, where: Path, env: dict[str, str], old: str, tree: str) -> None:
+    """Refuse (409, nothing changed) a merge into the checkout ``where`` that would replace what
+    git doesn't count as a change there: an untracked or ignored file or directory where the merge
+    adds a path (git overwrites ignored ones without asking: the operator's own `.env`, a build),
+    and a local edit of a file hidden with ``--assume-unchanged`` that the merge changes (git
+    replaces it, even when it then stops)."""
+    added = git.lines(
+        where, "diff-tree", "-r", "-z", "--name-only", "--no-renames", "--diff-filter=A", old, tree, env=env
+    )
+    in_way: list[str] = []
+    for rel in added:
+        here = where / rel
+        if os.path.lexists(here):
+            if not here.is_dir() or here.is_symlink():
+                in_way.append(rel)
+            elif git.lines(where, "ls-files", "-z", "--others", "--", rel, env=env):
+                in_way.append(rel + "/")
+            continue
+        for parent in PurePosixPath(rel).parents:
+            up = where / parent
+            if str(parent) == "." or not os.path.lexists(up) or (up.is_dir() and not up.is_symlink()):
+                continue
+            if git.run(where, "cat-file", "-e", f"{old}:{parent}", env=env, check=False).returncode != 0:
+                in_way.append(str(parent))
+            break
+    if in_way:
+        raise NotMergeable(
+            f"merge: the merge would write {_listed(sorted(set(in_way)))} in {where}, where untracked or "
+            "ignored files are in the way (git would overwrite ignored ones without asking); move them "
+            "away first (nothing was changed)"
+        )
+    flagged = [e[2:] for e in git.lines(where, "ls-files", "-v", "-z", env=env) if e[:1].islower()]
+    if not flagged:
+        return
+    touched = set(
+        git.lines(where, "diff-tree", "-r", "-z", "--name-only", "--no-renames", old, tree, env=env)
+    )
+    edited = []
+    for rel in (r for r in flagged if r in touched and os.path.lexists(where / r)):
+        disk = git.run(where, "hash-object", "--path", rel, "--", str(where / rel), env=env, check=False)
+        staged = git.run(where, "rev-parse", "-q", "--verify", f":{rel}", env=env, check=False)
+        if disk.returncode != 0 or disk.stdout.strip() != staged.stdout.strip():
+            edited.append(rel)
+    if edited:
+        raise NotMergeable(
+            f"merge: {_listed(edited)} in {where} is marked assume-unchanged and has a local edit the "
+            "merge would replace (git doesn't show it as a change); commit or save it, or `git "
+            "update-index --no-assume-unchanged` it and commit or stash, then merge (nothing was changed)"
+        )
+
+
+def _listed(paths: Sequence[str], limit: int = 5) -> str:
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(paths[:limit]) + more
 
 
 def _conflict_text(git: Git, cwd: Path, tree: str, name: str) -> str:

@@ -105,6 +105,7 @@ def read(
             "--stdin",
             env=env,
             input="\0".join(todo) + "\0",
+            paths=True,
         )
     untracked = tuple(x for x in new if x not in refused)
     return Scratch(env, commit, tree, untracked, nested, tuple(too_big), refused, mine)
@@ -128,7 +129,7 @@ def _unstage_setup(git: Git, p: Pinned, env: dict[str, str], commit: str | None,
                 entries[rel] = f"{mode} {rest.partition(' ')[2]}"
     zero = "0" * (64 if p.object_format == "sha256" else 40)
     info = "".join(f"{entries.get(rel, '0 ' + zero)}\t{rel}\0" for rel in sorted(back))
-    git.run(p.where, "update-index", "-z", "--index-info", env=env, input=info)
+    git.run(p.where, "update-index", "-z", "--index-info", env=env, input=info, paths=True)
 
 
 def _unhide(git: Git, p: Pinned, env: dict[str, str]) -> None:
@@ -145,7 +146,16 @@ def _unhide(git: Git, p: Pinned, env: dict[str, str]) -> None:
     for flag, hidden in (("--no-assume-unchanged", str.islower), ("--no-skip-worktree", lambda t: t in "Ss")):
         paths = [e[2:] for e in entries if hidden(e[0])]
         if paths:
-            git.run(p.where, "update-index", flag, "-z", "--stdin", env=env, input="\0".join(paths) + "\0")
+            git.run(
+                p.where,
+                "update-index",
+                flag,
+                "-z",
+                "--stdin",
+                env=env,
+                input="\0".join(paths) + "\0",
+                paths=True,
+            )
 
 
 def changes(git: Git, p: Pinned, s: Scratch) -> list[str]:

@@ -31,7 +31,7 @@ from cao.states import TerminalState, WorktreeState
 from cao.store import Store, Terminal, Worktree
 from cao.worktrees import retire as retiring
 from cao.worktrees import review
-from cao.worktrees.git import Git, Pinned, Repo, WorktreeError, not_the_folder, validate_branch
+from cao.worktrees.git import Git, Pinned, Repo, WorktreeError, not_the_folder, shown, validate_branch
 from cao.worktrees.review import NotMergeable
 from cao.worktrees.scratch import MAX_FILE_BYTES
 from cao.worktrees.setup import SetupFile, SetupPlan, dumps, load_plan, loads, prepare, setup_command
@@ -171,6 +171,7 @@ class Workspaces:
             why = exc.message if isinstance(exc, CaoError) else str(exc)
             logger.warning("worktree not retired", extra={"terminal_id": terminal_id, "error": why})
             return wt
+        note = shown(note)  # it names files, byte for byte
         self.store.finish_worktree(terminal_id, state, note)
         self._stats.pop(terminal_id, None)
         logger.info("worktree retired: %s", note, extra={"terminal_id": terminal_id})
@@ -335,7 +336,7 @@ class Workspaces:
             "against": target,
             "includes_uncommitted": pinned is not None,
             "mode": "stat" if stat else "full",
-            "diff": text,
+            "diff": shown(text),
         }
 
     def _pinned(self, wt: Worktree) -> Pinned | None:
