@@ -1031,7 +1031,8 @@ def test_http_routes(wt_core: Cao, repo: Path, tmp_path: Path):
 def test_cli_launch_diff_merge_and_worktrees(wt_core: Cao, repo: Path):
     from click.testing import CliRunner
 
-    from cao.client import Client, cli
+    from cao.cli import cli
+    from cao.client import Client
 
     with TestClient(create_app(wt_core)) as http:
         client = Client("http://testserver", http=http)
