@@ -25,7 +25,7 @@ from __future__ import annotations
 import builtins
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -269,7 +269,10 @@ def install_text(
     folder = _store(store)
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / f"{profile.name}.md"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{dest.name}.", suffix=".tmp")
+    # a temporary file of its own per install (two at once must not share one), made like any
+    # other file the user writes (mode 0666 less the umask: mkstemp's 0600 hid it from the group)
+    tmp = folder / f".{dest.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

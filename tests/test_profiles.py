@@ -4,6 +4,7 @@ and how a terminal resolves its profile (real tmux, real scripted agents)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -293,3 +294,14 @@ def test_the_provider_gets_the_loaded_profile(core: Cao, monkeypatch: pytest.Mon
     core.lifecycle.create(agent_profile="slow", session_name="b")
     assert seen["reviewer"] == profiles.load("reviewer", core.settings.profiles_dir)
     assert seen["slow"] is None
+
+
+def test_an_installed_profile_is_made_like_any_file_the_user_writes(tmp_path: Path):
+    """Mode 0666 less the umask, as before installs went through the server (not mkstemp's 0600)."""
+    old = os.umask(0o022)
+    try:
+        _, dest = profiles.install_text(TESTER, tmp_path / "agent-store")
+    finally:
+        os.umask(old)
+    assert dest.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in dest.parent.iterdir()] == ["tester.md"]  # no temporary file left
