@@ -16,7 +16,7 @@ from cao import profiles
 from cao.api import create_app
 from cao.cli import cli
 from cao.core import Cao
-from cao.errors import InvalidInput, NotFound
+from cao.errors import CaoError, InvalidInput, NotFound
 from providers.base import LaunchContext, LaunchSpec
 from providers.scripted import ScriptedProvider
 from tests.helpers import write_rules
@@ -305,3 +305,14 @@ def test_an_installed_profile_is_made_like_any_file_the_user_writes(tmp_path: Pa
         os.umask(old)
     assert dest.stat().st_mode & 0o777 == 0o644
     assert [p.name for p in dest.parent.iterdir()] == ["tester.md"]  # no temporary file left
+
+
+@pytest.mark.parametrize("what", ["file", "dangling symlink"])
+def test_an_agent_store_that_is_no_directory_is_named_in_the_error(tmp_path: Path, what: str):
+    store = tmp_path / "agent-store"
+    if what == "file":
+        store.write_text("not a directory")
+    else:
+        store.symlink_to(tmp_path / "nowhere" / "at-all")
+    with pytest.raises(CaoError, match=f"the agent store {store} can't be written"):
+        profiles.install_text(TESTER, store)
