@@ -316,3 +316,9 @@ def test_an_agent_store_that_is_no_directory_is_named_in_the_error(tmp_path: Pat
         store.symlink_to(tmp_path / "nowhere" / "at-all")
     with pytest.raises(CaoError, match=f"the agent store {store} can't be written"):
         profiles.install_text(TESTER, store)
+
+
+def test_cli_install_of_a_broken_file_names_the_file(run: Any, tmp_path: Path):
+    broken = _write(tmp_path / "x.md", "no front matter")
+    out = run("install", str(broken))
+    assert out.exit_code == 1 and f"{broken}: no YAML front matter" in out.output, out.output
