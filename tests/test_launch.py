@@ -61,3 +61,51 @@ def test_a_scripted_rules_file_is_no_profile_for_the_supervisors_cli(tmp_path: P
             _plan(core, "slowpoke", _supervisor("claude_code"))
     finally:
         core.stop()
+
+
+class Boom(Exception):
+    pass
+
+
+def _fail_add(core: Cao) -> None:
+    def add(_terminal: Terminal) -> None:
+        raise Boom("the database refused the row")
+
+    core.store.add_terminal = add  # type: ignore[method-assign]
+
+
+def _fail_window(core: Cao) -> None:
+    def create_window(**_kw: object) -> None:
+        raise Boom("tmux failed")
+
+    core.lifecycle.io.create_window = create_window  # type: ignore[method-assign]
+
+
+def _fail_after_pane(core: Cao) -> None:
+    def fault(name: str) -> None:
+        if name == "after_pane_created":
+            raise Boom("failed after the pane was made")
+
+    core.lifecycle.fault = fault
+
+
+def _lose_row(core: Cao) -> None:
+    core.store.set_pane = lambda *_a, **_k: False  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("fail", [_fail_add, _fail_window, _fail_after_pane, _lose_row])
+def test_a_create_that_fails_half_way_leaves_no_pane_row_home_or_log(tmp_path: Path, fail):
+    core = _core(tmp_path)
+    try:
+        fail(core)
+        with pytest.raises(Exception):  # noqa: B017 - each failure raises its own
+            core.lifecycle.create(provider="scripted", agent_profile="developer")
+        io = core.lifecycle.io
+        assert isinstance(io, MemoryPanes) and io.panes == {}
+        assert core.store.list_terminals() == []  # a tombstone (deleted) at most
+        homes = core.settings.home / "terminals"
+        assert not homes.exists() or list(homes.iterdir()) == []  # its CLI's config (and hook key)
+        logs = core.settings.logs_dir
+        assert not logs.exists() or list(logs.iterdir()) == []  # a pane log nothing would remove
+    finally:
+        core.stop()
