@@ -492,6 +492,9 @@ def profiles_(ctx: click.Context, as_json: bool) -> None:
     console.print(table)
 
 
+REQUEST_SOURCE = "the request"  # how cao-server names a profile text it was sent
+
+
 @cli.command(
     "install",
     epilog="\b\nExamples:\n  cao install ./profiles/tester.md\n"
@@ -517,7 +520,12 @@ def install(ctx: click.Context, name_or_path: str, as_json: bool) -> None:
         raise click.ClickException(f"no profile file at {path}; pass an existing .md file or a built-in name")
     else:
         body = {"builtin": name_or_path}
-    profile = server.for_context(ctx).post("/profiles", json=body)
+    try:
+        profile = server.for_context(ctx).post("/profiles", json=body)
+    except click.ClickException as exc:  # name the file, as a local install did, not "the request"
+        if "text" in body and exc.message.startswith(f"{REQUEST_SOURCE}:"):
+            raise click.ClickException(f"{path}{exc.message.removeprefix(REQUEST_SOURCE)}") from None
+        raise
     if as_json:
         _print_json(profile)
     else:

@@ -11,6 +11,7 @@ Nothing here imports the rest of cao but its errors, so anything may declare a k
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -44,6 +45,8 @@ def parse_number(name: str, raw: str, *, example: float, minimum: float = 0.0) -
     try:
         value = float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value):  # nan passes every minimum check; inf crashes int()
         raise InvalidInput(f"{name}={raw!r} is not a number; use e.g. {name}={example}") from None
     if value < minimum:
         raise InvalidInput(f"{name}={raw!r} must be at least {minimum}")

@@ -116,7 +116,9 @@ class LaunchPlanner:
         ``use_worktree`` (default: the profile's ``use_worktree``): the agent runs in a new git
         worktree on its own branch; whether one can be made is checked here."""
         profile_name = validate_name(agent_profile or DEFAULT_PROFILE, "agent_profile")
-        loaded = self.resolve_profile(profile_name, provider)
+        # a rules file stands in for a profile only for the CLI that will run: the request's, else
+        # (a rules file pins nothing) the supervisor's, else the default
+        loaded = self.resolve_profile(profile_name, provider or (supervisor.provider if supervisor else None))
         provider_name = self.choose_provider(provider, loaded, supervisor)
         prov = providers.get(provider_name)
         workdir = self.working_directory(working_directory)

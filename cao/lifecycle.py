@@ -93,12 +93,16 @@ class Lifecycle:
             use_worktree=use_worktree,
             hook_key=self.status.hook_key(terminal_id),
         )
-        plan.home.mkdir(parents=True, exist_ok=True)
-        for path, content in plan.spec.files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
         terminal = plan.terminal
-        self.store.add_terminal(terminal)
+        try:
+            plan.home.mkdir(parents=True, exist_ok=True)
+            for path, content in plan.spec.files.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(content)
+            self.store.add_terminal(terminal)
+        except BaseException:
+            shutil.rmtree(plan.home, ignore_errors=True)  # its CLI's config: nothing else has it
+            raise
         try:
             command = plan.spec.command
             if plan.worktree is not None:  # the worktree, then its setup in the pane before the agent
@@ -164,6 +168,8 @@ class Lifecycle:
                     logger.exception("could not kill a half-created pane", extra={"terminal_id": terminal_id})
         self.workspaces.retire(terminal_id, label=f"terminal {terminal_id}")  # fresh: nothing to keep
         self.store.delete_terminal(terminal_id)
+        shutil.rmtree(self.settings.home / "terminals" / terminal_id, ignore_errors=True)
+        self.logs.remove(terminal_id)  # the pane's pipe (if it had one) died with it
         logger.warning(
             "terminal creation undone",
             extra={"terminal_id": terminal_id, "error": str(exc) or type(exc).__name__},

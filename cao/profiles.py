@@ -23,9 +23,10 @@ of the same name overrides a built-in.
 from __future__ import annotations
 
 import builtins
+import errno
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -35,7 +36,7 @@ from typing import Any
 import yaml
 
 import providers
-from cao.errors import InvalidInput, NotFound
+from cao.errors import CaoError, InvalidInput, NotFound
 from cao.settings import Settings
 
 # The same rule as terminal and session names (cao.names.NAME_RE): a profile name is used in
@@ -267,9 +268,20 @@ def install_text(
     sees the old file or the new one; an installed profile replaces one of the same name)."""
     profile = parse(text, source)
     folder = _store(store)
-    folder.mkdir(parents=True, exist_ok=True)
     dest = folder / f"{profile.name}.md"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{dest.name}.", suffix=".tmp")
+    # a temporary file of its own per install (two at once must not share one), made like any
+    # other file the user writes (mode 0666 less the umask: mkstemp's 0600 hid it from the group)
+    tmp = folder / f".{dest.name}.{secrets.token_hex(8)}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # the disk is full: 507
+        raise CaoError(
+            f"the agent store {folder} can't be written ({exc.strerror}); nothing was installed. "
+            "Make it a directory cao-server may write"
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -87,3 +87,11 @@ def test_the_server_refuses_a_bad_provider_knob_at_start_and_warns_about_unknown
         "CAO_NOTHING_LIKE_IT is not a cao setting, so it changes nothing; docs/configuration.md lists them",
     ]
     assert check_environment({"CAO_TERMINAL_ID": "1a2b3c4d", "CAO_CLAUDE_BYPASS": "false"}) == []
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "Infinity", "1e400"])
+@pytest.mark.parametrize("name", ["CAO_WATCH_INTERVAL", "CAO_DELIVERY_MAX_ATTEMPTS", "CAO_API_PORT"])
+def test_a_number_that_is_no_finite_number_is_refused_naming_the_variable(name: str, raw: str) -> None:
+    """nan passed every minimum check (and inf or nan crashed int() with a traceback)."""
+    with pytest.raises(InvalidInput, match=rf"^{name}={raw!r} is not a number"):
+        Settings.from_env({name: raw})

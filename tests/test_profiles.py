@@ -4,6 +4,7 @@ and how a terminal resolves its profile (real tmux, real scripted agents)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -15,7 +16,7 @@ from cao import profiles
 from cao.api import create_app
 from cao.cli import cli
 from cao.core import Cao
-from cao.errors import InvalidInput, NotFound
+from cao.errors import CaoError, InvalidInput, NotFound
 from providers.base import LaunchContext, LaunchSpec
 from providers.scripted import ScriptedProvider
 from tests.helpers import write_rules
@@ -293,3 +294,31 @@ def test_the_provider_gets_the_loaded_profile(core: Cao, monkeypatch: pytest.Mon
     core.lifecycle.create(agent_profile="slow", session_name="b")
     assert seen["reviewer"] == profiles.load("reviewer", core.settings.profiles_dir)
     assert seen["slow"] is None
+
+
+def test_an_installed_profile_is_made_like_any_file_the_user_writes(tmp_path: Path):
+    """Mode 0666 less the umask, as before installs went through the server (not mkstemp's 0600)."""
+    old = os.umask(0o022)
+    try:
+        _, dest = profiles.install_text(TESTER, tmp_path / "agent-store")
+    finally:
+        os.umask(old)
+    assert dest.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in dest.parent.iterdir()] == ["tester.md"]  # no temporary file left
+
+
+@pytest.mark.parametrize("what", ["file", "dangling symlink"])
+def test_an_agent_store_that_is_no_directory_is_named_in_the_error(tmp_path: Path, what: str):
+    store = tmp_path / "agent-store"
+    if what == "file":
+        store.write_text("not a directory")
+    else:
+        store.symlink_to(tmp_path / "nowhere" / "at-all")
+    with pytest.raises(CaoError, match=f"the agent store {store} can't be written"):
+        profiles.install_text(TESTER, store)
+
+
+def test_cli_install_of_a_broken_file_names_the_file(run: Any, tmp_path: Path):
+    broken = _write(tmp_path / "x.md", "no front matter")
+    out = run("install", str(broken))
+    assert out.exit_code == 1 and f"{broken}: no YAML front matter" in out.output, out.output

@@ -1,0 +1,152 @@
+"""More of the delivery logic on memory panes (cao/testing/panes.py): the paths a mutation of
+cao/delivery.py could break without tests/test_fast_delivery.py noticing (a gate that guesses on
+an unknown screen, a paste without its fence, a claim left behind, Enter on a person's text)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cao.delivery import Outcome
+from cao.paste import format_batch
+from cao.states import Blocked, MessageStatus, TerminalState, WaitReason
+from cao.store import Terminal
+from tests.helpers import write_rules
+from tests.test_fast_delivery import World
+
+pytestmark = pytest.mark.fast
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    w.core.stop()
+
+
+def pasted(world: World, tid: str, text: str) -> int:
+    """How many times bytes carrying ``text`` reached the agent."""
+    return sum(text in chunk for chunk in world.io.pane(world.pane(tid)).received)
+
+
+def test_an_unknown_screen_gets_no_paste(world: World):
+    write_rules(world.settings.home, "odd", {"record": True, "prompt_mark": "» "})
+    tid = world.core.lifecycle.create(provider="scripted", agent_profile="odd").id
+    assert world.status(tid) == "unknown"
+    mid = world.send(tid, "never guessed")
+    assert world.deliver(tid) == Outcome.WAITING
+    assert world.message(mid).waiting_reason == WaitReason.UNKNOWN
+    assert pasted(world, tid, "never guessed") == 0
+
+
+def test_a_starting_receiver_holds_its_mail(world: World):
+    now = world.clock.now()
+    world.core.store.add_terminal(
+        Terminal(
+            id="0b0b0b0b",
+            name="developer-0b0b",
+            session_name="cao-s",
+            provider="scripted",
+            agent_profile="developer",
+            working_directory="/",
+            state=TerminalState.STARTING.value,
+            created_at=now,
+            last_active=now,
+        )
+    )
+    mid = world.send("0b0b0b0b", "for later")
+    assert world.deliver("0b0b0b0b") == Outcome.WAITING
+    message = world.message(mid)
+    assert message.status == MessageStatus.PENDING and message.waiting_reason == WaitReason.STARTING
+
+
+def test_the_delivery_paste_carries_its_claims_fence(world: World):
+    """A recovery that fenced the pane after this claim was taken: the paste must be refused."""
+    tid = world.agent()
+    mid = world.send(tid, "fenced out")
+    pane = world.io.pane(world.pane(tid))
+    world.core.delivery.faults.hooks["after_claim"] = lambda: setattr(pane, "fence", 10**6)
+    assert world.deliver(tid) == Outcome.LOST_RACE
+    assert pasted(world, tid, "fenced out") == 0 and world.message(mid).status == MessageStatus.DELIVERING
+
+
+def test_a_mode_begun_after_the_look_gives_the_claim_back(world: World):
+    tid = world.agent()
+    mid = world.send(tid, "after the mode")
+    world.core.delivery.faults.hooks["after_claim"] = lambda: world.io.enter_mode(world.pane(tid))
+    result = world.core.delivery.deliver(tid, trigger="sweep")
+    assert result.outcome == Outcome.WAITING and result.reason in set(Blocked)
+    assert world.message(mid).status == MessageStatus.PENDING  # not left delivering until the lease
+    world.core.delivery.faults.hooks.clear()
+    world.io.leave_mode(world.pane(tid))
+    assert world.deliver(tid) == Outcome.DELIVERED and world.received(tid) == [["after the mode"]]
+
+
+def test_a_claim_moved_on_since_the_look_is_looked_at_again(world: World):
+    """Someone claimed (and gave back) in between, and a person typed meanwhile: look again."""
+    tid = world.agent()
+    mid = world.send(tid, "second look")
+
+    def meanwhile() -> None:
+        other = world.core.store.claim(tid)
+        assert other is not None
+        world.core.store.unclaim(other.token)
+        world.io.type(world.pane(tid), "half a command")
+
+    world.core.delivery.faults.hooks["before_claim"] = meanwhile
+    assert world.deliver(tid) == Outcome.WAITING
+    message = world.message(mid)
+    assert message.status == MessageStatus.PENDING and message.waiting_reason == WaitReason.BOX_TEXT
+    assert world.received(tid) == []  # nothing submitted: not the person's text, not the message
+
+
+def test_a_retried_message_that_did_arrive_is_found_not_pasted_again(world: World):
+    tid = world.agent()
+    mid = world.send(tid, "arrived after all")
+    claim = world.core.store.claim(tid)
+    assert claim is not None
+    term = world.core.store.get_terminal(tid)
+    with world.core.panes.lock(tid):  # it was submitted, but the deliverer could not confirm it
+        world.core.typist.submit(term, format_batch(claim.messages), fence=claim.fence)
+    world.core.store.release(claim.token, "submit not confirmed", max_attempts=5, recheck=True)
+    assert world.deliver(tid) == Outcome.DELIVERED and world.message(mid).status == MessageStatus.DELIVERED
+    assert world.received(tid) == [["arrived after all"]] and pasted(world, tid, "arrived after all") == 1
+
+
+def test_a_persons_text_after_cao_s_unsubmitted_paste_is_never_submitted(tmp_path: Path):
+    w = World(tmp_path)
+    try:
+        tid = w.agent("deaf", swallow_enters=2)
+        mid = w.send(tid, "left in the box")
+        assert w.deliver(tid) == Outcome.RETRY  # cao's paste sits unsubmitted in the box
+        w.io.type(w.pane(tid), " and rm -rf build")  # a person adds to it
+        assert w.deliver(tid) == Outcome.WAITING
+        message = w.message(mid)
+        assert message.status == MessageStatus.PENDING and message.waiting_reason == WaitReason.BOX_TEXT
+        assert w.received(tid) == []
+    finally:
+        w.core.stop()
+
+
+def test_recovery_never_presses_enter_on_a_persons_text(world: World):
+    tid = world.agent()
+    mid = world.send(tid, "claimed, then the deliverer died")
+    assert world.core.store.claim(tid) is not None
+    world.io.type(world.pane(tid), "git push --force")
+    world.clock.advance(world.settings.lease_seconds + 1)
+    world.core.delivery.recover(tid, older_than=world.clock.now() - world.settings.lease_seconds)
+    assert world.received(tid) == [] and world.message(mid).status == MessageStatus.PENDING
+
+
+def test_a_claim_taken_over_before_the_acknowledgement_is_not_reported_delivered(world: World):
+    tid = world.agent()
+    world.send(tid, "taken over")
+
+    def take_over() -> None:
+        for token, _ in world.core.store.stale_claims():
+            world.core.store.take_over(token)
+
+    world.core.delivery.faults.hooks["before_ack"] = take_over
+    assert world.deliver(tid) == Outcome.LOST_RACE
