@@ -27,6 +27,7 @@ from cao.hook import TEXT_LIMIT as HOOK_TEXT_LIMIT
 from cao.hookstate import HOOK_KEY_HEADER
 from cao.names import TERMINAL_ID_RE
 from cao.params import NAME_SCHEMA, Param, Params, Values, path, query
+from cao.states import IfBusy, Kind, Priority
 from cao.store import MESSAGE_STATUSES
 
 logger = logging.getLogger(__name__)
@@ -99,11 +100,44 @@ INSTALL_PROFILE = Params(
     Param("builtin", doc="or a built-in profile's name: copy it into the store to edit it there"),
 )
 MERGE = Params(Param("into", doc="the branch to merge into (default: the one its worktree came from)"))
+_PRIORITIES = {"enum": list(Priority)}
+_BY = Param("by", doc="who: the receiving agent's terminal id (its own queue only), or an operator's name")
 SEND = Params(
     Param("message", "message", required=True, missing="message is required and must be a non-empty string"),
     Param("sender_id", default="cli", doc="a terminal id, or a name like cli"),
     Param("idempotency_key", doc="a retry with the same key and intent answers the first receipt"),
+    Param("priority", doc="urgent|high|normal|low (default: the kind's)", constraints=_PRIORITIES),
+    Param(
+        "kind",
+        doc="chat (a person's; the default from a name), message (the default from a terminal), "
+        "task, result, notice, wakeup",
+        constraints={"enum": list(Kind)},
+    ),
+    Param(
+        "if_busy",
+        doc="wait (default), refuse (409 when the receiver isn't ready, nothing stored), "
+        "interrupt (urgent only)",
+        constraints={"enum": list(IfBusy)},
+    ),
+    Param("ttl_seconds", "seconds", doc="still pending this long after the send: expired, never pasted"),
+    Param("expires_at", doc="the same as a time (ISO 8601 with a zone); not with ttl_seconds"),
+    Param("deliver_at", doc="not before this time (ISO 8601 with a zone)"),
+    Param("topic", doc="notices from one sender on one topic coalesce: the newest replaces the pending one"),
 )
+DEFER = Params(
+    Param("until", doc="ISO 8601 with a zone"),
+    Param("seconds", "seconds", doc="or this many seconds from now"),
+    _BY,
+    Param("reason", doc="why (on the timeline)"),
+)
+DROP = Params(_BY, Param("reason", required=True, doc="why (shown with the message)"))
+PRIORITIZE = Params(
+    Param("priority", required=True, doc="urgent|high|normal|low", constraints=_PRIORITIES),
+    _BY,
+    Param("reason", doc="why (on the timeline)"),
+)
+READ = Params(_BY)
+ATTENTION = ("priority", "kind", "if_busy", "ttl_seconds", "expires_at", "deliver_at", "topic")
 # path and query parameters FastAPI reads from the signature, with what core checks in their schema
 TerminalId = Annotated[str, path(pattern=TERMINAL_ID_RE.pattern)]
 MessageId = Annotated[str, path(pattern="^[0-9]{1,18}$")]
@@ -320,8 +354,16 @@ def create_app(core: Cao) -> FastAPI:
             p["message"],
             sender_id=p["sender_id"],
             idempotency_key=p["idempotency_key"],
+            **{k: p[k] for k in ATTENTION},
         )
         return JSONResponse(receipt.as_dict(), status_code=200 if receipt.duplicate else 201)
+
+    @app.get("/terminals/{terminal_id}/attention")
+    async def attention(
+        terminal_id: TerminalId, limit: Annotated[int, query(minimum=1, maximum=10000)] = 200
+    ) -> dict[str, Any]:
+        """What the agent attends to: its state, its queue in serving order, its timeline."""
+        return await _off_loop(core.attention, terminal_id, limit=limit)
 
     @app.get("/terminals/{terminal_id}/inbox/messages")
     async def list_inbox(
@@ -347,6 +389,27 @@ def create_app(core: Cao) -> FastAPI:
     @app.post("/messages/{message_id}/cancel")
     async def cancel_message(message_id: MessageId) -> dict[str, Any]:
         return await _off_loop(core.cancel_message, _message_id(message_id))
+
+    @app.post("/messages/{message_id}/defer")
+    async def defer_message(message_id: MessageId, p: Annotated[Values, Depends(DEFER)]) -> dict[str, Any]:
+        """Not delivered before ``until`` (or ``seconds`` from now); a pending message only."""
+        return await _off_loop(core.defer_message, _message_id(message_id), **p)
+
+    @app.post("/messages/{message_id}/drop")
+    async def drop_message(message_id: MessageId, p: Annotated[Values, Depends(DROP)]) -> dict[str, Any]:
+        """Never delivered; the reason is kept with it. A person's chat: the operator only."""
+        return await _off_loop(core.drop_message, _message_id(message_id), **p)
+
+    @app.post("/messages/{message_id}/prioritize")
+    async def prioritize_message(
+        message_id: MessageId, p: Annotated[Values, Depends(PRIORITIZE)]
+    ) -> dict[str, Any]:
+        return await _off_loop(core.prioritize_message, _message_id(message_id), **p)
+
+    @app.post("/messages/{message_id}/read")
+    async def read_message(message_id: MessageId, p: Annotated[Values, Depends(READ)]) -> dict[str, Any]:
+        """The whole body (``message``); by its receiver, recorded as read."""
+        return await _off_loop(core.read_message, _message_id(message_id), **p)
 
     return app
 

@@ -21,6 +21,7 @@ from rich.table import Table
 import cao
 from cao import apitoken
 from cao import client as server
+from cao.states import MessageStatus
 from cao.timefmt import epoch
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -343,15 +344,45 @@ def worktrees(ctx: click.Context, as_json: bool) -> None:
 @click.argument("message")
 @click.option("--from", "sender", default="cli", show_default=True, help="Sender id shown to the receiver.")
 @click.option("--key", default=None, help="Idempotency key: a retry with the same key sends nothing new.")
+@click.option(
+    "--priority",
+    type=click.Choice(["urgent", "high", "normal", "low"]),
+    default=None,
+    help="Served by priority, then order (default: the kind's; a person's chat is high).",
+)
+@click.option(
+    "--if-busy",
+    type=click.Choice(["wait", "refuse", "interrupt"]),
+    default=None,
+    help="If the agent is working: wait (default), refuse (store nothing, exit 1), interrupt "
+    "(--priority urgent).",
+)
+@click.option(
+    "--ttl", type=float, default=None, help="Seconds; still undelivered then: expired, never pasted."
+)
+@click.option(
+    "--kind", default=None, help="chat (default from a name), message, task, result, notice, wakeup."
+)
+@click.option("--topic", default=None, help="Notices on one topic from one sender replace each other.")
+@click.option("--at", "deliver_at", default=None, help="Not before this time (ISO 8601 with a zone).")
 @click.option("--json", "as_json", is_flag=True, help="Print the receipt as JSON.")
 @click.pass_context
 def send(
-    ctx: click.Context, receiver_id: str, message: str, sender: str, key: str | None, as_json: bool
+    ctx: click.Context,
+    /,
+    receiver_id: str,
+    message: str,
+    sender: str,
+    key: str | None,
+    as_json: bool,
+    **attention: Any,
 ) -> None:
-    """Put MESSAGE in a terminal's inbox; it is pasted as soon as the agent is ready."""
+    """Put MESSAGE in a terminal's inbox; it is pasted as soon as the agent is ready (by priority)."""
     body: dict[str, Any] = {"sender_id": sender, "message": message}
     if key:
         body["idempotency_key"] = key
+    names = {"ttl": "ttl_seconds"}
+    body.update({names.get(k, k): v for k, v in attention.items() if v is not None})
     receipt = server.for_context(ctx).post(f"/terminals/{receiver_id}/inbox/messages", json=body)
     if as_json:
         _print_json(receipt)
@@ -360,15 +391,34 @@ def send(
         console.print(f"message #{receipt['message_id']} queued for {receiver_id}{dup}")
 
 
-@cli.command(epilog="\b\nExamples:\n  cao inbox\n  cao inbox 1a2b3c4d --status pending --json")
-@click.argument("terminal_id", required=False)
-@click.option(
-    "--status", default=None, type=click.Choice(["pending", "delivering", "delivered", "failed", "cancelled"])
+class _InboxGroup(click.Group):
+    """``cao inbox [TERMINAL_ID] [options]`` lists (as it always did); ``cao inbox defer|drop|…`` acts."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group(
+    cls=_InboxGroup,
+    epilog="\b\nExamples:\n  cao inbox\n  cao inbox 1a2b3c4d --status pending --json\n"
+    "  cao inbox show 1a2b3c4d\n  cao inbox defer 42 --for 600 --reason 'after the deploy'\n"
+    "  cao inbox drop 42 --reason 'already done'\n  cao inbox prioritize 42 urgent\n  cao inbox read 42",
 )
+def inbox() -> None:
+    """Messages: list them, see an agent's queue and timeline, defer, drop, re-prioritise, read."""
+
+
+@inbox.command("list", epilog="\b\nExamples:\n  cao inbox\n  cao inbox 1a2b3c4d --status pending --json")
+@click.argument("terminal_id", required=False)
+@click.option("--status", default=None, type=click.Choice(list(MessageStatus)))
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.pass_context
-def inbox(ctx: click.Context, terminal_id: str | None, status: str | None, limit: int, as_json: bool) -> None:
+def inbox_list(
+    ctx: click.Context, terminal_id: str | None, status: str | None, limit: int, as_json: bool
+) -> None:
     """List messages (of one terminal, or all) with status, age, attempts and why still pending."""
     params: dict[str, Any] = {"limit": limit}
     if status:
@@ -383,22 +433,140 @@ def inbox(ctx: click.Context, terminal_id: str | None, status: str | None, limit
         console.print("no messages")
         return
     table = Table(title=f"inbox {terminal_id}" if terminal_id else "all messages")
-    for col in ("id", "from", "to", "status", "age", "attempts", "why / last error", "message"):
+    for col in ("id", "from", "to", "status", "priority", "age", "attempts", "why / last error", "message"):
         table.add_column(col, overflow="fold")
     for m in rows:
-        why = m.get("waiting_reason") or m.get("last_error") or ""
+        why = m.get("waiting_reason") or m.get("closed_reason") or m.get("last_error") or ""
         preview = m["message"].replace("\n", " ")
         table.add_row(
             str(m["id"]),
             m["sender_id"],
             m["receiver_id"],
             _styled(m["status"]),
+            f"{m.get('priority', 'normal')} {m.get('kind', '')}".strip(),
             _age(m["created_at"]),
             str(m["attempts"]),
             escape(why),
             escape(preview[:60] + ("…" if len(preview) > 60 else "")),
         )
     console.print(table)
+
+
+@inbox.command("show", epilog="\b\nExamples:\n  cao inbox show 1a2b3c4d\n  cao inbox show 1a2b3c4d --json")
+@click.argument("terminal_id")
+@click.option(
+    "--limit", default=30, show_default=True, type=click.IntRange(1, 10000), help="Timeline events."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the attention view as JSON.")
+@click.pass_context
+def inbox_show(ctx: click.Context, terminal_id: str, limit: int, as_json: bool) -> None:
+    """One agent's attention: what it is doing, its queue in serving order, its timeline."""
+    view = server.for_context(ctx).get(f"/terminals/{terminal_id}/attention", params={"limit": limit})
+    if as_json:
+        _print_json(view)
+        return
+    state = view["attention"]
+    on = view.get("working_on")
+    if on:
+        state += f" on message #{on['message_id']} from {on['sender_id']} since {_age(on['since'])} ago"
+    console.print(f"[bold]{terminal_id}[/bold] ({escape(view['name'])}): {escape(state)}")
+    queue = Table(title="queue (served in this order)")
+    for col in ("id", "from", "priority", "kind", "status", "deadline", "why waiting", "message"):
+        queue.add_column(col, overflow="fold")
+    for m in view["queue"]:
+        preview = " ".join(m["message"].split())
+        queue.add_row(
+            str(m["id"]),
+            m["sender_id"],
+            m["priority"],
+            m["kind"],
+            _styled(m["status"]),
+            m.get("expires_at") or "",
+            escape(m.get("waiting_reason") or ""),
+            escape(preview[:50] + ("…" if len(preview) > 50 else "")),
+        )
+    console.print(queue if view["queue"] else "queue: empty")
+    timeline = Table(title="timeline")
+    for col in ("at", "event", "message", "by", "reason"):
+        timeline.add_column(col, overflow="fold")
+    for e in view["timeline"]:
+        timeline.add_row(
+            e["at"][11:19],
+            e["event"],
+            f"#{e['message_id']}" if e["message_id"] else "",
+            escape(e.get("actor") or ""),
+            escape(e.get("reason") or ""),
+        )
+    console.print(timeline)
+
+
+def _changed(ctx: click.Context, message_id: str, action: str, body: dict[str, Any], as_json: bool) -> None:
+    m = server.for_context(ctx).post(f"/messages/{message_id}/{action}", json=body)
+    if as_json:
+        _print_json(m)
+        return
+    when = f" until {m['deliver_at']}" if action == "defer" else ""
+    console.print(f"message #{m['id']}: {m['status']}, {m['priority']}{when}")
+
+
+_BY = click.option("--by", default=None, help="Who you are (default: operator).")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print the message as JSON.")
+
+
+@inbox.command(
+    "defer",
+    epilog="\b\nExamples:\n  cao inbox defer 42 --for 600\n"
+    "  cao inbox defer 42 --until 2026-12-02T09:00:00Z --reason 'tomorrow'",
+)
+@click.argument("message_id")
+@click.option("--for", "seconds", type=float, default=None, help="Seconds from now.")
+@click.option("--until", default=None, help="A time (ISO 8601 with a zone).")
+@click.option("--reason", default=None, help="Why (on the timeline).")
+@_BY
+@_JSON
+@click.pass_context
+def inbox_defer(ctx: click.Context, /, message_id: str, as_json: bool, **body: Any) -> None:
+    """Hold a pending message until a time: not delivered before it, though its agent is idle."""
+    _changed(ctx, message_id, "defer", {k: v for k, v in body.items() if v is not None}, as_json)
+
+
+@inbox.command("drop", epilog="\b\nExample:\n  cao inbox drop 42 --reason 'superseded by the new plan'")
+@click.argument("message_id")
+@click.option("--reason", required=True, help="Why (kept with the message).")
+@_BY
+@_JSON
+@click.pass_context
+def inbox_drop(ctx: click.Context, /, message_id: str, as_json: bool, **body: Any) -> None:
+    """Drop a pending message: it is never delivered; the reason is kept with it."""
+    _changed(ctx, message_id, "drop", {k: v for k, v in body.items() if v is not None}, as_json)
+
+
+@inbox.command(
+    "prioritize", epilog="\b\nExample:\n  cao inbox prioritize 42 urgent --reason 'blocks the release'"
+)
+@click.argument("message_id")
+@click.argument("priority", type=click.Choice(["urgent", "high", "normal", "low"]))
+@click.option("--reason", default=None, help="Why (on the timeline).")
+@_BY
+@_JSON
+@click.pass_context
+def inbox_prioritize(ctx: click.Context, /, message_id: str, as_json: bool, **body: Any) -> None:
+    """Change a pending message's priority (its queue is served by priority, then order)."""
+    _changed(ctx, message_id, "prioritize", {k: v for k, v in body.items() if v is not None}, as_json)
+
+
+@inbox.command("read", epilog="\b\nExamples:\n  cao inbox read 42\n  cao inbox read 42 > body.txt")
+@click.argument("message_id")
+@_JSON
+@click.pass_context
+def inbox_read(ctx: click.Context, message_id: str, as_json: bool) -> None:
+    """Print a message's whole body, byte for byte (a long one is announced in the pane, not typed)."""
+    m = server.for_context(ctx).post(f"/messages/{message_id}/read", json={})
+    if as_json:
+        _print_json(m)
+        return
+    sys.stdout.write(m["message"])
+    sys.stdout.flush()
 
 
 @cli.command(epilog="\b\nExamples:\n  cao message 42\n  cao message 42 --json")

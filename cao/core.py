@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import providers
-from cao import profiles
+from cao import attention, profiles
 from cao.clock import SYSTEM, Clock
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
@@ -25,20 +25,22 @@ from cao.errors import (
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    ReceiverBusy,
     StoreGone,
 )
 from cao.events import EventBus
 from cao.handoff import Handoffs, StepFailed  # noqa: F401 - StepFailed: the API maps it
+from cao.inbox import Inbox, event_view
 from cao.launch import LaunchPlanner
 from cao.lifecycle import Lifecycle
-from cao.names import validate_terminal_id
+from cao.names import TERMINAL_ID_RE, validate_terminal_id
 from cao.panelog import PaneLogs
 from cao.panes import PaneIO, Panes
 from cao.paste import is_blank
 from cao.settings import Settings
-from cao.states import ENDED, FailureKind, HookPhase, MessageStatus, Trigger
+from cao.states import ENDED, READY, FailureKind, HookPhase, IfBusy, MessageStatus, Trigger
 from cao.status import StatusReader
-from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, Store, Terminal
+from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, MessageEvent, Store, Terminal
 from cao.timefmt import iso
 from cao.tmux import Tmux, session_name_for
 from cao.typist import Typist
@@ -92,6 +94,11 @@ class Receipt:
             "status": m.status,
             "created_at": iso(m.created_at),
             "duplicate": self.duplicate,
+            "priority": attention.priority_name(m.priority),
+            "kind": m.kind,
+            "if_busy": m.if_busy,
+            "expires_at": iso(m.expires_at),
+            "deliver_at": iso(m.not_before),
         }
 
 
@@ -153,6 +160,8 @@ class Cao:
             events=self.events,
         )
         self.engine = DeliveryEngine(self.delivery, clock=now)
+        self.inbox = Inbox(self.store, now)
+        self.store.on_event = self._told
         self.engine.lifecycle = self.lifecycle
         self.engine.keepers.append(self.status.keep_secret)
         self.handoffs = Handoffs(
@@ -165,6 +174,12 @@ class Cao:
         )
         self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.started = False
+
+    def _told(self, event: MessageEvent) -> None:
+        """A timeline event committed: on the event stream too."""
+        fields = event_view(event)
+        fields["event_id"] = fields.pop("id")  # the bus gives every event its own id
+        self.events.publish("timeline", **fields)
 
     def start(self) -> dict[str, list[str]]:
         adopted = self.lifecycle.adopt()
@@ -184,11 +199,22 @@ class Cao:
 
     # -- the inbox ------------------------------------------------------------------------------
     def send_message(
-        self, receiver_id: str, body: str, *, sender_id: str = "cli", idempotency_key: str | None = None
+        self,
+        receiver_id: str,
+        body: str,
+        *,
+        sender_id: str = "cli",
+        idempotency_key: str | None = None,
+        **options: Any,
     ) -> Receipt:
-        """Commit a message, then wake delivery (the caller never waits for tmux)."""
+        """Commit a message, then wake delivery (the caller never waits for tmux). ``options``:
+        the attention options (cao/attention.py ``resolve``: kind, priority, if_busy, ttl_seconds,
+        expires_at, deliver_at, topic)."""
         validate_terminal_id(receiver_id)
         validate_sender(sender_id)
+        wants = attention.resolve(
+            now=self.clock(), sender_is_terminal=bool(TERMINAL_ID_RE.fullmatch(sender_id)), **options
+        )
         if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
             raise InvalidInput("idempotency_key must be 1-200 characters")
         if is_blank(body):
@@ -197,11 +223,14 @@ class Cao:
             raise InvalidInput(
                 f"terminal {receiver_id} can't send a message to itself; pick another receiver"
             )
+        if wants.if_busy == IfBusy.REFUSE:
+            self._refuse_if_busy(receiver_id)
         message, duplicate = self.store.add_message(
             sender_id=sender_id,
             receiver_id=receiver_id,
             body=body,
             idempotency_key=idempotency_key,
+            attention=wants,
             before_commit=lambda: self.faults.hit("before_commit"),
             # stored with the row in the same insert: no second write to say why it waits
             waiting_reason=(hint := self.delivery.reason_for(receiver_id)),
@@ -217,24 +246,47 @@ class Cao:
                 self.engine.immediate(receiver_id)
         return Receipt(message, duplicate)
 
+    def _refuse_if_busy(self, receiver_id: str) -> None:
+        """``if_busy=refuse``: the receiver's status now (one screen read); not ready → 409 and
+        nothing stored."""
+        terminal = self.store.get_terminal(receiver_id)
+        if terminal.state in ENDED:
+            return  # the send itself says so, with its words
+        status = self.status.status(terminal)
+        if status not in READY:
+            raise ReceiverBusy(
+                f"receiver {receiver_id} is {status}; nothing was stored (if_busy=refuse). Send with "
+                "if_busy=wait to have it delivered when the agent is ready",
+                status=str(status),
+            )
+
     def message_view(self, message: Message) -> dict[str, object]:
-        waiting = message.waiting_reason if message.status == MessageStatus.PENDING else None
-        return {
-            "id": message.id,
-            "message_id": message.id,
-            "sender_id": message.sender_id,
-            "receiver_id": message.receiver_id,
-            "status": message.status,
-            "message": message.body,
-            "idempotency_key": message.idempotency_key,
-            "created_at": iso(message.created_at),
-            "claimed_at": iso(message.claimed_at),
-            "delivered_at": iso(message.delivered_at),
-            "attempts": message.attempts,
-            "last_error": message.last_error,
-            "failure": message.failure,
-            "waiting_reason": waiting,
-        }
+        return self.inbox.view(message)
+
+    # -- a receiver's queue: defer, drop, re-prioritise, read, its attention view -------------------
+    def defer_message(self, message_id: int, **kwargs: Any) -> dict[str, object]:
+        m = self.inbox.defer(message_id, **kwargs)
+        if self.started:
+            self.engine.immediate(m.receiver_id)  # it may be due at once, or later: the runner says when
+        return self.message_view(m)
+
+    def drop_message(self, message_id: int, **kwargs: Any) -> dict[str, object]:
+        return self.message_view(self.inbox.drop(message_id, **kwargs))
+
+    def prioritize_message(self, message_id: int, **kwargs: Any) -> dict[str, object]:
+        m = self.inbox.prioritize(message_id, **kwargs)
+        if self.started:
+            self.engine.immediate(m.receiver_id)
+        return self.message_view(m)
+
+    def read_message(self, message_id: int, *, by: str | None = None) -> dict[str, object]:
+        return self.message_view(self.inbox.read(message_id, by=by))
+
+    def attention(self, terminal_id: str, *, limit: int = 200) -> dict[str, object]:
+        validate_terminal_id(terminal_id)
+        terminal = self.store.get_terminal(terminal_id, include_deleted=True)
+        status = str(self.view(terminal).get("status", "unknown"))
+        return self.inbox.attention(terminal_id, status, limit=limit)
 
     def list_inbox(
         self, terminal_id: str, *, status: str | None = None, limit: int = 50
@@ -281,8 +333,8 @@ class Cao:
     def get_message(self, message_id: int) -> dict[str, object]:
         return self.message_view(self.store.get_message(message_id))
 
-    def cancel_message(self, message_id: int) -> dict[str, object]:
-        message = self.store.cancel(message_id)
+    def cancel_message(self, message_id: int, *, by: str | None = None) -> dict[str, object]:
+        message = self.store.cancel(message_id, actor=(by or "").strip() or "operator")
         self.events.publish("message.cancelled", message_id=message.id, receiver_id=message.receiver_id)
         return self.message_view(message)
 
@@ -333,6 +385,7 @@ class Cao:
                     initial_message,
                     sender_id=supervisor or "cli",
                     idempotency_key=f"initial-{terminal.id}",
+                    kind="task",
                 )
                 self.store.update_terminal(terminal.id, initial_message_id=receipt.message.id)
                 terminal.initial_message_id = receipt.message.id

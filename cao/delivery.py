@@ -30,7 +30,18 @@ from cao.panelog import PaneLogs
 from cao.panes import Panes
 from cao.paste import arrived, format_batch, header, is_ours
 from cao.settings import Settings
-from cao.states import ENDED, RECEIVER_GONE, Blocked, HookPhase, TerminalState, Trigger, WaitReason
+from cao.states import (
+    ENDED,
+    RECEIVER_GONE,
+    Blocked,
+    Event,
+    Held,
+    HookPhase,
+    IfBusy,
+    TerminalState,
+    Trigger,
+    WaitReason,
+)
 from cao.status import StatusReader
 from cao.store import Claim, Message, Store, Terminal
 from cao.tmux import blocked_reason
@@ -144,8 +155,8 @@ class Delivery:
 
     # -- the delivery function ------------------------------------------------------------------
     def deliver(self, receiver_id: str, *, trigger: str = Trigger.MANUAL) -> Result:
-        try:  # one read: the row, any outstanding claim, the newest pending message
-            terminal, outstanding, newest = self.store.delivery_view(receiver_id)
+        try:  # one read: the row, any outstanding claim, the newest message due, the next deferred
+            terminal, outstanding, newest, due = self.store.delivery_view(receiver_id)
         except StoreBusy:
             raise  # not "nothing pending": the engine retries it
         except CaoError:
@@ -153,6 +164,10 @@ class Delivery:
         if newest is None:
             self._noted.pop(receiver_id, None)
             self._looked.pop(receiver_id, None)
+            if due is not None:  # only deferred mail: look again when the first falls due
+                return Result(
+                    Outcome.WAITING, reason=Event.DEFERRED, look_again_in=max(0.0, due - self.clock()) + 0.05
+                )
             return Result(Outcome.NOTHING)
         if terminal.state in ENDED:
             n = self.store.fail_undelivered(receiver_id, RECEIVER_GONE)
@@ -226,6 +241,10 @@ class Delivery:
         except TmuxError as exc:
             return self._hold(terminal, newest, WaitReason.UNREADABLE, exc.message)
         if why is not None:
+            if why == WaitReason.BUSY:
+                interrupting = self._interrupt(terminal, provider, screen, newest)
+                if interrupting is not None:
+                    return interrupting
             return self._hold(terminal, newest, why)
         # 2. claim
         self.faults.hit("before_claim")
@@ -265,6 +284,10 @@ class Delivery:
                 if seen:
                     done = self._ack(claim, seen, trigger, found=True)
                     todo = [m for m in todo if m not in seen]
+                late = [m.id or 0 for m in todo if m.expires_at is not None and m.expires_at <= self.clock()]
+                if late:  # not found in the pane, and past its deadline: expired, never pasted again
+                    self.store.expire_claimed(claim.token, late)
+                    todo = [m for m in todo if (m.id or 0) not in late]
                 if not todo:
                     return Result(Outcome.DELIVERED, done)
                 if box is None:
@@ -272,7 +295,7 @@ class Delivery:
                     # box; pasting again could make it twice. Wait until the box shows.
                     self.store.unclaim(claim.token)
                     return self._wait(rid, newest, WaitReason.BUSY)
-            pasted = format_batch(todo)  # type: ignore[arg-type]
+            pasted = format_batch(todo, self.settings.inline_limit)  # type: ignore[arg-type]
             first = header(todo[0])
 
             def proof() -> bool:  # the CLI's hook reported a prompt carrying this batch's own header
@@ -323,6 +346,49 @@ class Delivery:
         if n < len(todo):
             return Result(Outcome.LOST_RACE, done + n, "claim lost before the acknowledgement")
         return Result(Outcome.DELIVERED, done + n)
+
+    def _interrupt(self, terminal: Terminal, provider: Provider, screen: str, newest: int) -> Result | None:
+        """The receiver is busy and the head of its queue is urgent with ``if_busy=interrupt``: send
+        the CLI's interrupt key once, at a safe point (the screen reads processing, no prompt is
+        open, no tmux mode, nothing of a person's in the input box), and paste the message first
+        when the prompt is back (it heads the queue). None: nothing to interrupt for."""
+        head = self.store.oldest_pending(terminal.id)
+        if head is None or head.if_busy != IfBusy.INTERRUPT or head.recheck is not None:
+            return None
+        rid = terminal.id
+        if head.interrupt_at is not None:
+            return self._wait(rid, newest, Held.INTERRUPT_SENT)
+        if provider.interrupt_key is None:
+            return self._wait(rid, newest, Held.INTERRUPT_NO_PATH.format(provider=provider.name))
+        box = provider.input_text(screen)
+        if box is None and not provider.interrupt_keeps_input:
+            return self._wait(rid, newest, WaitReason.INTERRUPT_BOX)
+        if (box or "").strip():
+            return self._wait(rid, newest, WaitReason.BOX_TEXT)
+        # look once more right before the key: a prompt that just opened must never get it
+        again, status, why = self._look(terminal, provider)
+        if (
+            why != WaitReason.BUSY
+            or status != TerminalStatus.PROCESSING
+            or (provider.input_text(again) or "").strip()
+        ):
+            return None
+        if not self.store.mark_interrupt(head.id or 0):  # at most once, recorded before the key goes
+            return self._wait(rid, newest, Held.INTERRUPT_SENT)
+        try:
+            self.panes.keys(terminal, provider.interrupt_key)
+        except PaneInMode as exc:
+            return self._hold(terminal, newest, blocked_reason(exc.mode))
+        except (PaneGone, TmuxServerDown):
+            return Result(Outcome.FAILED, reason=RECEIVER_GONE)
+        except TmuxError as exc:
+            logger.warning("interrupt key failed", extra={"terminal_id": rid, "error": exc.message})
+        self.events.publish(
+            "message.interrupted", receiver_id=rid, message_ids=[head.id], key=provider.interrupt_key
+        )
+        waiting = self._wait(rid, newest, Held.INTERRUPT_SENT)
+        waiting.look_again_in = 0.2  # the prompt comes back without a turn's end in the log, maybe
+        return waiting
 
     def _seen(
         self, terminal: Terminal, provider: Provider, messages: list[Message], screen: str | None = None
@@ -413,6 +479,10 @@ class Delivery:
             if prior is None or prior[0] != why:
                 self.events.publish("message.waiting", receiver_id=receiver_id, reason=str(why))
         return Result(Outcome.WAITING, reason=why)
+
+    def forget(self, receiver_id: str) -> None:
+        """Its queue changed outside a delivery (a message expired): note the next reason afresh."""
+        self._noted.pop(receiver_id, None)
 
     def reason_for(self, receiver_id: str) -> str | None:
         """Why this receiver's mail waits right now, as last seen (a new message is stored with it)."""
@@ -507,7 +577,7 @@ class Delivery:
                 return out
             screen = self.panes.screen(terminal)
             box = provider.input_text(screen) or ""
-            ours = is_ours(box, rest[0], format_batch(rest))  # type: ignore[arg-type]
+            ours = is_ours(box, rest[0], format_batch(rest, self.settings.inline_limit))  # type: ignore[arg-type]
             if ours and self.typist.submit(terminal, None, before=screen, fence=fence):
                 out["delivered"] += self._ack(claim, rest, Trigger.RECOVERY)
                 return out

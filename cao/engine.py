@@ -320,6 +320,8 @@ class DeliveryEngine:
         while not self._stop.wait(tick):
             try:
                 self.store.verify()
+                for e in self.store.expire_due():  # deadlines are kept while receivers stay busy
+                    self.delivery.forget(e.receiver_id)
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.settings.sweep_interval
                     self.sweep_step()

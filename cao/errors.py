@@ -63,6 +63,14 @@ class Conflict(CaoError):
     status_code = 409
 
 
+class ReceiverBusy(Conflict):
+    """``if_busy=refuse`` and the receiver is not ready: nothing was stored (its status goes along)."""
+
+    def __init__(self, message: str, *, status: str) -> None:
+        super().__init__(message)
+        self.fields = {"receiver_status": status}
+
+
 class PayloadTooLarge(CaoError):
     status_code = 413
 

@@ -37,6 +37,7 @@ HTTP_ERROR_NAMES = {
     415: "UnsupportedMediaType",
 }
 TextKind = Literal["name", "path", "message", "free_text"]
+BODY: TextKind = "message"  # a message body: any text that is not blank
 # how a parameter no route declares is checked (the reference's clients send some: description,
 # model…): as the routes that take that name check it, else as a name
 KIND_BY_NAME: dict[str, TextKind] = {
@@ -73,7 +74,7 @@ def check_text(name: str, value: str, kind: TextKind | None = None) -> str:
         raise InvalidInput(
             f"{field} is not valid text (it has a lone UTF-16 surrogate); fix its encoding"
         ) from None
-    if kind == "message":  # any text: control characters are neutralised before it is pasted
+    if kind == BODY:  # any text: control characters are neutralised before it is pasted
         if value and blank(value):
             raise InvalidInput(f"{field} is blank (only whitespace or invisible characters); send some text")
         return value

@@ -75,14 +75,33 @@ def needs_trailer(body: str) -> bool:
     return len(body) >= TRAILER_MIN_CHARS or body.count("\n") >= TRAILER_MIN_LINES
 
 
-def format_message(message: Addressed) -> str:
+INLINE_LIMIT = 4096  # bytes; settings.inline_limit (CAO_INBOX_INLINE_LIMIT)
+PREVIEW_CHARS = 300
+
+
+def announcement(message: Addressed) -> str:
+    """What is typed for a body above the inline limit: a preview and how to read the rest."""
+    body = message.body
+    size = len(body.encode("utf-8", "surrogatepass"))
+    preview = " ".join(neutralise(body[:PREVIEW_CHARS]).split())
+    return (
+        f"(a long message: {size} bytes, {body.count(chr(10)) + 1} lines; it begins: {preview} …)\n"
+        f"Read it whole with the read_message tool (message_id {message.id}) "
+        f"or `cao inbox read {message.id}`."
+    )
+
+
+def format_message(message: Addressed, inline_limit: int = INLINE_LIMIT) -> str:
+    if len(message.body.encode("utf-8", "surrogatepass")) > inline_limit:
+        return f"{header(message)}\n{announcement(message)}\n{trailer(message)}"
     text = f"{header(message)}\n{neutralise(message.body)}"
     return f"{text}\n{trailer(message)}" if needs_trailer(message.body) else text
 
 
-def format_batch(messages: list[Addressed]) -> str:
-    """One paste carrying several messages, in order, each attributed to its sender."""
-    return "\n\n".join(format_message(m) for m in messages)
+def format_batch(messages: list[Addressed], inline_limit: int = INLINE_LIMIT) -> str:
+    """One paste carrying several messages, in order, each attributed to its sender (a body
+    above ``inline_limit`` bytes as its announcement)."""
+    return "\n\n".join(format_message(m, inline_limit) for m in messages)
 
 
 def arrived(message: Addressed, transcript: str) -> bool:

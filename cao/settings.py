@@ -66,6 +66,7 @@ class Settings:
     input_wait_timeout: float = 10.0  # typed input waits this long for a person's text or tmux mode
     recovery_settle: float = 0.5  # recovery waits this long after fencing a pane before it looks
     batch_max_messages: int = 20
+    inline_limit: int = 4096  # a body longer than this (bytes) is announced, not typed (read_message)
     retry_delay: float = 1.0  # a failed attempt is retried after this long (and by the sweep)
     # tmux / logs
     log_cap_bytes: int = 8 * 1024 * 1024
@@ -155,6 +156,7 @@ class Settings:
             log_cap_interval=_number(env, "CAO_LOG_CAP_INTERVAL", 2.0, minimum=0.05),
             pipe_check_interval=_number(env, "CAO_PIPE_CHECK_INTERVAL", 5.0, minimum=0.05),
             retry_delay=_number(env, "CAO_DELIVERY_RETRY_DELAY", 1.0, minimum=0.0),
+            inline_limit=int(_number(env, "CAO_INBOX_INLINE_LIMIT", 4096, minimum=256)),
             busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
             fault_point=env.get("CAO_FAULT_POINT") or None,
             scripted_record=_flag(env, "CAO_SCRIPTED_RECORD", False),
@@ -192,6 +194,7 @@ SERVER_NAMES = (
     "CAO_DELIVERY_MAX_ATTEMPTS",
     "CAO_DELIVERY_LEASE_SECONDS",
     "CAO_DELIVERY_WORKERS",
+    "CAO_INBOX_INLINE_LIMIT",
     "CAO_MCP_READY_TIMEOUT",
     "CAO_HOOKS",
     "CAO_HOOK_SETTLE",

@@ -9,7 +9,11 @@ One place for the words that the store writes, the API shows and the code compar
     message:   pending ──claim──► delivering ──ack──► delivered
                   ▲                    │
                   └──── release ───────┤──► failed (receiver_gone, or past the retry limit)
-       cancelled (operator, while pending)
+       from pending only: cancelled (operator), expired (its deadline passed), dropped (the
+       receiver or the operator, with a reason), superseded (a newer notice on the same topic)
+
+Attention (docs/attention.md): every message has a priority and a kind (the registry is
+cao/attention.py) and says what to do if its receiver is busy.
 """
 
 from __future__ import annotations
@@ -54,6 +58,77 @@ class MessageStatus(StrEnum):
     DELIVERED = "delivered"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    EXPIRED = "expired"  # its deadline passed while it waited; never pasted
+    DROPPED = "dropped"  # by its receiver or the operator, with who and why
+    SUPERSEDED = "superseded"  # a newer notice from the same sender on the same topic replaced it
+
+
+# a message in one of these states is final: nothing will ever paste it
+FINAL = (
+    MessageStatus.DELIVERED,
+    MessageStatus.FAILED,
+    MessageStatus.CANCELLED,
+    MessageStatus.EXPIRED,
+    MessageStatus.DROPPED,
+    MessageStatus.SUPERSEDED,
+)
+
+
+class Priority(StrEnum):
+    """A message's priority; a receiver's queue is served by priority, then commit order."""
+
+    URGENT = "urgent"
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+# stored as its rank (0 first); the order of the enum above
+PRIORITY_RANK: dict[str, int] = {p.value: i for i, p in enumerate(Priority)}
+
+
+class Kind(StrEnum):
+    """What a message is (the registry with each kind's rules: cao/attention.py)."""
+
+    CHAT = "chat"  # a person: the operator's `cao send`, the dashboard
+    MESSAGE = "message"  # agent to agent
+    TASK = "task"  # assign, handoff, a new terminal's first task
+    RESULT = "result"  # a worker's report to its supervisor
+    NOTICE = "notice"  # informational; coalesces per sender and topic; expires
+    WAKEUP = "wakeup"  # scheduled
+
+
+class IfBusy(StrEnum):
+    """What the sender wants when the receiver is working."""
+
+    WAIT = "wait"  # held until ready (as always)
+    REFUSE = "refuse"  # nothing stored: 409 at once, the sender decides
+    INTERRUPT = "interrupt"  # urgent only: into the running turn at its next safe point
+
+
+class Channel(StrEnum):
+    """How a delivered message reached its agent."""
+
+    PASTE = "paste"  # bracketed paste + Enter into the input box
+    HOOK = "hook"  # handed to the running turn by the CLI's lifecycle hook
+
+
+class Event(StrEnum):
+    """One change in a message's life, on an agent's timeline (store + event stream)."""
+
+    QUEUED = "queued"
+    HELD = "held"  # the gate is closed, with the reason
+    INTERRUPTED = "interrupted"  # the CLI's interrupt key was sent for it
+    HANDED = "handed"  # handed to the running turn through a hook
+    DELIVERED = "delivered"
+    READ = "read"
+    DEFERRED = "deferred"
+    PRIORITIZED = "prioritized"
+    DROPPED = "dropped"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
 
 
 class WaitReason(StrEnum):
@@ -70,6 +145,8 @@ class WaitReason(StrEnum):
     IN_MODE = "a person is scrolling this pane (tmux copy mode)"  # the others: Blocked below
     UNKNOWN = "receiver status unknown (its screen matches nothing its provider knows)"
     RETRY = "retrying after a failed attempt"
+    # an urgent interrupt's key would discard what can't be seen: its CLI hides the box mid-turn
+    INTERRUPT_BOX = "urgent interrupt held: the input box can't be seen while the agent works"
 
 
 class Blocked(StrEnum):
@@ -83,6 +160,16 @@ class Blocked(StrEnum):
     OTHER_MODE = "a person has this pane in a tmux mode"
     INPUT_OFF = "input to this pane is turned off (tmux select-pane -d)"
     SYNCHRONIZED = "this pane's window has synchronize-panes on (cao's keys would reach a person's panes)"
+
+
+class Held(StrEnum):
+    """Why a message waits although its receiver could take it (attention, not the screen)."""
+
+    DEFERRED = "deferred until {until}"
+    INTERRUPT_NO_PATH = (
+        "urgent interrupt held: {provider} has no way into a running turn; delivered when the turn ends"
+    )
+    INTERRUPT_SENT = "interrupt key sent; delivered when the prompt is back"
 
 
 class Trigger(StrEnum):

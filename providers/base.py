@@ -134,6 +134,12 @@ class Provider:
     description: ClassVar[str] = ""
     # A message pasted mid-turn is queued as its own turn (never merged into the running one).
     accepts_input_while_processing: ClassVar[bool] = False
+    # The CLI's own key that stops a running turn and brings its prompt back (an urgent message
+    # with if_busy=interrupt: docs/attention.md), or None: it has none cao has proven on the real
+    # program. ``interrupt_keeps_input``: the key keeps text typed into an input box the screen
+    # hides while the CLI works (else cao sends it only while it can see the box is empty).
+    interrupt_key: ClassVar[str | None] = None
+    interrupt_keeps_input: ClassVar[bool] = False
     # Seconds between the paste and Enter, and how many Enters submit.
     paste_enter_delay: ClassVar[float] = 0.0
     enter_count: ClassVar[int] = 1

@@ -64,6 +64,8 @@ class ScriptedProvider(Provider):
     name = "scripted"
     description = "bundled scripted agent (no API key; rules from a JSON file)"
     accepts_input_while_processing = False
+    interrupt_key = "Escape"  # ends the running turn; text typed meanwhile stays in its input
+    interrupt_keeps_input = True
     paste_enter_delay = 0.0
     submit_timeout = 2.0
     exit_command = "/exit"

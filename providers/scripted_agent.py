@@ -67,6 +67,7 @@ HEADER_RE = re.compile(
     r"^\[cao message #(?P<id>\d+) from (?P<sender>[^\]\s]+)\](?: \(ref (?P<ref>[0-9a-f]+)\))?$", re.M
 )
 TRAILER_RE = re.compile(r"\n?^\[end of cao message #\d+\] \(ref [0-9a-f]+\)$", re.M)
+ESC_WAIT = 0.05  # a lone ESC not followed by more within this is the Escape key
 DEFAULT_RULES: dict[str, Any] = {"rules": [], "default": {"reply": "ok: {first_line}"}}
 
 
@@ -140,6 +141,7 @@ class Agent:
         self.swallow = 0  # Enters still to ignore after the last paste (rules: swallow_enters)
         self.paste_buf = b""
         self.raw_buf = b""
+        self.esc_at = 0.0  # when a lone ESC arrived (the Escape key, once ESC_WAIT passes)
         self.spin = 0
         self.last_spin = 0.0
         self.running = True
@@ -202,6 +204,8 @@ class Agent:
 
     # -- input parsing --------------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
+        if data == b"\x1b":
+            self.esc_at = self.now()
         self.raw_buf += data
         while self.raw_buf:
             if self.in_paste:
@@ -444,8 +448,28 @@ class Agent:
         self.prompt()
         self.hook("SessionStart", source="startup")
 
+    def escape(self) -> None:
+        """The Escape key (alone): stops a running turn, as the real CLIs do; its reply is never
+        written, text typed meanwhile stays in the input. Ignored at the prompt or a question."""
+        if not self.busy or self.pending_turn is None:
+            return
+        self.pending_turn = None
+        self.busy = False
+        self.write("\r\x1b[K")
+        self.block("⎋", "interrupted")
+        self.write("\n")
+        self._append({"kind": "stopped", "t": time.time(), "terminal": self.tid})
+        if self.queue:
+            self.start_turn(self.queue.pop(0))
+        else:
+            self.prompt()
+
     def tick(self) -> None:
-        """Time has passed: finish a turn that is due, or move the spinner."""
+        """Time has passed: a lone Escape is the key (not the start of a sequence); finish a turn
+        that is due, or move the spinner."""
+        if self.raw_buf == b"\x1b" and self.now() - self.esc_at >= ESC_WAIT:
+            self.raw_buf = b""
+            self.escape()
         if self.busy and self.pending_turn is not None:
             now = self.now()
             if now >= self.busy_until:
@@ -471,6 +495,8 @@ class Agent:
                 if self.busy:
                     now = self.now()
                     timeout = max(0.0, min(self.busy_until - now, self.last_spin + 0.1 - now))
+                if self.raw_buf == b"\x1b":
+                    timeout = ESC_WAIT if timeout is None else min(timeout, ESC_WAIT)
                 ready, _, _ = select.select([fd], [], [], timeout)
                 if ready:
                     data = os.read(fd, 65536)

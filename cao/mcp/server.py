@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 import click
@@ -37,13 +37,85 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
         receiver_id: Annotated[
             str | None, Field(description="Terminal id of the receiver; leave out to reach your supervisor.")
         ] = None,
+        priority: Annotated[
+            Literal["urgent", "high", "normal", "low"] | None,
+            Field(description="Served by priority, then order (default: normal; a notice: low)."),
+        ] = None,
+        if_busy: Annotated[
+            Literal["wait", "refuse", "interrupt"] | None,
+            Field(
+                description="If the receiver is working: wait (default), refuse (nothing sent: you are told "
+                "it's busy), interrupt (urgent only: reach it inside its turn)."
+            ),
+        ] = None,
+        ttl_seconds: Annotated[
+            float | None, Field(description="Drop it if still undelivered after this many seconds.", gt=0)
+        ] = None,
+        kind: Annotated[
+            Literal["message", "task", "result", "notice"] | None,
+            Field(description="What it is (default: message). Notices on one topic replace each other."),
+        ] = None,
+        topic: Annotated[
+            str | None, Field(description="For a notice: a newer one on it replaces this.")
+        ] = None,
     ) -> dict[str, Any]:
         """Put a message in another agent's inbox; it is pasted into that agent's terminal when it is ready.
 
         Returns at once with the message id. Without receiver_id the message goes to your supervisor
         (the agent that assigned you your task). Retrying an identical call doesn't send it twice.
         """
-        return await tools.send_message(message, receiver_id)
+        return await tools.send_message(
+            message,
+            receiver_id,
+            priority=priority,
+            if_busy=if_busy,
+            ttl_seconds=ttl_seconds,
+            kind=kind,
+            topic=topic,
+        )
+
+    @server.tool()
+    async def check_inbox() -> dict[str, Any]:
+        """List what waits for you, in the order it will reach you (sender, kind, priority, a preview).
+        Changes nothing; read a whole message with read_message."""
+        return await tools.check_inbox()
+
+    @server.tool()
+    async def read_message(
+        message_id: Annotated[
+            int, Field(description="The message's id (from its header or check_inbox).", gt=0)
+        ],
+    ) -> dict[str, Any]:
+        """Read one of your messages whole (a long one arrives as a preview that names this tool)."""
+        return await tools.read_message(message_id)
+
+    @server.tool()
+    async def defer_message(
+        message_id: Annotated[int, Field(description="A message waiting in your queue.", gt=0)],
+        seconds: Annotated[float, Field(description="Not before this many seconds from now.", gt=0)],
+        reason: Annotated[str | None, Field(description="Why (kept on your timeline).")] = None,
+    ) -> dict[str, Any]:
+        """Put off one waiting message of yours until later (not a person's chat)."""
+        return await tools.manage(message_id, "defer", seconds=seconds, reason=reason)
+
+    @server.tool()
+    async def drop_message(
+        message_id: Annotated[int, Field(description="A message waiting in your queue.", gt=0)],
+        reason: Annotated[str, Field(description="Why you drop it (shown to whoever looks).", min_length=1)],
+    ) -> dict[str, Any]:
+        """Drop one waiting message of yours: it is never delivered (not a person's chat)."""
+        return await tools.manage(message_id, "drop", reason=reason)
+
+    @server.tool()
+    async def prioritize_message(
+        message_id: Annotated[int, Field(description="A message waiting in your queue.", gt=0)],
+        priority: Annotated[
+            Literal["urgent", "high", "normal", "low"], Field(description="Its new priority.")
+        ],
+        reason: Annotated[str | None, Field(description="Why (kept on your timeline).")] = None,
+    ) -> dict[str, Any]:
+        """Change the priority of one waiting message of yours (not a person's chat)."""
+        return await tools.manage(message_id, "prioritize", priority=priority, reason=reason)
 
     @server.tool()
     async def assign(
@@ -179,7 +251,8 @@ Try it by hand:
 def main(terminal_id: str | None, server_url: str | None, log_level: str) -> None:
     """MCP server (stdio) with the tools agents use to work together.
 
-    Tools: send_message, assign, handoff, worker_diff, merge_worker, my_inbox, my_workers, whoami.
+    Tools: send_message, check_inbox, read_message, defer_message, drop_message, prioritize_message,
+    assign, handoff, worker_diff, merge_worker, my_inbox, my_workers, whoami.
     Each agent CLI started by cao runs one; it acts as that agent (CAO_TERMINAL_ID) against
     cao-server (CAO_SERVER_URL), sending the server's API token if it has one (CAO_API_TOKEN,
     else $CAO_HOME/api-token).

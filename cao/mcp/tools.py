@@ -179,7 +179,10 @@ class AgentTools:
         return sent.key
 
     # -- send_message ------------------------------------------------------------------------------
-    async def send_message(self, message: str, receiver_id: str | None = None) -> dict[str, Any]:
+    async def send_message(
+        self, message: str, receiver_id: str | None = None, **attention: Any
+    ) -> dict[str, Any]:
+        """``attention``: priority, if_busy, ttl_seconds, kind, topic (None: the server's default)."""
         caller = self.caller()
         if not message.strip():
             raise ToolError("message is empty; write the text to send")
@@ -191,6 +194,7 @@ class AgentTools:
                 "sender_id": caller,
                 "message": message,
                 "idempotency_key": self.idempotency_key(receiver, message),
+                **{k: v for k, v in attention.items() if v is not None},
             },
             what=f"send_message to {receiver}",
             busy_retries=2,
@@ -287,6 +291,7 @@ class AgentTools:
                     "sender_id": me["id"],
                     "message": f"{message}\n\n{note}",
                     "idempotency_key": f"assign-{wid}",
+                    "kind": "task",
                 },
                 what=f"queueing the task for worker {wid}",
                 busy_retries=2,
@@ -484,6 +489,58 @@ class AgentTools:
         )
         keys = ("id", "sender_id", "status", "message", "created_at", "delivered_at", "last_error")
         return {"terminal_id": caller, "messages": [{k: m.get(k) for k in keys} for m in rows]}
+
+    # -- your own queue ------------------------------------------------------------------------------
+    async def check_inbox(self) -> dict[str, Any]:
+        """What waits for you, in the order it will be served (previews; read_message for a body).
+        Reading changes nothing."""
+        caller = self.caller()
+        view = await self._call(
+            "GET",
+            f"/terminals/{caller}/attention",
+            params={"limit": 1},
+            what="reading your queue",
+            busy_retries=2,
+        )
+        keys = (
+            "id",
+            "sender_id",
+            "kind",
+            "priority",
+            "status",
+            "created_at",
+            "expires_at",
+            "deliver_at",
+            "size",
+        )
+        waiting = [
+            {**{k: m.get(k) for k in keys}, "preview": " ".join(str(m.get("message", "")).split())[:200]}
+            for m in view["queue"]
+        ]
+        return {"terminal_id": caller, "waiting": waiting, "count": len(waiting)}
+
+    async def read_message(self, message_id: int) -> dict[str, Any]:
+        m = await self._call(
+            "POST",
+            f"/messages/{int(message_id)}/read",
+            json={"by": self.caller()},
+            what=f"reading message {message_id}",
+            busy_retries=2,
+        )
+        keys = ("id", "sender_id", "kind", "priority", "status", "created_at", "message")
+        return {k: m.get(k) for k in keys}
+
+    async def manage(self, message_id: int, action: str, **fields: Any) -> dict[str, Any]:
+        """defer, drop or prioritize one message of your own queue."""
+        m = await self._call(
+            "POST",
+            f"/messages/{int(message_id)}/{action}",
+            json={"by": self.caller(), **{k: v for k, v in fields.items() if v is not None}},
+            what=f"{action} message {message_id}",
+            busy_retries=2,
+        )
+        keys = ("id", "status", "priority", "deliver_at", "closed_reason")
+        return {k: m.get(k) for k in keys}
 
 
 # -- the MCP server ----------------------------------------------------------------------------------

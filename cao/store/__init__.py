@@ -30,6 +30,7 @@ from cao.store.schema import (
     Claim,
     HandoffJob,
     Message,
+    MessageEvent,
     Terminal,
     Worktree,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "Database",
     "HandoffJob",
     "Message",
+    "MessageEvent",
     "Store",
     "Terminal",
     "Worktree",

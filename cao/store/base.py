@@ -25,7 +25,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,13 +45,14 @@ from cao.store.schema import (
     WAL_SUFFIX,
     HandoffJob,
     Message,
+    MessageEvent,
     Terminal,
     Worktree,
 )
 
 logger = logging.getLogger("cao.store")
 
-M = TypeVar("M", Terminal, Message, HandoffJob, Worktree)
+M = TypeVar("M", Terminal, Message, MessageEvent, HandoffJob, Worktree)
 T = TypeVar("T")
 
 
@@ -99,6 +100,8 @@ class Database:
         self._identity: tuple[int, int] | None = None  # the database file's (device, inode)
         self._wal_identity: tuple[int, int] | None = None  # and its write-ahead log's
         self._writes_seen = -1  # the write count this store last committed (-1: not counting yet)
+        # told of each timeline event once its transaction committed (Cao: the event bus)
+        self.on_event: Callable[[MessageEvent], None] | None = None
         self.migrate()
         self._identity = self._file_identity()
         with self._read() as conn:
@@ -298,6 +301,49 @@ class Database:
                 for statement in MIGRATIONS[version]:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {version}")
+
+    def _timeline(
+        self,
+        conn: sqlite3.Connection,
+        event: str,
+        receiver_id: str,
+        message_ids: Sequence[int | None],
+        *,
+        reason: str | None = None,
+        actor: str | None = None,
+        at: float | None = None,
+    ) -> list[MessageEvent]:
+        """Write timeline events inside the caller's transaction; publish them with ``_told``
+        once it committed."""
+        when = self.clock() if at is None else at
+        out = []
+        for mid in message_ids:
+            cur = conn.execute(
+                "INSERT INTO message_event (receiver_id, message_id, at, event, reason, actor) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (receiver_id, mid, when, event, reason, actor),
+            )
+            out.append(
+                MessageEvent(
+                    id=cur.lastrowid,
+                    receiver_id=receiver_id,
+                    message_id=mid,
+                    at=when,
+                    event=event,
+                    reason=reason,
+                    actor=actor,
+                )
+            )
+        return out
+
+    def _told(self, events: Sequence[MessageEvent]) -> None:
+        if self.on_event is None:
+            return
+        for e in events:
+            try:
+                self.on_event(e)
+            except Exception:  # a listener's bug is not the write's failure
+                logger.exception("timeline listener failed")
 
     def retrying(self, fn: Callable[[], T], *, for_seconds: float) -> T:
         """Run a write, retrying while the database stays busy (acks must not be dropped: a row

@@ -8,16 +8,23 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from cao.attention import Attention, priority_name
 from cao.errors import (
     Conflict,
+    Forbidden,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
     ReceiverGone,
 )
-from cao.states import FailureKind, MessageStatus, TerminalState
+from cao.states import PRIORITY_RANK, Channel, Event, FailureKind, Kind, MessageStatus, TerminalState
 from cao.store.base import Database, _row, body_digest
-from cao.store.schema import MAX_BODY_BYTES, MESSAGE_STATUSES, Claim, Message, Terminal
+from cao.store.schema import MAX_BODY_BYTES, MESSAGE_STATUSES, Claim, Message, MessageEvent, Terminal
+from cao.timefmt import iso
+
+# a pending row that may be handed out now: not deferred, deadline not passed (args: now, now)
+CLAIMABLE = "(not_before IS NULL OR not_before <= ?) AND (expires_at IS NULL OR expires_at > ?)"
+EXPIRED_REASON = "its deadline passed while it waited"
 
 
 class MessageRows(Database):
@@ -31,10 +38,13 @@ class MessageRows(Database):
         idempotency_key: str | None = None,
         before_commit: Callable[[], None] | None = None,
         waiting_reason: str | None = None,
+        attention: Attention | None = None,
     ) -> tuple[Message, bool]:
         """Commit one message. Returns ``(message, duplicate)``.
 
-        Checks the receiver inside the same transaction, so a send can't race a delete.
+        Checks the receiver inside the same transaction, so a send can't race a delete. A
+        ``notice`` with a topic supersedes the same sender's pending notices on that topic, in the
+        same transaction.
         """
         if not body:
             raise InvalidInput("message is empty; send some text")
@@ -72,14 +82,62 @@ class MessageRows(Database):
                     f"receiver terminal {receiver_id} is gone (its agent exited or its pane was closed); "
                     f"nothing was stored; delete it with `cao shutdown {receiver_id}` and send to a live one"
                 )
+            a = attention
+            fields: dict[str, Any] = {
+                "priority": a.rank if a else PRIORITY_RANK["normal"],
+                "kind": a.kind.value if a else Kind.MESSAGE.value,
+                "if_busy": a.if_busy.value if a else "wait",
+                "expires_at": a.expires_at if a else None,
+                "not_before": a.not_before if a else None,
+                "topic": a.topic if a else None,
+            }
             cur = conn.execute(
                 "INSERT INTO message (sender_id, receiver_id, body, body_sha256, idempotency_key, status, "
-                "created_at, attempts, nonce, waiting_reason) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?)",
-                (sender_id, receiver_id, body, digest, idempotency_key, now, nonce, waiting_reason),
+                "created_at, attempts, nonce, waiting_reason, priority, kind, if_busy, expires_at, "
+                "not_before, topic) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    sender_id,
+                    receiver_id,
+                    body,
+                    digest,
+                    idempotency_key,
+                    now,
+                    nonce,
+                    waiting_reason,
+                    *fields.values(),
+                ),
             )
-            msg_id = cur.lastrowid
+            msg_id = int(cur.lastrowid or 0)
+            label = f"{a.priority.value} {a.kind.value}" if a else None
+            told = self._timeline(conn, Event.QUEUED, receiver_id, [msg_id], reason=label, actor=sender_id)
+            if a is not None and a.kind == Kind.NOTICE and a.topic is not None:
+                older = [
+                    int(r[0])
+                    for r in conn.execute(
+                        "UPDATE message SET status = 'superseded', superseded_by = ?, closed_reason = ?, "
+                        "waiting_reason = NULL WHERE receiver_id = ? AND sender_id = ? AND kind = 'notice' "
+                        "AND topic = ? AND status = 'pending' AND recheck IS NULL AND id < ? RETURNING id",
+                        (
+                            msg_id,
+                            f"a newer notice on {a.topic!r}: #{msg_id}",
+                            receiver_id,
+                            sender_id,
+                            a.topic,
+                            msg_id,
+                        ),
+                    ).fetchall()
+                ]
+                told += self._timeline(
+                    conn,
+                    Event.SUPERSEDED,
+                    receiver_id,
+                    sorted(older),
+                    reason=f"by #{msg_id}",
+                    actor=sender_id,
+                )
             if before_commit is not None:
                 before_commit()
+        self._told(told)
         return (
             Message(
                 id=msg_id,
@@ -91,6 +149,7 @@ class MessageRows(Database):
                 created_at=now,
                 nonce=nonce,
                 waiting_reason=waiting_reason,
+                **fields,
             ),
             False,
         )
@@ -137,12 +196,36 @@ class MessageRows(Database):
         return None if row is None or row[0] is None else int(row[0])
 
     def oldest_pending(self, receiver_id: str) -> Message | None:
+        """The message the next claim starts with: a batch being rechecked (it may have arrived),
+        else the first claimable one by priority, then commit order."""
+        now = self.clock()
         with self._read() as conn:
-            row = conn.execute(
-                "SELECT * FROM message WHERE receiver_id = ? AND status = 'pending' ORDER BY id LIMIT 1",
-                (receiver_id,),
-            ).fetchone()
+            row = (
+                conn.execute(
+                    "SELECT * FROM message WHERE receiver_id = ? AND status = 'pending' "
+                    "AND recheck IS NOT NULL ORDER BY id LIMIT 1",
+                    (receiver_id,),
+                ).fetchone()
+                or conn.execute(
+                    f"SELECT * FROM message WHERE receiver_id = ? AND status = 'pending' AND {CLAIMABLE} "
+                    "ORDER BY priority, id LIMIT 1",
+                    (receiver_id, now, now),
+                ).fetchone()
+            )
         return None if row is None else _row(Message, row)
+
+    def queue(self, receiver_id: str, *, limit: int = 500) -> list[Message]:
+        """A receiver's pending messages in the order they will be served: rechecks first, then the
+        claimable ones by priority and commit order, then the deferred ones by when they're due."""
+        now = self.clock()
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM message WHERE receiver_id = ? AND status IN ('pending', 'delivering') "
+                "ORDER BY status = 'pending', recheck IS NULL, "
+                "(not_before IS NOT NULL AND not_before > ?), coalesce(not_before, 0), priority, id LIMIT ?",
+                (receiver_id, now, limit),
+            ).fetchall()
+        return [_row(Message, r) for r in rows]
 
     def receivers_with_pending(self, *, older_than: float | None = None) -> list[str]:
         """Receivers with pending messages (created before ``older_than`` if given)."""
@@ -191,48 +274,121 @@ class MessageRows(Database):
             ).fetchone()
             if busy is not None:
                 return None
-            first = conn.execute(
+            # a deadline passed: expired in the transaction that would otherwise hand it out
+            told = self._expire(conn, now, receiver_id)
+            won = self._claim_rows(conn, receiver_id, token, now, limit, max_bytes)
+        self._told(told)
+        if won is None:
+            return None
+        fence, got, recheck = won
+        return Claim(token, fence, got, recheck)
+
+    @staticmethod
+    def _claim_rows(
+        conn: Any, receiver_id: str, token: str, now: float, limit: int, max_bytes: int
+    ) -> tuple[int, list[Message], bool] | None:
+        first = (
+            conn.execute(
                 "SELECT id, recheck FROM message WHERE receiver_id = ? AND status = 'pending' "
-                "ORDER BY id LIMIT 1",
+                "AND recheck IS NOT NULL ORDER BY id LIMIT 1",
                 (receiver_id,),
             ).fetchone()
-            if first is None:
-                return None
-            recheck = first["recheck"]
-            if recheck is not None:
-                rows = conn.execute(
-                    "SELECT id FROM message WHERE receiver_id = ? AND status = 'pending' AND recheck = ? "
-                    "ORDER BY id",
-                    (receiver_id, recheck),
-                ).fetchall()
-                ids = [int(r[0]) for r in rows]
-            else:
-                rows = conn.execute(
-                    "SELECT id, length(CAST(body AS BLOB)) FROM message WHERE receiver_id = ? "
-                    "AND status = 'pending' AND recheck IS NULL ORDER BY id LIMIT ?",
-                    (receiver_id, limit),
-                ).fetchall()
-                ids = []
-                total = 0
-                for msg_id, size in rows:
-                    if ids and total + int(size) > max_bytes:
-                        break
-                    ids.append(int(msg_id))
-                    total += int(size)
-            fence_row = conn.execute(
-                "UPDATE terminal SET fence = fence + 1 WHERE id = ? RETURNING fence", (receiver_id,)
+            or conn.execute(
+                "SELECT id, recheck FROM message WHERE receiver_id = ? AND status = 'pending' "
+                f"AND {CLAIMABLE} ORDER BY priority, id LIMIT 1",
+                (receiver_id, now, now),
             ).fetchone()
-            marks = ",".join("?" * len(ids))
-            conn.execute(
-                f"UPDATE message SET status = 'delivering', claim = ?, claimed_at = ? "
-                f"WHERE status = 'pending' AND id IN ({marks})",
-                (token, now, *ids),
-            )
-            got = conn.execute(
-                "SELECT * FROM message WHERE claim = ? AND status = 'delivering' ORDER BY id", (token,)
+        )
+        if first is None:
+            return None
+        recheck = first["recheck"]
+        if recheck is not None:
+            rows = conn.execute(
+                "SELECT id FROM message WHERE receiver_id = ? AND status = 'pending' AND recheck = ? "
+                "ORDER BY id",
+                (receiver_id, recheck),
             ).fetchall()
+            ids = [int(r[0]) for r in rows]
+        else:
+            rows = conn.execute(
+                "SELECT id, length(CAST(body AS BLOB)) FROM message WHERE receiver_id = ? "
+                f"AND status = 'pending' AND recheck IS NULL AND {CLAIMABLE} ORDER BY priority, id LIMIT ?",
+                (receiver_id, now, now, limit),
+            ).fetchall()
+            ids = []
+            total = 0
+            for msg_id, size in rows:
+                if ids and total + int(size) > max_bytes:
+                    break
+                ids.append(int(msg_id))
+                total += int(size)
+        fence_row = conn.execute(
+            "UPDATE terminal SET fence = fence + 1 WHERE id = ? RETURNING fence", (receiver_id,)
+        ).fetchone()
+        marks = ",".join("?" * len(ids))
+        conn.execute(
+            f"UPDATE message SET status = 'delivering', claim = ?, claimed_at = ? "
+            f"WHERE status = 'pending' AND id IN ({marks})",
+            (token, now, *ids),
+        )
+        got = conn.execute(
+            "SELECT * FROM message WHERE claim = ? AND status = 'delivering' ORDER BY priority, id", (token,)
+        ).fetchall()
         fence = int(fence_row[0]) if fence_row is not None else 0
-        return Claim(token, fence, [_row(Message, r) for r in got], recheck is not None)
+        return fence, [_row(Message, r) for r in got], recheck is not None
+
+    def _expire(self, conn: Any, now: float, receiver_id: str | None = None) -> list[MessageEvent]:
+        """Pending messages whose deadline passed become ``expired`` (never a batch being rechecked:
+        its earlier paste may have arrived; its claim decides)."""
+        sql = (
+            "UPDATE message SET status = 'expired', closed_reason = ?, waiting_reason = NULL "
+            "WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= ? AND recheck IS NULL"
+        )
+        args: list[Any] = [EXPIRED_REASON, now]
+        if receiver_id is not None:
+            sql += " AND receiver_id = ?"
+            args.append(receiver_id)
+        rows = conn.execute(sql + " RETURNING id, receiver_id", tuple(args)).fetchall()
+        told: list[MessageEvent] = []
+        for mid, rid in sorted(rows):
+            told += self._timeline(conn, Event.EXPIRED, rid, [int(mid)], reason=EXPIRED_REASON, at=now)
+        return told
+
+    def expire_due(self) -> list[MessageEvent]:
+        """Expire every pending message whose deadline passed (the housekeeping tick)."""
+        now = self.clock()
+        with self._read() as conn:
+            due = conn.execute(
+                "SELECT 1 FROM message WHERE status = 'pending' AND expires_at IS NOT NULL "
+                "AND expires_at <= ? LIMIT 1",
+                (now,),
+            ).fetchone()
+        if due is None:
+            return []  # the common case: no write at all
+        with self._write() as conn:
+            told = self._expire(conn, now)
+        self._told(told)
+        return told
+
+    def expire_claimed(self, token: str, ids: Sequence[int]) -> int:
+        """A claimed batch being rechecked: the rows not found in the pane whose deadline passed
+        become ``expired`` instead of being pasted again (conditional on the claim)."""
+        if not ids:
+            return 0
+        marks = ",".join("?" * len(ids))
+        with self._write() as conn:
+            rows = conn.execute(
+                "UPDATE message SET status = 'expired', closed_reason = ?, claim = NULL, "
+                "waiting_reason = NULL, recheck = NULL WHERE claim = ? AND status = 'delivering' "
+                f"AND id IN ({marks}) "
+                "RETURNING id, receiver_id",
+                (EXPIRED_REASON, token, *ids),
+            ).fetchall()
+            told: list[MessageEvent] = []
+            for mid, rid in sorted(rows):
+                told += self._timeline(conn, Event.EXPIRED, rid, [int(mid)], reason=EXPIRED_REASON)
+        self._told(told)
+        return len(rows)
 
     def unclaim(self, token: str) -> int:
         """Give a claim back untouched (the gate closed again before the paste): pending, no attempt
@@ -245,24 +401,29 @@ class MessageRows(Database):
             )
             return int(cur.rowcount)
 
-    def delivery_view(self, receiver_id: str) -> tuple[Terminal, bool, int | None]:
-        """The receiver's row and whether some claim on it is outstanding, in one read: a deliverer
-        that sees no claim outstanding and later wins the claim with fence + 1 knows nobody else
-        pasted into that pane in between (its screen read is still current)."""
+    def delivery_view(self, receiver_id: str) -> tuple[Terminal, bool, int | None, float | None]:
+        """The receiver's row, whether some claim on it is outstanding, the newest message that may
+        be handed out now (None: none) and when the next deferred one falls due, in one read: a
+        deliverer that sees no claim outstanding and later wins the claim with fence + 1 knows
+        nobody else pasted into that pane in between (its screen read is still current)."""
+        now = self.clock()
         with self._read() as conn:
             row = conn.execute(
                 "SELECT t.*, EXISTS(SELECT 1 FROM message m WHERE m.receiver_id = t.id "
                 "AND m.status = 'delivering') AS outstanding, (SELECT max(id) FROM message m "
-                "WHERE m.receiver_id = t.id AND m.status = 'pending') AS newest "
-                "FROM terminal t WHERE t.id = ?",
-                (receiver_id,),
+                "WHERE m.receiver_id = t.id AND m.status = 'pending' "
+                f"AND (m.recheck IS NOT NULL OR {CLAIMABLE})) "
+                "AS newest, (SELECT min(not_before) FROM message m WHERE m.receiver_id = t.id "
+                "AND m.status = 'pending' AND m.not_before > ?) AS due FROM terminal t WHERE t.id = ?",
+                (now, now, now, receiver_id),
             ).fetchone()
         if row is None:
             raise NotFound(f"terminal {receiver_id} not found; list terminals with `cao status`")
-        extra = ("outstanding", "newest")
+        extra = ("outstanding", "newest", "due")
         fields = {k: row[k] for k in row.keys() if k not in extra}  # noqa: SIM118 (sqlite3.Row)
         newest = None if row["newest"] is None else int(row["newest"])
-        return _row(Terminal, fields), bool(row["outstanding"]), newest
+        due = None if row["due"] is None else float(row["due"])
+        return _row(Terminal, fields), bool(row["outstanding"]), newest, due
 
     def renew(self, token: str) -> bool:
         """Extend a claim's lease; False means the claim was lost (recovered by someone else)."""
@@ -294,21 +455,37 @@ class MessageRows(Database):
             ).fetchone()
         return new, int(fence[0]) if fence is not None else 0
 
-    def mark_delivered(self, token: str, ids: Sequence[int] | None = None) -> int:
-        """Acknowledge a paste. Conditional on the claim: returns how many rows this claim still
-        owned (0 = ownership was lost; the caller must not report them delivered)."""
+    def mark_delivered(
+        self,
+        token: str,
+        ids: Sequence[int] | None = None,
+        *,
+        channel: str = Channel.PASTE,
+        found: bool = False,
+    ) -> int:
+        """Acknowledge a paste (or a hook's hand-over: ``channel``). Conditional on the claim:
+        returns how many rows this claim still owned (0 = ownership was lost; the caller must not
+        report them delivered)."""
         now = self.clock()
         sql = (
             "UPDATE message SET status = 'delivered', delivered_at = ?, attempts = attempts + 1, "
-            "last_error = NULL, waiting_reason = NULL, recheck = NULL "
+            "last_error = NULL, waiting_reason = NULL, recheck = NULL, channel = ? "
             "WHERE claim = ? AND status = 'delivering'"
         )
-        args: list[Any] = [now, token]
+        args: list[Any] = [now, str(channel), token]
         if ids is not None:
             sql += f" AND id IN ({','.join('?' * len(ids))})"
             args.extend(ids)
         with self._write() as conn:
-            return int(conn.execute(sql, tuple(args)).rowcount)
+            rows = conn.execute(sql + " RETURNING id, receiver_id", tuple(args)).fetchall()
+            told: list[MessageEvent] = []
+            if rows:
+                how = f"{channel}, found in the pane" if found else str(channel)
+                told = self._timeline(
+                    conn, Event.DELIVERED, rows[0][1], sorted(int(r[0]) for r in rows), reason=how
+                )
+        self._told(told)
+        return len(rows)
 
     def release(
         self,
@@ -326,29 +503,43 @@ class MessageRows(Database):
         """
         inc = 1 if count_attempt else 0
         with self._write() as conn:
-            failed = conn.execute(
+            gave_up = conn.execute(
                 "UPDATE message SET status = 'failed', attempts = attempts + ?, last_error = ?, "
                 "failure = ?, claim = NULL, waiting_reason = NULL "
-                "WHERE claim = ? AND status = 'delivering' AND attempts + ? >= ?",
+                "WHERE claim = ? AND status = 'delivering' AND attempts + ? >= ? RETURNING id, receiver_id",
                 (inc, error, FailureKind.RETRIES_EXHAUSTED, token, inc, max_attempts),
-            ).rowcount
+            ).fetchall()
+            failed = len(gave_up)
+            told = (
+                self._timeline(
+                    conn, Event.FAILED, gave_up[0][1], sorted(int(r[0]) for r in gave_up), reason=error
+                )
+                if gave_up
+                else []
+            )
             pending = conn.execute(
                 "UPDATE message SET status = 'pending', attempts = attempts + ?, last_error = ?, "
                 "claim = NULL, claimed_at = NULL, recheck = CASE WHEN ? THEN ? ELSE recheck END "
                 "WHERE claim = ? AND status = 'delivering'",
                 (inc, error, recheck, token, token),
             ).rowcount
+        self._told(told)
         return {"failed": int(failed), "pending": int(pending)}
 
     def note_waiting(self, receiver_id: str, reason: str | None) -> int:
         """Store why a receiver's pending messages wait (shown by `cao inbox`, kept across restarts)."""
+        told: list[MessageEvent] = []
         with self._write() as conn:
             cur = conn.execute(
                 "UPDATE message SET waiting_reason = ? WHERE receiver_id = ? AND status = 'pending' "
                 "AND waiting_reason IS NOT ?",
                 (reason, receiver_id, reason),
             )
-            return int(cur.rowcount)
+            n = int(cur.rowcount)
+            if n and reason is not None:
+                told = self._timeline(conn, Event.HELD, receiver_id, [None], reason=reason)
+        self._told(told)
+        return n
 
     def stale_claims(self, *, older_than: float | None = None) -> list[tuple[str, list[Message]]]:
         """Outstanding claims (``delivering`` rows), grouped by claim, oldest first."""
@@ -365,16 +556,136 @@ class MessageRows(Database):
             groups.setdefault(str(r["claim"]), []).append(_row(Message, r))
         return list(groups.items())
 
-    def cancel(self, message_id: int) -> Message:
+    def cancel(self, message_id: int, *, actor: str = "operator") -> Message:
+        return self.manage(
+            message_id, Event.CANCELLED, actor=actor, as_agent=False, reason="cancelled by operator"
+        )
+
+    def manage(
+        self,
+        message_id: int,
+        action: Event,
+        *,
+        actor: str,
+        as_agent: bool,
+        reason: str,
+        until: float | None = None,
+        priority: int | None = None,
+    ) -> Message:
+        """Cancel, drop, defer (``until``) or re-prioritise (``priority``) a pending message, with who
+        and why on its timeline. ``as_agent``: the receiving agent manages its own queue: only its
+        own messages, never a person's chat (403)."""
+        verb = {
+            Event.CANCELLED: "cancelled",
+            Event.DROPPED: "dropped",
+            Event.DEFERRED: "deferred",
+            Event.PRIORITIZED: "re-prioritised",
+        }[action]
         with self._write() as conn:
-            row = conn.execute("SELECT status FROM message WHERE id = ?", (message_id,)).fetchone()
+            row = conn.execute("SELECT * FROM message WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 raise NotFound(f"message {message_id} not found; list messages with `cao inbox`")
-            if row[0] != MessageStatus.PENDING:
-                raise Conflict(f"message {message_id} is {row[0]}; only a pending message can be cancelled")
-            conn.execute(
-                "UPDATE message SET status = 'cancelled', last_error = 'cancelled by operator', "
-                "waiting_reason = NULL WHERE id = ?",
-                (message_id,),
+            if as_agent and row["receiver_id"] != actor:
+                raise Forbidden(
+                    f"message {message_id} is in terminal {row['receiver_id']}'s queue, not {actor}'s: an "
+                    "agent manages its own queue only"
+                )
+            if as_agent and row["kind"] == Kind.CHAT:
+                raise Forbidden(
+                    f"message {message_id} is a person's chat ({row['sender_id']}): an agent can't have it "
+                    f"{verb}; only the operator can (cao inbox, the dashboard)"
+                )
+            if row["status"] != MessageStatus.PENDING:
+                raise Conflict(
+                    f"message {message_id} is {row['status']}; only a pending message can be {verb}"
+                )
+            if row["recheck"] is not None and action != Event.CANCELLED:
+                raise Conflict(
+                    f"message {message_id} may already have arrived (an earlier paste of it is being "
+                    f"checked); it can't be {verb} now: look again in a few seconds"
+                )
+            now = self.clock()
+            if action == Event.DEFERRED:
+                assert until is not None
+                if row["expires_at"] is not None and until >= row["expires_at"]:
+                    raise InvalidInput(
+                        f"message {message_id} expires before then; defer it to an earlier time or drop it"
+                    )
+                conn.execute(
+                    "UPDATE message SET not_before = ?, closed_by = ? WHERE id = ?",
+                    (until, actor, message_id),
+                )
+                note = f"until {_iso(until)}: {reason}"
+            elif action == Event.PRIORITIZED:
+                assert priority is not None
+                conn.execute("UPDATE message SET priority = ? WHERE id = ?", (priority, message_id))
+                note = f"{_priority(row['priority'])} → {_priority(priority)}: {reason}"
+            else:
+                status = MessageStatus.CANCELLED if action == Event.CANCELLED else MessageStatus.DROPPED
+                conn.execute(
+                    "UPDATE message SET status = ?, closed_by = ?, closed_reason = ?, last_error = ?, "
+                    "waiting_reason = NULL WHERE id = ?",
+                    (status, actor, reason, reason if action == Event.CANCELLED else None, message_id),
+                )
+                note = reason
+            told = self._timeline(
+                conn, action, row["receiver_id"], [message_id], reason=note, actor=actor, at=now
             )
+        self._told(told)
         return self.get_message(message_id)
+
+    def mark_read(self, message_id: int, reader: str) -> Message:
+        """The receiver fetched the message (``read_message``): its first read is kept, each read is
+        on the timeline. Reading never acknowledges anything."""
+        with self._write() as conn:
+            row = conn.execute("SELECT receiver_id FROM message WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"message {message_id} not found; list messages with `cao inbox`")
+            conn.execute(
+                "UPDATE message SET read_at = coalesce(read_at, ?) WHERE id = ?", (self.clock(), message_id)
+            )
+            told = self._timeline(conn, Event.READ, row[0], [message_id], actor=reader)
+        self._told(told)
+        return self.get_message(message_id)
+
+    def mark_interrupt(self, message_id: int) -> bool:
+        """Record that the interrupt key is being sent for this message; False if it was already
+        (at most once per message, even across a crash: recorded before the key goes)."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE message SET interrupt_at = ? WHERE id = ? AND status = 'pending' "
+                "AND interrupt_at IS NULL RETURNING receiver_id",
+                (self.clock(), message_id),
+            ).fetchone()
+            told = (
+                self._timeline(
+                    conn, Event.INTERRUPTED, cur[0], [message_id], reason="the CLI's interrupt key"
+                )
+                if cur
+                else []
+            )
+        self._told(told)
+        return cur is not None
+
+    def timeline(
+        self, receiver_id: str, *, limit: int = 200, message_id: int | None = None
+    ) -> list[MessageEvent]:
+        """A receiver's timeline (or one message's), newest last."""
+        sql = "SELECT * FROM message_event WHERE receiver_id = ?"
+        args: list[Any] = [receiver_id]
+        if message_id is not None:
+            sql += " AND message_id = ?"
+            args.append(message_id)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?) ORDER BY id", (*args, limit)
+            ).fetchall()
+        return [_row(MessageEvent, r) for r in rows]
+
+
+def _iso(ts: float) -> str:
+    return str(iso(ts))
+
+
+def _priority(rank: int) -> str:
+    return priority_name(int(rank))

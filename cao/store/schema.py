@@ -9,7 +9,7 @@ from sqlmodel import Field, SQLModel
 
 from cao.states import MessageStatus, TerminalState
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -78,6 +78,31 @@ class Message(SQLModel):
     recheck: str | None = None  # schema 3
     waiting_reason: str | None = None  # schema 3
     failure: str | None = None  # schema 8: FailureKind of a failed message
+    # schema 9: attention (cao/attention.py, docs/attention.md)
+    priority: int = 2  # its rank: 0 urgent, 1 high, 2 normal, 3 low (states.PRIORITY_RANK)
+    kind: str = "message"
+    if_busy: str = "wait"
+    expires_at: float | None = None  # still pending then: expired
+    not_before: float | None = None  # deferred (or scheduled) until then
+    topic: str | None = None  # notices coalesce per sender and topic
+    superseded_by: int | None = None
+    closed_by: str | None = None  # who dropped, deferred or cancelled it
+    closed_reason: str | None = None  # why it was dropped, expired, superseded or cancelled
+    read_at: float | None = None  # the receiver fetched it (read_message)
+    channel: str | None = None  # how it was delivered: paste or hook (states.Channel)
+    interrupt_at: float | None = None  # the CLI's interrupt key was sent for it (at most once)
+
+
+class MessageEvent(SQLModel):
+    """One change in a message's life on its receiver's timeline (schema 9; states.Event)."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    receiver_id: str
+    message_id: int | None = None  # None: about the receiver's whole queue (a held reason)
+    at: float
+    event: str
+    reason: str | None = None
+    actor: str | None = None  # who did it: a terminal id, an operator's name, or cao
 
 
 class HandoffJob(SQLModel):
@@ -128,6 +153,12 @@ class MessageTable(Message, table=True):
     """The ``message`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
     __tablename__ = "message"
+
+
+class MessageEventTable(MessageEvent, table=True):
+    """The ``message_event`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "message_event"
 
 
 class HandoffJobTable(HandoffJob, table=True):
@@ -258,5 +289,37 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "UPDATE message SET failure = 'receiver_gone' "
         "WHERE status = 'failed' AND last_error LIKE 'receiver_gone%'",
         "UPDATE message SET failure = 'retries_exhausted' WHERE status = 'failed' AND failure IS NULL",
+    ),
+    # 9: attention: priority, kind, what to do if busy, deadlines, deferral, coalescing notices,
+    # who closed a message and why, read receipts, the delivery channel; one timeline per agent
+    9: (
+        "ALTER TABLE message ADD COLUMN priority INTEGER NOT NULL DEFAULT 2",
+        "ALTER TABLE message ADD COLUMN kind TEXT NOT NULL DEFAULT 'message'",
+        "ALTER TABLE message ADD COLUMN if_busy TEXT NOT NULL DEFAULT 'wait'",
+        "ALTER TABLE message ADD COLUMN expires_at REAL",
+        "ALTER TABLE message ADD COLUMN not_before REAL",
+        "ALTER TABLE message ADD COLUMN topic TEXT",
+        "ALTER TABLE message ADD COLUMN superseded_by INTEGER",
+        "ALTER TABLE message ADD COLUMN closed_by TEXT",
+        "ALTER TABLE message ADD COLUMN closed_reason TEXT",
+        "ALTER TABLE message ADD COLUMN read_at REAL",
+        "ALTER TABLE message ADD COLUMN channel TEXT",
+        "ALTER TABLE message ADD COLUMN interrupt_at REAL",
+        "UPDATE message SET channel = 'paste' WHERE status = 'delivered'",
+        # the queue in serving order, and the deadlines still to keep
+        "CREATE INDEX ix_message_queue ON message (receiver_id, priority, id) WHERE status = 'pending'",
+        "CREATE INDEX ix_message_expiry ON message (expires_at) "
+        "WHERE status = 'pending' AND expires_at IS NOT NULL",
+        """CREATE TABLE message_event (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            receiver_id TEXT NOT NULL,
+            message_id INTEGER,
+            at REAL NOT NULL,
+            event TEXT NOT NULL,
+            reason TEXT,
+            actor TEXT
+        )""",
+        "CREATE INDEX ix_message_event_receiver ON message_event (receiver_id, id)",
+        "CREATE INDEX ix_message_event_message ON message_event (message_id)",
     ),
 }
