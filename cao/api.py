@@ -143,7 +143,7 @@ TerminalId = Annotated[str, path(pattern=TERMINAL_ID_RE.pattern)]
 MessageId = Annotated[str, path(pattern="^[0-9]{1,18}$")]
 Status = Annotated[str | None, query(enum=list(MESSAGE_STATUSES))]
 
-HOOK_TEXT = ("source", "last_message", "notification_type", "message", "title", "reason")
+HOOK_TEXT = ("source", "last_message", "notification_type", "message", "title", "reason", "transcript_path")
 
 
 def _hook_report(raw: bytes) -> dict[str, Any]:
@@ -313,8 +313,19 @@ def create_app(core: Cao) -> FastAPI:
         """Called by ``python -m cao.hook`` when the agent CLI runs a lifecycle hook (cao/hookstate.py)."""
         report = _hook_report(await request.body())
         key = request.headers.get(HOOK_KEY_HEADER, "")  # never None here: the key is always checked
-        phase = await _off_loop(core.hook, terminal_id, report, key=key)
-        return {"success": True, "phase": phase}
+        return await _off_loop(core.hook, terminal_id, report, key=key)
+
+    @app.post("/terminals/{terminal_id}/hooks/handed")
+    async def hook_handed(terminal_id: TerminalId, request: Request) -> dict[str, Any]:
+        """Called by ``python -m cao.hook`` once it printed a hand-over (``hand`` in the answer to
+        its report): the messages are delivered, channel ``hook``. 409: the claim was lost."""
+        body = inputs.json_object(await request.body())
+        claim = body.get("claim")
+        if not isinstance(claim, str) or not claim.isalnum() or len(claim) > 64:
+            raise InvalidInput("claim must be the token the hook report's answer gave (hand.claim)")
+        key = request.headers.get(HOOK_KEY_HEADER, "")
+        n = await _off_loop(core.hook_handed, terminal_id, claim, key=key)
+        return {"success": True, "delivered": n}
 
     @app.post("/terminals/{terminal_id}/exit")
     async def exit_terminal(terminal_id: TerminalId) -> dict[str, Any]:

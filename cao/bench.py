@@ -6,6 +6,7 @@ Prints a table and writes JSON. Measures (each latency as p50 / p95 / max):
 
 - send request time (HTTP round trip of POST /terminals/{id}/inbox/messages);
 - send -> visible in an idle receiver (the agent took the paste's submit);
+- urgent interrupt -> visible in a busy agent (its interrupt key, the prompt back, the paste);
 - receiver turns idle -> pending message visible (message sent during a 3 s turn);
 - burst: 50 receivers turning idle at the same moment, each with a message waiting;
 - throughput end to end for 500 and 10,000 messages across 10 and 50 receivers from 10 concurrent
@@ -41,7 +42,10 @@ from cao.tmux import Tmux
 
 WORK_RULES = {
     "record": True,
-    "rules": [{"match": r"^work (?P<secs>[\d.]+)$", "delay": 3.0, "reply": "worked"}],
+    "rules": [
+        {"match": r"^work (?P<secs>[\d.]+)$", "delay": 3.0, "reply": "worked"},
+        {"match": r"^long work$", "delay": 60.0, "reply": "worked long"},
+    ],
     "default": {"reply": "ok"},
 }
 
@@ -237,6 +241,26 @@ class Bench:
             self.wait_status(ids, {"idle", "completed"})
         return summary(lat)
 
+    def urgent_interrupt(self, tid: str, rounds: int) -> dict[str, Any]:
+        """The receiver is in a 60 s turn; an urgent message with if_busy=interrupt is sent: measure
+        send -> the message visible in the agent (its interrupt key, the prompt back, the paste)."""
+        lat: list[float] = []
+        for r in range(rounds):
+            self.wait_status([tid], {"idle", "completed"})
+            self.http.post(f"/terminals/{tid}/input", json={"message": "long work"}).raise_for_status()
+            self.wait_status([tid], {"processing"})
+            token = f"tok-ui-{r}-{time.time_ns()}"
+            start = time.time()
+            self.http.post(
+                f"/terminals/{tid}/inbox/messages",
+                json={"sender_id": "bench", "message": token, "priority": "urgent", "if_busy": "interrupt"},
+            ).raise_for_status()
+            self.wait_tokens([tid], {token}, 30)
+            _, when, _ = self.received_tokens([tid])
+            lat.append(when[token] - start)
+        self.wait_status([tid], {"idle", "completed"})
+        return summary(lat)
+
     def throughput(self, ids: list[str], total: int, senders: int = 10) -> dict[str, Any]:
         tag = f"tp{total}x{len(ids)}-{time.time_ns()}"
         tokens = [f"{tag}-{i}" for i in range(total)]
@@ -309,6 +333,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
         results["config"] = bench.http.get("/info").json()
         one = bench.spawn(1)
         results.update(bench.send_and_visible(one[0], 30 if quick else 100))
+        results["urgent_interrupt_key"] = bench.urgent_interrupt(one[0], 5 if quick else 20)
         ten = one + bench.spawn(9)
         results["idle_to_visible"] = bench.idle_to_visible(ten, 1 if quick else 3)
         results["throughput_500_10"] = bench.throughput(ten, 500)
@@ -343,6 +368,8 @@ def render(results: dict[str, Any]) -> None:
 
     lat("send request (idle receiver)", results["send_request"])
     lat("send -> visible, idle receiver", results["send_to_visible_idle"])
+    if "urgent_interrupt_key" in results:
+        lat("urgent interrupt -> in the agent (key)", results["urgent_interrupt_key"], "busy in a 60 s turn")
     lat("receiver idle -> visible (10 rcv)", results["idle_to_visible"])
     lat("burst: 50 turn idle together", results["burst_50_idle_together"])
     for key in ("throughput_500_10", "throughput_10000_10", "throughput_500_50", "throughput_10000_50"):

@@ -433,7 +433,10 @@ def inbox_list(
         console.print("no messages")
         return
     table = Table(title=f"inbox {terminal_id}" if terminal_id else "all messages")
-    for col in ("id", "from", "to", "status", "priority", "age", "attempts", "why / last error", "message"):
+    cols = ["id", "from", *([] if terminal_id else ["to"]), "status", "priority", "age", "attempts"]
+    for col in cols:
+        table.add_column(col, no_wrap=col in ("status", "id"))
+    for col in ("why / last error", "message"):
         table.add_column(col, overflow="fold")
     for m in rows:
         why = m.get("waiting_reason") or m.get("closed_reason") or m.get("last_error") or ""
@@ -441,9 +444,9 @@ def inbox_list(
         table.add_row(
             str(m["id"]),
             m["sender_id"],
-            m["receiver_id"],
+            *([] if terminal_id else [m["receiver_id"]]),
             _styled(m["status"]),
-            f"{m.get('priority', 'normal')} {m.get('kind', '')}".strip(),
+            str(m.get("priority", "normal")),
             _age(m["created_at"]),
             str(m["attempts"]),
             escape(why),

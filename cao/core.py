@@ -22,6 +22,7 @@ from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
 from cao.errors import (
     CaoError,
+    Conflict,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
@@ -38,7 +39,7 @@ from cao.panelog import PaneLogs
 from cao.panes import PaneIO, Panes
 from cao.paste import is_blank
 from cao.settings import Settings
-from cao.states import ENDED, READY, FailureKind, HookPhase, IfBusy, MessageStatus, Trigger
+from cao.states import ENDED, READY, FailureKind, HookPhase, IfBusy, Kind, MessageStatus, Trigger
 from cao.status import StatusReader
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, MessageEvent, Store, Terminal
 from cao.timefmt import iso
@@ -385,7 +386,7 @@ class Cao:
                     initial_message,
                     sender_id=supervisor or "cli",
                     idempotency_key=f"initial-{terminal.id}",
-                    kind="task",
+                    kind=Kind.TASK,
                 )
                 self.store.update_terminal(terminal.id, initial_message_id=receipt.message.id)
                 terminal.initial_message_id = receipt.message.id
@@ -520,7 +521,9 @@ class Cao:
         self.status.note_mcp_ready(self.terminal_row(terminal_id))
         self.engine.kick(terminal_id, Trigger.MCP_READY)
 
-    def hook(self, terminal_id: str, report: dict[str, object], *, key: str | None = None) -> str | None:
+    def hook(
+        self, terminal_id: str, report: dict[str, object], *, key: str | None = None
+    ) -> dict[str, object]:
         """One lifecycle event reported by the agent CLI's hook (cao/hookstate.py). A turn's end, its
         session's start (or a question, or its exit) wakes delivery to that agent at once and
         refreshes its status for listeners. ``key`` (the HTTP route always passes one, ``""`` when
@@ -529,12 +532,30 @@ class Cao:
         if key is not None:
             self.status.check_hook_key(terminal_id, key)
         if terminal.state in ENDED:
-            return None  # a late event from a CLI that is gone: nothing to do
-        phase = self.status.note_hook(terminal, str(report["event"]), report)
+            return {"success": True, "phase": None}  # a late event from a CLI that is gone: nothing to do
+        event = str(report["event"])
+        phase = self.status.note_hook(terminal, event, report)
         if phase in (HookPhase.TURN_END, HookPhase.SESSION_START, HookPhase.ASKING, HookPhase.SESSION_END):
             self.engine.kick(terminal_id, Trigger.HOOK)
-        self.engine.refresh_status(terminal_id)
-        return phase.value if phase else None
+        out: dict[str, object] = {"success": True, "phase": phase.value if phase else None}
+        if phase is not None:
+            self.engine.refresh_status(terminal_id)
+        elif (hand := self.delivery.hand(terminal, event)) is not None:  # a turn-appending hook
+            out["hand"] = hand.as_dict()
+        return out
+
+    def hook_handed(self, terminal_id: str, claim: str, *, key: str | None = None) -> int:
+        """The hook program printed a hand-over: its messages are delivered (channel ``hook``)."""
+        self.terminal_row(terminal_id)
+        if key is not None:
+            self.status.check_hook_key(terminal_id, key)
+        n = self.delivery.handed(terminal_id, claim)
+        if n == 0:
+            raise Conflict(
+                f"claim {claim} holds no message of terminal {terminal_id} any more (recovered meanwhile?)"
+            )
+        self.engine.kick(terminal_id, Trigger.AFTER_DELIVERY)
+        return n
 
     def session_view(self, name: str) -> dict[str, object]:
         """The session and its terminals, oldest first. ``session`` and each terminal's

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from cao.clock import SYSTEM, Clock
 from cao.errors import CaoError, FenceLost, PaneGone, PaneInMode, StoreBusy, TmuxError, TmuxServerDown
@@ -34,6 +35,7 @@ from cao.states import (
     ENDED,
     RECEIVER_GONE,
     Blocked,
+    Channel,
     Event,
     Held,
     HookPhase,
@@ -51,6 +53,7 @@ from providers.base import Provider, TerminalStatus
 logger = logging.getLogger(__name__)
 
 TAIL_BYTES = 2048
+TRANSCRIPT_TAIL = 4 * 1024 * 1024  # bytes of a CLI's transcript file searched for a hand-over's header
 # A provider with no cheap idle check on its log tail gets a full look at most this often on log
 # changes (a spinner redraws ~10 times a second).
 LOOK_EVERY = 0.25
@@ -90,6 +93,18 @@ def gate(
             return None if mcp_ready else WaitReason.MCP
         return WaitReason.BUSY
     return WaitReason.UNREADABLE
+
+
+@dataclass(frozen=True)
+class Hand:
+    """Messages handed to a running turn through its CLI's hook: the claim, and what to print."""
+
+    claim: str
+    message_ids: list[int]
+    stdout: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"claim": self.claim, "message_ids": self.message_ids, "stdout": self.stdout}
 
 
 @dataclass
@@ -358,6 +373,9 @@ class Delivery:
         rid = terminal.id
         if head.interrupt_at is not None:
             return self._wait(rid, newest, Held.INTERRUPT_SENT)
+        if terminal.turn_channel is not None and provider.turn_channel == terminal.turn_channel:
+            # handed to the running turn by its next hook (after a tool call): hand() below
+            return self._wait(rid, newest, Held.INTERRUPT_HOOK.format(event=provider.turn_channel))
         if provider.interrupt_key is None:
             return self._wait(rid, newest, Held.INTERRUPT_NO_PATH.format(provider=provider.name))
         box = provider.input_text(screen)
@@ -390,6 +408,37 @@ class Delivery:
         waiting.look_again_in = 0.2  # the prompt comes back without a turn's end in the log, maybe
         return waiting
 
+    # -- the turn-appending channel: a hook hands messages to the running turn -------------------------
+    def hand(self, terminal: Terminal, event: str) -> Hand | None:
+        """The CLI ran its turn-appending hook (``event``): claim the urgent interrupting messages
+        heading the receiver's queue (the same claim as every delivery) and give the hook their
+        text to print. They are delivered when the hook says it printed them (``handed``); a hook
+        that never says so leaves a claim that recovery resolves by evidence or by the lease."""
+        provider = self.panes.provider(terminal)
+        if terminal.turn_channel is None or event != terminal.turn_channel or terminal.state in ENDED:
+            return None
+        claim = self.store.claim(terminal.id, limit=self.settings.batch_max_messages, interrupting=True)
+        if claim is None:
+            return None
+        self._noted.pop(terminal.id, None)
+        self.faults.hit("after_hand_claim")
+        text = format_batch(claim.messages, self.settings.inline_limit)  # type: ignore[arg-type]
+        self.store.note_handed(claim.token, event)
+        self.events.publish(
+            "message.claimed", receiver_id=terminal.id, message_ids=claim.ids, claim=claim.token
+        )
+        return Hand(claim.token, claim.ids, provider.hand_output(text))
+
+    def handed(self, terminal_id: str, token: str) -> int:
+        """The hook printed the hand-over (its CLI adds it to the turn): delivered, channel ``hook``
+        (conditional on the claim; 0: the claim was lost, e.g. recovered meanwhile)."""
+        self.faults.hit("before_hand_ack")
+        rows = [m for m in self.store.claimed(token) if m.receiver_id == terminal_id]
+        if not rows:
+            return 0
+        claim = Claim(token, 0, rows, recheck=False)
+        return self._ack(claim, rows, Trigger.HOOK, channel=Channel.HOOK)
+
     def _seen(
         self, terminal: Terminal, provider: Provider, messages: list[Message], screen: str | None = None
     ) -> list[Message]:
@@ -401,16 +450,44 @@ class Delivery:
         transcript = ""
         if provider.can_read(screen):
             transcript = provider.transcript(self.panes.screen(terminal, scrollback=True, join=True))
+        transcript += self._cli_transcript(terminal)
         return [
             m for m in messages if arrived(m, transcript) or self.status.hooks.saw(terminal.id, header(m))
         ]
 
-    def _ack(self, claim: Claim, messages: list[Message], trigger: str, *, found: bool = False) -> int:
+    def _cli_transcript(self, terminal: Terminal) -> str:
+        """The tail of the CLI's own transcript file, as its hooks reported it (Claude Code writes
+        what a hook handed to the turn there): evidence for a hand-over, never a screen. Only a
+        file inside the terminal's own home counts."""
+        path = self.status.hooks.transcript(terminal.id)
+        if path is None:
+            return ""
+        home = (self.settings.home / "terminals" / terminal.id).resolve()
+        try:
+            real = Path(path).resolve()
+            if not real.is_relative_to(home) or not real.is_file():
+                return ""
+            with real.open("rb") as fh:
+                fh.seek(max(0, real.stat().st_size - TRANSCRIPT_TAIL))
+                return "\n" + fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def _ack(
+        self,
+        claim: Claim,
+        messages: list[Message],
+        trigger: str,
+        *,
+        found: bool = False,
+        channel: Channel = Channel.PASTE,
+    ) -> int:
         """Mark delivered, conditional on the claim, retrying while the database is busy."""
         ids = [m.id or 0 for m in messages]
         try:
             n = self.store.retrying(
-                lambda: self.store.mark_delivered(claim.token, ids), for_seconds=self.settings.lease_seconds
+                lambda: self.store.mark_delivered(claim.token, ids, channel=channel, found=found),
+                for_seconds=self.settings.lease_seconds,
             )
         except StoreBusy:
             logger.error(
@@ -436,6 +513,7 @@ class Delivery:
                     message_ids=[m.id],
                     latency_ms=round((now - m.created_at) * 1000, 1),
                     found=found,
+                    channel=str(channel),
                 )
         return n
 

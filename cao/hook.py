@@ -15,6 +15,12 @@ cao at launch), so no other holder of the token can report for this terminal.
 Standard library only (it runs on every turn). It prints nothing on stdout (Claude Code adds a
 ``UserPromptSubmit`` hook's stdout to the prompt) and always exits 0 (exit code 2 would block the
 CLI's turn); a failure is one line on stderr. See docs/providers.md ("Lifecycle hooks").
+
+The one exception is the turn-appending hook (Claude Code's ``PostToolUse``, Gemini CLI's
+``AfterTool``…: docs/attention.md): when the server's answer carries a ``hand`` (urgent messages
+for the running turn, already claimed), it prints ``hand.stdout`` — the CLI adds it to the turn —,
+closes stdout, and then tells the server (``POST /terminals/{ID}/hooks/handed``) so they are
+marked delivered.
 """
 
 from __future__ import annotations
@@ -96,10 +102,15 @@ def report(source: str, event: str | None, payload: dict[str, Any]) -> dict[str,
         value = payload.get(key) if isinstance(payload.get(key), str) else extra.get(key)
         if isinstance(value, str):
             body[key] = value[:1000]
+    transcript = payload.get("transcript_path")
+    if isinstance(transcript, str) and 0 < len(transcript) <= 4096:
+        body["transcript_path"] = transcript  # where a hand-over shows (evidence after a crash)
     return body
 
 
-def post(server: str, terminal: str, home: str, body: dict[str, Any], key: str = "") -> None:
+def post(
+    server: str, terminal: str, home: str, body: dict[str, Any], key: str = "", path: str = "hooks"
+) -> dict[str, Any]:
     headers = {"Content-Type": "application/json"}
     if key:
         headers["X-Cao-Hook-Key"] = key
@@ -112,13 +123,34 @@ def post(server: str, terminal: str, home: str, body: dict[str, Any], key: str =
     if token:
         headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(
-        f"{server.rstrip('/')}/terminals/{terminal}/hooks",
+        f"{server.rstrip('/')}/terminals/{terminal}/{path}",
         data=json.dumps(body).encode(),
         headers=headers,
         method="POST",
     )
     with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-        response.read()
+        raw = response.read(1024 * 1024)
+    try:
+        answer = json.loads(raw or b"{}")
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def hand_over(answer: dict[str, Any]) -> str | None:
+    """The claim of a hand-over the server's answer carries, once its text is printed; None: none."""
+    hand = answer.get("hand")
+    if (
+        not isinstance(hand, dict)
+        or not isinstance(hand.get("stdout"), str)
+        or not isinstance(hand.get("claim"), str)
+    ):
+        return None
+    sys.stdout.write(hand["stdout"])
+    sys.stdout.flush()
+    with contextlib.suppress(OSError):
+        os.close(1)  # the CLI reads our stdout to its end: it has the text now
+    return str(hand["claim"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         payload = _stdin_json()
     body = report(args.source, event, payload)
     failed: list[BaseException] = []
+    answers: list[dict[str, Any]] = []
 
     def send() -> None:
         try:
-            post(args.server, args.terminal, args.home, body, args.key)
+            answers.append(post(args.server, args.terminal, args.home, body, args.key))
         except Exception as exc:  # any failure (refused, reset, garbage, a 4xx/5xx): say so, never raise
             failed.append(exc)
 
@@ -161,6 +194,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cao hook: {args.server} did not answer within {TIMEOUT:g} s", file=sys.stderr)
     elif failed:
         print(f"cao hook: could not report to {args.server}: {failed[0]}", file=sys.stderr)
+    elif answers and (claim := hand_over(answers[0])) is not None:
+
+        def confirm() -> None:
+            try:
+                post(args.server, args.terminal, args.home, {"claim": claim}, args.key, "hooks/handed")
+            except Exception as exc:  # the claim then waits for recovery (evidence or the lease)
+                failed.append(exc)
+
+        confirmer = threading.Thread(target=confirm, daemon=True)
+        confirmer.start()
+        confirmer.join(TIMEOUT)
+        if failed or confirmer.is_alive():
+            print("cao hook: could not confirm the hand-over; cao will find it", file=sys.stderr)
     return 0
 
 

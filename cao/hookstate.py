@@ -80,6 +80,7 @@ class HookState:
     last_message: str = ""  # the answer the CLI reported with its turn end, if any
     count: int = 0  # events received
     starts: bool = False  # it has reported a turn start (so it reports every one: Claude, Gemini)
+    transcript: str | None = None  # the CLI's transcript file, as its hooks name it (Claude Code)
     markers: deque[str] = field(default_factory=lambda: deque(maxlen=MARKERS_KEPT))
 
     def as_dict(self, iso: Callable[[float], str | None]) -> dict[str, object]:
@@ -109,6 +110,7 @@ class Hooks:
         prompts: list[str] | None = None,
         detail: str = "",
         last_message: str = "",
+        transcript: str | None = None,
     ) -> None:
         """Note one event, in the order cao-server receives them (the CLIs wait for each hook to
         finish before their turn goes on, so that is the order they happened in). The message
@@ -116,6 +118,8 @@ class Hooks:
         with self._lock:
             state = self._states.setdefault(terminal_id, HookState())
             state.count += 1
+            if transcript:
+                state.transcript = transcript
             for prompt in prompts or ():
                 state.markers.extend(m for m in MARKER_RE.findall(prompt) if m not in state.markers)
             if phase is None:
@@ -150,6 +154,12 @@ class Hooks:
         with self._lock:
             state = self._states.get(terminal_id)
             return state is not None and state.phase in (Phase.TURN_END, Phase.SESSION_START)
+
+    def transcript(self, terminal_id: str) -> str | None:
+        """The CLI's transcript file its hooks last named (not checked here: the reader checks it)."""
+        with self._lock:
+            state = self._states.get(terminal_id)
+            return state.transcript if state is not None else None
 
     def saw(self, terminal_id: str, marker: str) -> bool:
         """Did the CLI report a submitted prompt holding ``marker`` (a message's header or trailer,

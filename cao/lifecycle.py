@@ -94,6 +94,7 @@ class Lifecycle:
             hook_key=self.status.hook_key(terminal_id),
         )
         terminal = plan.terminal
+        terminal.turn_channel = plan.spec.turn_channel  # the hook that can hand text to its turns
         try:
             plan.home.mkdir(parents=True, exist_ok=True)
             for path, content in plan.spec.files.items():

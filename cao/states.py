@@ -170,6 +170,9 @@ class Held(StrEnum):
         "urgent interrupt held: {provider} has no way into a running turn; delivered when the turn ends"
     )
     INTERRUPT_SENT = "interrupt key sent; delivered when the prompt is back"
+    INTERRUPT_HOOK = (
+        "urgent: handed to the running turn at its next {event} hook, or pasted when the turn ends"
+    )
 
 
 class Trigger(StrEnum):

@@ -224,6 +224,7 @@ class StatusReader:
                 prompts=[p for p in prompts if isinstance(p, str)] if isinstance(prompts, list) else None,
                 detail=str(report.get("message") or ""),
                 last_message=str(report.get("last_message") or ""),
+                transcript=str(report.get("transcript_path") or "") or None,
             )
             state = self.hooks.state(terminal.id)
             if phase is not None and state is not None:  # kept with the row: an idle CLI may not

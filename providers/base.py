@@ -7,6 +7,7 @@ describes (:class:`LaunchSpec`).
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Mapping
@@ -112,6 +113,8 @@ class LaunchSpec:
     command: list[str]
     env: dict[str, str]
     files: dict[Path, str] = field(default_factory=dict)  # written before launch
+    # the turn-appending hook event this launch wired (Provider.turn_channel), or None
+    turn_channel: str | None = None
 
 
 def strip_ansi(text: str) -> str:
@@ -140,6 +143,10 @@ class Provider:
     # hides while the CLI works (else cao sends it only while it can see the box is empty).
     interrupt_key: ClassVar[str | None] = None
     interrupt_keeps_input: ClassVar[bool] = False
+    # The CLI's lifecycle hook event that can hand text to its running turn (a turn-appending
+    # channel, proven on the real program: docs/attention.md), or None. cao's hook program prints
+    # ``hand_output(text)`` for it; an urgent interrupting message goes this way instead of a key.
+    turn_channel: ClassVar[str | None] = None
     # Seconds between the paste and Enter, and how many Enters submit.
     paste_enter_delay: ClassVar[float] = 0.0
     enter_count: ClassVar[int] = 1
@@ -166,6 +173,14 @@ class Provider:
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         raise NotImplementedError
+
+    def hand_output(self, text: str) -> str:
+        """What the hook program prints on stdout to add ``text`` to the running turn: Claude
+        Code's ``hookSpecificOutput.additionalContext`` (Codex, Qwen Code and Gemini CLI read the
+        same shape)."""
+        return json.dumps(
+            {"hookSpecificOutput": {"hookEventName": self.turn_channel, "additionalContext": text}}
+        )
 
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         """What the CLI's lifecycle hook ``event`` (with its ``payload``, see cao/hook.py) says

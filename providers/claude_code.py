@@ -110,6 +110,8 @@ class ClaudeCodeProvider(BoxedTUI):
     idle_tail_pattern = re.compile(r"^(?!.*esc to interrupt)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.ANTHROPIC_API_KEY, OAUTH_TOKEN)
     hook_phases = cli.CLAUDE_HOOK_PHASES
+    interrupt_key = "Escape"  # "esc to interrupt"; used only where the hook channel can't be
+    turn_channel = "PostToolUse"  # additionalContext: in the model's next request of the turn (2.1.197)
     trailing = " "  # keeps the box's NO-BREAK SPACE
     placeholder = PLACEHOLDER_RE
     echo = ECHO_RE
@@ -139,8 +141,12 @@ class ClaudeCodeProvider(BoxedTUI):
             "skipDangerousModePermissionPrompt": True,
             "promptSuggestionEnabled": False,
         }
+        channel: str | None = None
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hookstate.py)
             events = HOOK_EVENTS if version is None or version >= (2, 0) else HOOK_EVENTS[:-1]
+            if version is None or version >= (2, 1):  # PostToolUse additionalContext: proven on 2.1
+                events = (*events, "PostToolUse")
+                channel = self.turn_channel
             settings["hooks"] = cli.command_hooks(ctx, "claude", events, timeout=10)
         servers = cli.mcp_servers(ctx)
         for spec in servers.values():
@@ -164,7 +170,7 @@ class ClaudeCodeProvider(BoxedTUI):
             command += ["--allowedTools", ",".join([*allowed, "mcp__cao"])]
         if bypass:
             command.append("--dangerously-skip-permissions")
-        return LaunchSpec(command=command, env=env, files=files)
+        return LaunchSpec(command=command, env=env, files=files, turn_channel=channel)
 
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         if event == "Notification":  # permission_prompt (after ~6 s), idle_prompt (after 60 s idle)

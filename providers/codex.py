@@ -85,7 +85,7 @@ HOOK_PHASES = {
     "PermissionRequest": HookPhase.ASKING,
     "agent-turn-complete": HookPhase.TURN_END,  # notify
 }
-HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "Stop", "PermissionRequest")
+HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "Stop", "PermissionRequest", "PostToolUse")
 FAILED = "■ "
 INTERRUPTED = "■ Conversation interrupted"
 
@@ -181,6 +181,8 @@ class CodexProvider(BoxedTUI):
     idle_tail_pattern = re.compile(r"^(?!.*esc to interrupt)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY)
     hook_phases = HOOK_PHASES
+    interrupt_key = "Escape"
+    turn_channel = "PostToolUse"  # hooks.json (0.171): a developer message before the tool's output
     placeholder = literal(*PLACEHOLDERS, *EXAMPLES)
     echo = ECHO_RE  # Codex has no queue: input only goes in when idle
     asking_reason = "an approval prompt or a start-up dialog"
@@ -223,7 +225,8 @@ class CodexProvider(BoxedTUI):
             command.append("--dangerously-bypass-hook-trust")
         if prompt := cli.system_prompt(ctx):  # Codex reads $CODEX_HOME/AGENTS.md as the user's guidance
             files[codex_home / "AGENTS.md"] = prompt
-        return LaunchSpec(command=command, env=env, files=files)
+        channel = self.turn_channel if hooks_json else None  # PostToolUse: in hooks.json only
+        return LaunchSpec(command=command, env=env, files=files, turn_channel=channel)
 
     def find_box(self, lines: list[str]) -> Box | None:
         """The last line starting "› " and the indented rows under it, unless an approval or a

@@ -150,6 +150,8 @@ class GeminiCliProvider(BoxedTUI):
     idle_tail_pattern = re.compile(r"^(?!.*esc to cancel)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY)
     hook_phases = HOOK_PHASES
+    interrupt_key = "Escape"
+    turn_channel = "AfterTool"  # additionalContext: <hook_context> in the tool's response (0.61.0)
     placeholder = literal("Type your message or @path/to/file")
     asking = ASKING_RE  # a permission prompt, a question or a dialog
     asking_reason = "a menu or a dialog's key hint"
@@ -178,10 +180,15 @@ class GeminiCliProvider(BoxedTUI):
         settings = cli.gemini_settings(ctx, "gemini-api-key", general)
         binary = cli.find_cli(ctx, BIN, "@google/gemini-cli")
         command = [binary]
+        channel: str | None = None
         if ctx.hooks:  # the CLI reports its turns to cao-server (cao/hookstate.py); no on-screen notes
             # (Gemini's hook timeout is in ms.)
-            hooks = cli.command_hooks(ctx, "gemini", HOOK_PHASES, timeout=10_000, matcher="*", name="cao")
             version = cli.npm_version(binary, "@google/gemini-cli")
+            events: tuple[str, ...] = tuple(HOOK_PHASES)
+            if version is None or version >= (0, 61):  # AfterTool additionalContext: proven on 0.61
+                events = (*events, "AfterTool")
+                channel = self.turn_channel
+            hooks = cli.command_hooks(ctx, "gemini", events, timeout=10_000, matcher="*", name="cao")
             if version is not None and version < (0, 45):  # 0.24: off unless hooks.enabled
                 hooks.update(enabled=True, notifications=False)
             else:  # on by default since; the switches moved to hooksConfig
@@ -194,7 +201,7 @@ class GeminiCliProvider(BoxedTUI):
         files = {home / ".gemini" / "settings.json": json.dumps(settings, indent=2)}
         if prompt := cli.system_prompt(ctx):  # the user-level context file, read at every start
             files[home / ".gemini" / "GEMINI.md"] = prompt
-        return LaunchSpec(command=command, env=env, files=files)
+        return LaunchSpec(command=command, env=env, files=files, turn_channel=channel)
 
     def find_box(self, lines: list[str]) -> Box | None:
         return _box(lines)

@@ -57,7 +57,7 @@ CURSOR = "\u200b"  # drawn after the typed text
 
 # Lifecycle hooks (``hooks`` in ~/.qwen/settings.json: Claude Code's events and payloads).
 HOOK_PHASES = {**cli.CLAUDE_HOOK_PHASES, "PermissionRequest": HookPhase.ASKING}
-HOOK_EVENTS = (*HOOK_PHASES, "Notification")
+HOOK_EVENTS = (*HOOK_PHASES, "Notification", "PostToolUse")
 
 
 class QwenCodeProvider(BoxedTUI):
@@ -67,6 +67,8 @@ class QwenCodeProvider(BoxedTUI):
     idle_tail_pattern = re.compile(r"^(?!.*esc to cancel)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, BASE_URL)
     hook_phases = HOOK_PHASES
+    interrupt_key = "Escape"
+    turn_channel = "PostToolUse"  # additionalContext: appended to the tool's message (0.15.10)
     placeholder = literal("Type your message or @path/to/file")
     echo = ECHO_RE
     continuation = "    "
@@ -102,7 +104,9 @@ class QwenCodeProvider(BoxedTUI):
         files = {home / ".qwen" / "settings.json": json.dumps(settings, indent=2)}
         if prompt := cli.system_prompt(ctx):  # the user-level context file, read at every start
             files[home / ".qwen" / "QWEN.md"] = prompt
-        return LaunchSpec(command=command, env=env, files=files)
+        return LaunchSpec(
+            command=command, env=env, files=files, turn_channel=self.turn_channel if ctx.hooks else None
+        )
 
     def hook_phase(self, event: str, payload: Mapping[str, object]) -> HookPhase | None:
         if event == "Notification":

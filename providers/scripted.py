@@ -60,12 +60,25 @@ def _last_turn(lines: list[str]) -> list[str] | None:
     return None
 
 
+def _rules_say_hooks(env: dict[str, str], profile: str) -> bool:
+    """Do the rules the agent will load (providers/scripted_agent.py: the same order) turn its
+    hooks on? Only then does a turn hand its tool steps' hook output to the running turn."""
+    for cand in (env.get("CAO_SCRIPTED_RULES"), str(Path(env["CAO_SCRIPTED_DIR"]) / f"{profile}.json")):
+        if cand and Path(cand).is_file():
+            try:
+                return bool(json.loads(Path(cand).read_text()).get("hooks"))
+            except (OSError, ValueError, AttributeError):
+                return False
+    return False
+
+
 class ScriptedProvider(Provider):
     name = "scripted"
     description = "bundled scripted agent (no API key; rules from a JSON file)"
     accepts_input_while_processing = False
     interrupt_key = "Escape"  # ends the running turn; text typed meanwhile stays in its input
     interrupt_keeps_input = True
+    turn_channel = "PostToolUse"  # with "hooks": true, after each tool step of a turn (rules "steps")
     paste_enter_delay = 0.0
     submit_timeout = 2.0
     exit_command = "/exit"
@@ -84,7 +97,8 @@ class ScriptedProvider(Provider):
         if ctx.hooks:  # used only when its rules say "hooks": true (it speaks Claude Code's protocol)
             env["CAO_SCRIPTED_HOOK"] = json.dumps(ctx.hook_command("claude"))
         command = [sys.executable, "-I", "-S", str(AGENT_PATH), "--terminal-id", ctx.terminal_id]
-        return LaunchSpec(command=command, env=env)
+        channel = self.turn_channel if ctx.hooks and _rules_say_hooks(env, ctx.agent_profile) else None
+        return LaunchSpec(command=command, env=env, turn_channel=channel)
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status

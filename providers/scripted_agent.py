@@ -37,8 +37,12 @@ Enters after each paste (a TUI that drops an Enter while it paints), for deliver
 ``$CAO_SCRIPTED_HOOK``, a JSON list, with a JSON object on stdin, waited for): ``UserPromptSubmit``
 with the ``prompt`` when a turn starts, ``Stop`` with ``last_assistant_message`` when it ends,
 ``Notification`` (``permission_prompt``) when it asks, ``SessionStart`` once its prompt first
-shows. ``"prompt_mark": "» "`` draws the input prompt with another mark and ``"busy_text":
-"◐ working"`` another busy line, as a new release might: screens its provider has never seen.
+shows; with ``"steps": [1.0, 2.0]`` in a rule, a turn makes that many tool calls (seconds each)
+before its answer (``delay`` then counts from the last one), and after each one runs
+``PostToolUse``: text the hook prints as ``{"hookSpecificOutput": {"additionalContext": …}}`` joins
+the running turn (drawn as a ``⎿`` block, recorded as ``context``). ``"prompt_mark": "» "`` draws
+the input prompt with another mark and ``"busy_text": "◐ working"`` another busy line, as a new
+release might: screens its provider has never seen.
 """
 
 from __future__ import annotations
@@ -135,6 +139,9 @@ class Agent:
         self.busy = False
         self.busy_started = 0.0
         self.busy_until = 0.0
+        self.steps: list[float] = []  # the running turn's tool steps still to come (rules "steps")
+        self.steps_total = 0
+        self.after_steps = 0.0  # seconds from its last tool step to its answer
         self.pending_turn: list[Plan] | None = None
         self.waiting_answer: list[Plan] | None = None
         self.in_paste = False
@@ -279,14 +286,45 @@ class Agent:
             self.prompt()
 
     # -- lifecycle hooks (rules: "hooks": true) ---------------------------------------------------
-    def hook(self, event: str, **fields: str) -> None:
+    def hook(self, event: str, **fields: str) -> str:
+        """Run the hook for ``event`` and wait for it; returns what it printed on stdout."""
         command = self.env.get("CAO_SCRIPTED_HOOK")
         if not self.config.get("hooks") or not command:
-            return
+            return ""
         payload = json.dumps({"hook_event_name": event, "session_id": self.tid, **fields}).encode()
         with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
-            quiet = subprocess.DEVNULL
-            subprocess.run(json.loads(command), input=payload, stdout=quiet, stderr=quiet, timeout=10)
+            done = subprocess.run(
+                json.loads(command),
+                input=payload,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+            )
+            return done.stdout.decode("utf-8", "replace")
+        return ""
+
+    def tool_step(self, n: int, of: int) -> None:
+        """One tool call of a turn (rules ``steps``) finished: its PostToolUse hook runs, and text it
+        hands back (``hookSpecificOutput.additionalContext``, as Claude Code reads it) joins the
+        turn: drawn above the spinner and recorded as ``context``."""
+        self.write("\r\x1b[K")
+        self.block("⚒", f"tool step {n}/{of} done")
+        out = self.hook("PostToolUse", tool_name="Bash")
+        try:
+            context = json.loads(out)["hookSpecificOutput"]["additionalContext"] if out.strip() else ""
+        except (ValueError, KeyError, TypeError):
+            context = ""
+        if isinstance(context, str) and context:
+            self.block("⎿", context)
+            self._append(
+                {
+                    "kind": "context",
+                    "t": time.time(),
+                    "terminal": self.tid,
+                    "messages": split_messages(context),
+                }
+            )
+        self.spinner()
 
     # -- turns ----------------------------------------------------------------------------------
     def submit(self) -> None:
@@ -337,6 +375,11 @@ class Agent:
         self.block("›", text)
         plans = [Plan(msg, *self.match(msg["body"])) for msg in messages]
         delay = max(float(p.rule.get("delay", 0)) for p in plans)
+        self.steps = [float(s) for p in plans for s in p.rule.get("steps", [])]
+        self.steps_total = len(self.steps)
+        self.after_steps = delay
+        if self.steps:
+            delay = self.steps[0]
         ask = next((p.rule["ask"] for p in plans if p.rule.get("ask")), None)
         self.busy = True
         self.busy_started = self.now()
@@ -349,7 +392,7 @@ class Agent:
             self.write(f"\r\x1b[K? {ask} (y/n)")
             self.hook("Notification", notification_type="permission_prompt", message=str(ask))
             return
-        if delay <= 0:
+        if delay <= 0 and not self.steps:
             self.finish_turn()
         else:
             self.spinner()
@@ -455,6 +498,7 @@ class Agent:
             return
         self.pending_turn = None
         self.busy = False
+        self.steps = []
         self.write("\r\x1b[K")
         self.block("⎋", "interrupted")
         self.write("\n")
@@ -472,7 +516,11 @@ class Agent:
             self.escape()
         if self.busy and self.pending_turn is not None:
             now = self.now()
-            if now >= self.busy_until:
+            if now >= self.busy_until and self.steps:
+                self.steps.pop(0)
+                self.tool_step(self.steps_total - len(self.steps), self.steps_total)
+                self.busy_until = self.now() + (self.steps[0] if self.steps else self.after_steps)
+            elif now >= self.busy_until:
                 self.finish_turn()
             elif now >= self.last_spin + 0.1:
                 self.spin += 1

@@ -10,6 +10,7 @@ Exit status 1 = the fault point was reached; 0 = the action finished without rea
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,13 @@ from cao.settings import Settings
 
 def main(argv: list[str]) -> int:
     home, socket_name, fault, action, target, *rest = argv
-    settings = Settings(home=Path(home), tmux_socket=socket_name, fault_point=fault, scripted_record=True)
+    settings = Settings(
+        home=Path(home),
+        tmux_socket=socket_name,
+        fault_point=fault,
+        scripted_record=True,
+        inline_limit=int(os.environ.get("CAO_INBOX_INLINE_LIMIT", "4096")),
+    )
     core = Cao(settings)  # not started: no triggers of its own, only the action below
     if action == "send":
         core.send_message(

@@ -359,6 +359,10 @@ DECLARED = {
     ("post", "/terminals/{terminal_id}/merge"),
     ("post", "/terminals/{receiver_id}/inbox/messages"),
     ("post", "/profiles"),
+    ("post", "/messages/{message_id}/defer"),
+    ("post", "/messages/{message_id}/drop"),
+    ("post", "/messages/{message_id}/prioritize"),
+    ("post", "/messages/{message_id}/read"),
 }
 
 

@@ -333,3 +333,152 @@ def test_cao_inbox_shows_the_queue_and_timeline(busy_core: Cao, tmp_path: Path):
     assert isinstance(queue, list)
     assert [m["id"] for m in queue] == [hi, lo]
     assert queue[1]["expires_at"] is not None and queue[1]["kind"] == "chat"
+
+
+# -- 3 (scripted) and 6: an urgent interrupt handed to the running turn by its hook -------------------
+TOOLS = {
+    "hooks": True,
+    "record": True,
+    "rules": [{"match": r"^use tools$", "steps": [1.5, 1.5, 1.5], "delay": 0.5, "reply": "tools done"}],
+}
+TOKEN = "attention-test-token"
+
+
+def _hooked_server(make_server: Callable[..., Any], tmp_path: Path, **env: str) -> tuple[Any, Any]:
+    import httpx
+
+    write_rules(tmp_path / "cao", "tooler", TOOLS)
+    srv = make_server(CAO_API_TOKEN=TOKEN, **env)
+    http = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
+    return srv, http
+
+
+def _entries(home: Path, tid: str, kind: str) -> list[dict[str, Any]]:
+    path = home / "scripted" / "received" / f"{tid}.jsonl"
+    if not path.exists():
+        return []
+    return [
+        e for e in (json.loads(x) for x in path.read_text().splitlines() if x.strip()) if e["kind"] == kind
+    ]
+
+
+def _handed_ids(home: Path, tid: str) -> list[int]:
+    return [int(m["id"]) for e in _entries(home, tid, "context") for m in e["messages"] if m["id"]]
+
+
+def _pasted_ids(home: Path, tid: str) -> list[int]:
+    return [int(m["id"]) for e in _entries(home, tid, "received") for m in e["messages"] if m["id"]]
+
+
+def _busy_tooler(http: Any, tmp_path: Path) -> str:
+    r = http.post(
+        "/sessions",
+        json={"provider": "scripted", "agent_profile": "tooler", "working_directory": str(tmp_path)},
+    )
+    assert r.status_code == 201, r.text
+    tid = str(r.json()["id"])
+    wait_until(lambda: http.get(f"/terminals/{tid}").json()["status"] == "idle", timeout=15, what="idle")
+    assert http.post(f"/terminals/{tid}/input", json={"message": "use tools"}).status_code == 200
+    wait_until(
+        lambda: http.get(f"/terminals/{tid}").json()["status"] == "processing", timeout=10, what="busy"
+    )
+    return tid
+
+
+def test_an_urgent_interrupt_is_handed_to_the_running_turn_at_its_next_tool_call(
+    make_server: Callable[..., Any], tmp_path: Path
+):
+    srv, http = _hooked_server(make_server, tmp_path)
+    with http:
+        tid = _busy_tooler(http, tmp_path)
+        assert http.get(f"/terminals/{tid}/attention").json()["attention"] == "working"
+        r = http.post(
+            f"/terminals/{tid}/inbox/messages",
+            json={
+                "message": "stop: the plan changed",
+                "sender_id": "boss",
+                "priority": "urgent",
+                "if_busy": "interrupt",
+            },
+        )
+        mid = r.json()["message_id"]
+        wait_until(
+            lambda: http.get(f"/messages/{mid}").json()["status"] == "delivered", timeout=10, what="handed"
+        )
+        m = http.get(f"/messages/{mid}").json()
+        assert m["channel"] == "hook" and m["interrupt_at"] is None  # no key: the turn went on
+        assert _handed_ids(srv.home, tid) == [mid]
+        # the turn goes on and ends with its own answer; the message was never pasted
+        wait_until(lambda: _entries(srv.home, tid, "done"), timeout=15, what="the turn's end")
+        assert "tools done" in http.get(f"/terminals/{tid}/output").json()["output"]
+        assert not _entries(srv.home, tid, "stopped")
+        time.sleep(1.0)
+        assert mid not in _pasted_ids(srv.home, tid) and _handed_ids(srv.home, tid) == [mid]
+        events = [
+            e["event"]
+            for e in http.get(f"/terminals/{tid}/attention").json()["timeline"]
+            if e["message_id"] == mid
+        ]
+        assert events == ["queued", "held", "handed", "delivered"] or events == [
+            "queued",
+            "handed",
+            "delivered",
+        ]
+
+
+def test_a_hand_over_claim_answers_only_its_own_terminal_and_key(
+    make_server: Callable[..., Any], tmp_path: Path
+):
+    srv, http = _hooked_server(make_server, tmp_path)
+    with http:
+        tid = _busy_tooler(http, tmp_path)
+        assert http.post(f"/terminals/{tid}/hooks/handed", json={"claim": "x" * 32}).status_code == 403
+        from cao.hookstate import HOOK_KEY_HEADER, hook_key, load_secret
+
+        key = {HOOK_KEY_HEADER: hook_key(load_secret(srv.home), tid)}
+        r = http.post(f"/terminals/{tid}/hooks/handed", json={"claim": "x" * 32}, headers=key)
+        assert r.status_code == 409 and "holds no message" in r.json()["detail"]
+        assert (
+            http.post(f"/terminals/{tid}/hooks/handed", json={"claim": "../x"}, headers=key).status_code
+            == 422
+        )
+
+
+@pytest.mark.parametrize("fault", ["after_hand_claim", "before_hand_ack"])
+def test_a_crash_during_a_hand_over_neither_loses_nor_doubles_the_message(
+    make_server: Callable[..., Any], tmp_path: Path, fault: str
+):
+    """kill -9 between the hook's claim and its answer (the hook prints nothing), or between the
+    printed hand-over and its confirmation (the agent has it): after the restart the message is
+    delivered exactly once: found in the pane, or pasted when the turn has ended."""
+    srv, http = _hooked_server(make_server, tmp_path, CAO_FAULT_POINT=fault, CAO_DELIVERY_LEASE_SECONDS="3")
+    with http:
+        tid = _busy_tooler(http, tmp_path)
+        r = http.post(
+            f"/terminals/{tid}/inbox/messages",
+            json={
+                "message": "urgent once",
+                "sender_id": "boss",
+                "priority": "urgent",
+                "if_busy": "interrupt",
+            },
+        )
+        mid = r.json()["message_id"]
+        wait_until(lambda: srv.proc.poll() is not None, timeout=10, what="the server died at the fault point")
+    srv.stop()  # it died at the fault point; this closes its log
+    again = make_server(home=srv.home, CAO_API_TOKEN=TOKEN, CAO_DELIVERY_LEASE_SECONDS="3")
+    with again.client() as http2:
+        http2.headers["Authorization"] = f"Bearer {TOKEN}"
+        wait_until(
+            lambda: http2.get(f"/messages/{mid}").json()["status"] == "delivered",
+            timeout=30,
+            what="delivered",
+        )
+        wait_until(lambda: _entries(srv.home, tid, "done"), timeout=20, what="the turn's end")
+        time.sleep(2.0)
+        handed, pasted = _handed_ids(srv.home, tid), _pasted_ids(srv.home, tid)
+        assert handed.count(mid) + pasted.count(mid) == 1, (handed, pasted)
+        channel = http2.get(f"/messages/{mid}").json()["channel"]
+        assert channel == ("hook" if handed else "paste")
+        if fault == "before_hand_ack":
+            assert handed == [mid]  # the agent had it: found in the pane, not pasted again

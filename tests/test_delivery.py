@@ -385,7 +385,10 @@ def test_19_tmux_server_gone_fails_mail_and_never_touches_the_new_servers_panes(
 
 
 # -- 15-17: what the body may contain ------------------------------------------------------------
-def test_15_body_size_limit(core: Cao):
+def test_15_body_size_limit(make_core: Callable[..., Cao], settings: Settings):
+    """The largest body the store takes is pasted whole when the inline limit allows it (by
+    default it is announced: tests/test_attention.py)."""
+    core = make_core(settings.with_(inline_limit=MAX_BODY_BYTES))
     tid = new_terminal(core)
     exact = ("0123456789abcdef" * (MAX_BODY_BYTES // 16))[: MAX_BODY_BYTES - 10] + "token-s15!"
     assert len(exact.encode()) == MAX_BODY_BYTES

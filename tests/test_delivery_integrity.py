@@ -173,9 +173,10 @@ def test_24b_recovery_is_not_fooled_by_typed_text_carrying_a_messages_own_header
 
 # -- 25: a body longer than the pane's history ---------------------------------------------------
 def test_25_a_body_longer_than_the_history_is_recovered_by_its_trailer(
-    make_core: Callable[..., Cao], settings
+    make_core: Callable[..., Cao], settings, monkeypatch: pytest.MonkeyPatch
 ):
-    s = settings.with_(history_limit=100)
+    s = settings.with_(history_limit=100, inline_limit=1_000_000)  # typed whole, not announced
+    monkeypatch.setenv("CAO_INBOX_INLINE_LIMIT", "1000000")  # the crash helper's too
     setup = make_core(s, start=False)
     tid = new_terminal(setup)
     body = "\n".join(f"line {i} of a long report" for i in range(400)) + "\ntoken-s25"

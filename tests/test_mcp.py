@@ -28,6 +28,11 @@ from tests.helpers import REPO, ServerProcess, read_records, received_bodies, wa
 MCP_SERVER = Path(sys.executable).with_name("cao-mcp-server")
 TOOLS = {
     "send_message",
+    "check_inbox",
+    "read_message",
+    "defer_message",
+    "drop_message",
+    "prioritize_message",
     "assign",
     "handoff",
     "worker_diff",

@@ -44,7 +44,7 @@ import anyio
 import httpx
 from mcp.server.mcpserver.exceptions import ToolError
 
-from cao.states import Status
+from cao.states import Kind, Status
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class AgentTools:
                     "sender_id": me["id"],
                     "message": f"{message}\n\n{note}",
                     "idempotency_key": f"assign-{wid}",
-                    "kind": "task",
+                    "kind": Kind.TASK.value,
                 },
                 what=f"queueing the task for worker {wid}",
                 busy_retries=2,

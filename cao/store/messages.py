@@ -17,7 +17,7 @@ from cao.errors import (
     PayloadTooLarge,
     ReceiverGone,
 )
-from cao.states import PRIORITY_RANK, Channel, Event, FailureKind, Kind, MessageStatus, TerminalState
+from cao.states import PRIORITY_RANK, Channel, Event, FailureKind, IfBusy, Kind, MessageStatus, TerminalState
 from cao.store.base import Database, _row, body_digest
 from cao.store.schema import MAX_BODY_BYTES, MESSAGE_STATUSES, Claim, Message, MessageEvent, Terminal
 from cao.timefmt import iso
@@ -256,14 +256,23 @@ class MessageRows(Database):
         return {status: 0 for status in MESSAGE_STATUSES} | {r[0]: int(r[1]) for r in rows}
 
     # -- messages: the delivery lifecycle -------------------------------------------------------
-    def claim(self, receiver_id: str, *, limit: int = 20, max_bytes: int = MAX_BODY_BYTES) -> Claim | None:
+    def claim(
+        self,
+        receiver_id: str,
+        *,
+        limit: int = 20,
+        max_bytes: int = MAX_BODY_BYTES,
+        interrupting: bool = False,
+    ) -> Claim | None:
         """Atomically move the oldest pending messages of one receiver to ``delivering``.
 
         Wins only if no other claim on this receiver is outstanding; None when it lost or there was
         nothing to claim. If the oldest pending rows are marked ``recheck`` (an earlier paste of
         theirs may have arrived), exactly that batch is claimed again, nothing newer joins it. Else
         the batch stops before ``max_bytes`` of bodies (the first message is always taken). Each
-        claim takes the receiver's next pane fence.
+        claim takes the receiver's next pane fence. ``interrupting``: for a hand-over into the
+        running turn (a hook): only the messages heading the queue that asked to interrupt
+        (``if_busy=interrupt``), and nothing while a batch is being rechecked.
         """
         token = uuid.uuid4().hex
         now = self.clock()
@@ -276,7 +285,7 @@ class MessageRows(Database):
                 return None
             # a deadline passed: expired in the transaction that would otherwise hand it out
             told = self._expire(conn, now, receiver_id)
-            won = self._claim_rows(conn, receiver_id, token, now, limit, max_bytes)
+            won = self._claim_rows(conn, receiver_id, token, now, limit, max_bytes, interrupting)
         self._told(told)
         if won is None:
             return None
@@ -285,7 +294,7 @@ class MessageRows(Database):
 
     @staticmethod
     def _claim_rows(
-        conn: Any, receiver_id: str, token: str, now: float, limit: int, max_bytes: int
+        conn: Any, receiver_id: str, token: str, now: float, limit: int, max_bytes: int, interrupting: bool
     ) -> tuple[int, list[Message], bool] | None:
         first = (
             conn.execute(
@@ -299,10 +308,23 @@ class MessageRows(Database):
                 (receiver_id, now, now),
             ).fetchone()
         )
-        if first is None:
+        if first is None or (interrupting and first["recheck"] is not None):
             return None
         recheck = first["recheck"]
-        if recheck is not None:
+        if interrupting:
+            rows = conn.execute(
+                "SELECT id, if_busy FROM message WHERE receiver_id = ? AND status = 'pending' "
+                f"AND recheck IS NULL AND {CLAIMABLE} ORDER BY priority, id LIMIT ?",
+                (receiver_id, now, now, limit),
+            ).fetchall()
+            ids = []
+            for msg_id, if_busy in rows:
+                if if_busy != IfBusy.INTERRUPT:
+                    break
+                ids.append(int(msg_id))
+            if not ids:
+                return None
+        elif recheck is not None:
             rows = conn.execute(
                 "SELECT id FROM message WHERE receiver_id = ? AND status = 'pending' AND recheck = ? "
                 "ORDER BY id",
@@ -390,12 +412,36 @@ class MessageRows(Database):
         self._told(told)
         return len(rows)
 
+    def claimed(self, token: str) -> list[Message]:
+        """The rows a claim still owns (``delivering`` under it), in serving order."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM message WHERE claim = ? AND status = 'delivering' ORDER BY priority, id",
+                (token,),
+            ).fetchall()
+        return [_row(Message, r) for r in rows]
+
+    def note_handed(self, token: str, event: str) -> None:
+        """A claim's rows were given to the CLI's hook (``event``) to hand to the running turn."""
+        with self._write() as conn:
+            rows = conn.execute(
+                "SELECT id, receiver_id FROM message WHERE claim = ? AND status = 'delivering' ORDER BY id",
+                (token,),
+            ).fetchall()
+            # a claim for a hand-over: found later by its evidence, it was handed, never pasted
+            conn.execute(
+                "UPDATE message SET channel = 'hook' WHERE claim = ? AND status = 'delivering'", (token,)
+            )
+            ids = [int(r[0]) for r in rows]
+            told = self._timeline(conn, Event.HANDED, rows[0][1], ids, reason=f"{event} hook") if rows else []
+        self._told(told)
+
     def unclaim(self, token: str) -> int:
         """Give a claim back untouched (the gate closed again before the paste): pending, no attempt
         counted, its recheck mark and last error kept."""
         with self._write() as conn:
             cur = conn.execute(
-                "UPDATE message SET status = 'pending', claim = NULL, claimed_at = NULL "
+                "UPDATE message SET status = 'pending', claim = NULL, claimed_at = NULL, channel = NULL "
                 "WHERE claim = ? AND status = 'delivering'",
                 (token,),
             )
@@ -469,7 +515,7 @@ class MessageRows(Database):
         now = self.clock()
         sql = (
             "UPDATE message SET status = 'delivered', delivered_at = ?, attempts = attempts + 1, "
-            "last_error = NULL, waiting_reason = NULL, recheck = NULL, channel = ? "
+            "last_error = NULL, waiting_reason = NULL, recheck = NULL, channel = coalesce(channel, ?) "
             "WHERE claim = ? AND status = 'delivering'"
         )
         args: list[Any] = [now, str(channel), token]
@@ -519,8 +565,8 @@ class MessageRows(Database):
             )
             pending = conn.execute(
                 "UPDATE message SET status = 'pending', attempts = attempts + ?, last_error = ?, "
-                "claim = NULL, claimed_at = NULL, recheck = CASE WHEN ? THEN ? ELSE recheck END "
-                "WHERE claim = ? AND status = 'delivering'",
+                "claim = NULL, claimed_at = NULL, channel = NULL, "
+                "recheck = CASE WHEN ? THEN ? ELSE recheck END WHERE claim = ? AND status = 'delivering'",
                 (inc, error, recheck, token, token),
             ).rowcount
         self._told(told)

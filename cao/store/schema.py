@@ -50,6 +50,7 @@ class Terminal(SQLModel):
     hook_event: str | None = None
     hook_at: float | None = None
     hook_starts: int = 0  # 1: the CLI has reported a turn start (it reports them all)
+    turn_channel: str | None = None  # schema 9: the hook its launch wired to hand text to a turn
 
 
 class Message(SQLModel):
@@ -293,6 +294,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # 9: attention: priority, kind, what to do if busy, deadlines, deferral, coalescing notices,
     # who closed a message and why, read receipts, the delivery channel; one timeline per agent
     9: (
+        "ALTER TABLE terminal ADD COLUMN turn_channel TEXT",
         "ALTER TABLE message ADD COLUMN priority INTEGER NOT NULL DEFAULT 2",
         "ALTER TABLE message ADD COLUMN kind TEXT NOT NULL DEFAULT 'message'",
         "ALTER TABLE message ADD COLUMN if_busy TEXT NOT NULL DEFAULT 'wait'",
