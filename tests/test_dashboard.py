@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +169,107 @@ def test_the_dashboard_follows_the_apis_access_rules(browser, make_server, tmp_p
         },
     )
     assert ws.status_code == 403
+
+
+def test_the_attention_panel_shows_and_manages_a_busy_agents_queue(browser, make_server, tmp_path: Path):
+    srv: ServerProcess = make_server()
+    write_rules(
+        srv.home, "busy", {"record": True, "rules": [{"match": "^long work$", "delay": 60, "reply": "done"}]}
+    )
+    with srv.client() as c:
+        tid = c.post("/sessions", json={"session_name": "attn", "agent_profile": "busy"}).json()["id"]
+        wait_until(lambda: c.get(f"/terminals/{tid}").json()["status"] == "idle", what="idle")
+        c.post(f"/terminals/{tid}/input", json={"message": "long work"})
+        wait_until(lambda: c.get(f"/terminals/{tid}").json()["status"] == "processing", what="busy")
+
+        def send(body: str, **attention: Any) -> int:
+            r = c.post(f"/terminals/{tid}/inbox/messages", json={"message": body, **attention})
+            assert r.status_code == 201, r.text
+            return int(r.json()["message_id"])
+
+        def message(mid: int) -> dict[str, Any]:
+            return dict(c.get(f"/messages/{mid}").json())
+
+        low = send("fyi: the nightly build is green", sender_id="ci", kind="notice", priority="low")
+        normal = send("review the parser change", sender_id="alice", kind="task", priority="normal")
+        urgent = send("stop: prod is down", sender_id="bob", priority="urgent", ttl_seconds=1800)
+
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(srv.url + f"/#/t/{tid}")
+        page.wait_for_selector("#live.on")
+        page.wait_for_selector("#attention-state[data-attention=working]")
+        queue = page.locator("#attention-queue tr[data-queue]")
+
+        def shown() -> list[tuple[str, str]]:
+            return [
+                (str(r.get_attribute("data-queue")), r.locator("select").input_value()) for r in queue.all()
+            ]
+
+        # served by priority: urgent, then normal, then low, each with its priority and why it waits
+        assert shown() == [(str(urgent), "urgent"), (str(normal), "normal"), (str(low), "low")]
+        row = page.locator(f"tr[data-queue='{urgent}']")
+        assert "receiver busy" in row.inner_text()
+        assert "expires" in row.inner_text()  # its deadline
+        assert "chat" in row.inner_text()  # from a name: a person's message
+        assert "task" in page.locator(f"tr[data-queue='{normal}']").inner_text()
+
+        # drop needs a reason: an empty one is refused on the page, nothing is sent
+        page.once("dialog", lambda d: d.accept("  "))
+        page.click(f"button[data-drop='{normal}']")
+        page.wait_for_function(
+            "document.querySelector('#toast').innerText.includes('a reason is required')", timeout=5000
+        )
+        assert message(normal)["status"] == "pending"
+
+        # drop it with a reason: dropped in the store, gone from the queue, on the timeline with why
+        page.once("dialog", lambda d: d.accept("alice reviewed it herself"))
+        page.click(f"button[data-drop='{normal}']")
+        wait_until(lambda: message(normal)["status"] == "dropped", what="dropped through the page")
+        m = message(normal)
+        assert m["closed_reason"] == "alice reviewed it herself" and m["closed_by"] == "dashboard"
+        page.wait_for_selector(f"tr[data-queue='{normal}']", state="detached", timeout=5000)
+        dropped = page.locator(f"#attention-timeline tr[data-event=dropped][data-message-id='{normal}']")
+        dropped.wait_for(timeout=5000)
+        assert "alice reviewed it herself" in dropped.inner_text() and "dashboard" in dropped.inner_text()
+        assert page.locator("#attention-timeline tr").first.get_attribute("data-event") == "dropped"  # newest
+
+        # re-prioritise with the select: the store has it, the queue re-orders
+        page.select_option(f"select[data-prioritize='{low}']", "high")
+        wait_until(lambda: message(low)["priority"] == "high", what="prioritized through the page")
+        page.wait_for_selector(f"tr[data-queue='{low}'][data-priority=high]", timeout=5000)
+        moved = page.locator(f"#attention-timeline tr[data-event=prioritized][data-message-id='{low}']")
+        assert "low → high" in moved.inner_text() and "dashboard" in moved.inner_text()
+
+        # defer 10 min: deliver_at about ten minutes out, and it moves behind the claimable one
+        page.click(f"button[data-defer='{urgent}']")
+        wait_until(lambda: message(urgent)["deliver_at"] is not None, what="deferred through the page")
+        due = datetime.fromisoformat(message(urgent)["deliver_at"]).timestamp() - time.time()
+        assert 590 < due <= 600
+        page.wait_for_function(
+            f"[...document.querySelectorAll('#attention-queue tr[data-queue]')].map(r => r.dataset.queue)"
+            f".join() === '{low},{urgent}'",
+            timeout=5000,
+        )
+        assert "not before" in page.locator(f"tr[data-queue='{urgent}']").inner_text()
+
+        # live: a change made elsewhere (the CLI, an agent) shows without a reload
+        c.post(f"/messages/{low}/prioritize", json={"priority": "low", "by": "carol", "reason": "later"})
+        page.wait_for_selector(f"tr[data-queue='{low}'][data-priority=low]", timeout=5000)
+        newest = page.locator("#attention-timeline tr").first
+        assert newest.get_attribute("data-event") == "prioritized" and "carol" in newest.inner_text()
+        _shot(page, "attention", tmp_path)
+
+        # an action the server refuses: its detail in the toast (the page's view was stale)
+        page.route("**/attention*", lambda route: route.abort())  # keep the stale view on screen
+        assert c.post(f"/messages/{low}/cancel").json()["status"] == "cancelled"
+        page.once("dialog", lambda d: d.accept("too late"))
+        page.click(f"button[data-drop='{low}']")
+        page.wait_for_function(
+            "document.querySelector('#toast').innerText.includes("
+            f"'message {low} is cancelled; only a pending message can be dropped')",
+            timeout=5000,
+        )
+        assert message(low)["status"] == "cancelled"
+        assert errors == []

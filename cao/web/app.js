@@ -11,7 +11,10 @@ const state = {
   providers: [],
   defaultProvider: "scripted",
   route: "",
+  attention: null, // GET /terminals/{id}/attention of the terminal view's agent
 };
+const ME = "dashboard"; // who the dashboard acts as (a person, never an agent): on the timeline
+const PRIORITIES = ["urgent", "high", "normal", "low"];
 let view = null; // the current view's cleanup
 
 // -- HTTP ------------------------------------------------------------------------------------------
@@ -46,13 +49,16 @@ function showLogin() {
 
 // -- time and formatting ------------------------------------------------------------------------
 const ms = (t) => (t == null ? null : typeof t === "number" ? t * 1000 : Date.parse(t));
-function ago(t) {
-  if (t == null) return "";
-  const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+function span(s) {
+  s = Math.max(0, Math.round(s));
   if (s < 60) return `${s}s`;
   if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
   return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
 }
+const ago = (t) => (t == null ? "" : span((Date.now() - t) / 1000));
+const clock = (t) => (t == null ? "" : new Date(t).toLocaleTimeString());
+// "12:04:05 (in 9m 58s)" or "(3s ago)": a deadline or a deferral, at a glance
+const when = (t) => `${esc(clock(t))} <span class="dim">(${t > Date.now() ? `in ${span((t - Date.now()) / 1000)}` : `${ago(t)} ago`})</span>`;
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 const badge = (status, id) => `<span class="badge" data-status="${esc(status)}"${id ? ` data-testid="${esc(id)}"` : ""}>${esc(status)}</span>`;
 
@@ -84,6 +90,31 @@ const debounced = (fn, wait) => {
 const refreshTerminals = debounced(() => loadTerminals().then(render).catch(() => {}), 100);
 const refreshMessages = debounced(() => loadMessages().then(render).catch(() => {}), 100);
 
+// The terminal view's attention panel: its state, its queue in serving order, its timeline.
+let attentionSeq = 0;
+async function loadAttention(force = false) {
+  if (!state.route.startsWith("#/t/")) return;
+  const id = state.route.slice(4);
+  const seq = ++attentionSeq;
+  const a = await api(`/terminals/${encodeURIComponent(id)}/attention?limit=50`);
+  if (seq !== attentionSeq || state.route !== `#/t/${id}`) return; // a newer answer, or another view
+  const same = !force && state.attention && JSON.stringify(state.attention) === JSON.stringify(a);
+  state.attention = a;
+  if (!same) renderAttention(); // unchanged: leave the panel (and an open priority select) alone
+}
+// Coalesced, not debounced: one re-read at most `wait` ms after the first event, however many follow
+// (a steady stream of events would starve a debounce, leaving the panel stale while they last).
+const coalesced = (fn, wait) => {
+  let timer = null;
+  return () => {
+    if (timer === null) timer = setTimeout(() => {
+      timer = null;
+      fn();
+    }, wait);
+  };
+};
+const refreshAttention = coalesced(() => loadAttention().catch(() => {}), 200);
+
 // -- the event stream ---------------------------------------------------------------------------
 function connectEvents() {
   const live = $("#live");
@@ -102,7 +133,14 @@ function connectEvents() {
     if (!t || ev.status === "unknown" || ev.status === "gone") return refreshTerminals();  // with the reason
     t.status = ev.status;
     state.since.set(ev.terminal_id, ev.t * 1000);
+    if (state.route === `#/t/${ev.terminal_id}`) refreshAttention(); // idle → working on #n, …
     render();
+  });
+  // every change of a message (queued, held, deferred, dropped, …): the agent's timeline and queue
+  source.addEventListener("timeline", (e) => {
+    const ev = JSON.parse(e.data);
+    if (state.route === `#/t/${ev.receiver_id}`) refreshAttention();
+    refreshMessages(); // a drop, a deferral or an expiry has no message.* event of its own
   });
   for (const type of ["terminal.created", "terminal.gone", "terminal.deleted"]) {
     source.addEventListener(type, () => {
@@ -117,6 +155,7 @@ function connectEvents() {
   source.addEventListener("stream.reset", () => {
     refreshTerminals();
     refreshMessages();
+    refreshAttention();
   });
 }
 
@@ -284,6 +323,107 @@ function renderTerminalSide() {
   }
 }
 
+// -- the attention panel (docs/attention.md) ------------------------------------------------------
+function attentionLine(a) {
+  const tag = `<span class="badge" data-attention="${esc(a.attention)}">${esc(a.attention)}</span>`;
+  if (a.attention !== "working") {
+    const why = { "waiting for an answer": "a question or permission prompt is open: answer it on the screen",
+      unknown: "the screen can't be read as a known state", gone: "its pane is gone" }[a.attention];
+    return `${tag}${why ? ` <span class="dim">${esc(why)}</span>` : ""}`;
+  }
+  const w = a.working_on;
+  const since = w ? ms(w.since) : state.since.get(a.terminal_id);
+  const on = w ? ` on <span class="mono">#${esc(w.message_id)}</span> from <span class="mono">${esc(w.sender_id)}</span>` : "";
+  const time = since == null || Number.isNaN(since) ? ""
+    : ` since ${esc(clock(since))} <span class="dim">(for <span data-ago="${esc(since)}">${ago(since)}</span>)</span>`;
+  return `${tag}${time}${on}`;
+}
+
+function queueRow(m) {
+  const id = esc(m.id);
+  const pending = m.status === "pending";
+  const prio = pending
+    ? `<select data-prioritize="${id}" aria-label="priority of #${id}">${PRIORITIES.map((p) => `<option${p === m.priority ? " selected" : ""}>${esc(p)}</option>`).join("")}</select>`
+    : `<span class="prio" data-priority="${esc(m.priority)}">${esc(m.priority)}</span>`;
+  const deliverAt = ms(m.deliver_at);
+  const due = [
+    deliverAt != null && deliverAt > Date.now() ? `not before ${when(deliverAt)}` : "",
+    m.expires_at ? `expires ${when(ms(m.expires_at))}` : "",
+  ].filter(Boolean).join("<br>");
+  return `<tr data-queue="${id}" data-priority="${esc(m.priority)}">
+    <td class="mono">#${id}</td>
+    <td class="mono">${esc(m.sender_id)}</td>
+    <td>${prio}</td>
+    <td>${esc(m.kind)}</td>
+    <td>${badge(m.status)}${m.waiting_reason ? `<div class="why">${esc(m.waiting_reason)}</div>` : ""}</td>
+    <td class="dim">${due}</td>
+    <td class="mono dim">${esc((m.message || "").slice(0, 60))}</td>
+    <td class="acts">${pending ? `<button data-defer="${id}">Defer 10 min</button> <button class="danger" data-drop="${id}">Drop</button>` : ""}</td>
+  </tr>`;
+}
+
+function timelineRow(e) {
+  return `<tr data-event="${esc(e.event)}" data-message-id="${esc(e.message_id)}">
+    <td class="dim">${esc(clock(ms(e.at)))}</td>
+    <td>${badge(e.event)}</td>
+    <td class="mono">${e.message_id == null ? `<span class="dim">all pending</span>` : `#${esc(e.message_id)}`}</td>
+    <td class="mono${e.actor ? "" : " dim"}">${esc(e.actor || "cao")}</td>
+    <td>${esc(e.reason)}</td>
+  </tr>`;
+}
+
+function renderAttention() {
+  const box = $("#attention");
+  const a = state.attention;
+  if (!box || !a) return;
+  const events = [...a.timeline].reverse(); // newest first
+  box.innerHTML = `
+    <div class="attention-state" id="attention-state" data-attention="${esc(a.attention)}">${attentionLine(a)}</div>
+    <div class="attention-cols"><div>
+    <h3>Queue <span class="dim">in serving order</span></h3>
+    ${a.queue.length === 0 ? `<div class="empty">Nothing waiting.</div>` : `
+    <table><thead><tr><th>id</th><th>from</th><th>priority</th><th>kind</th><th>state · why it waits</th>
+      <th>deadline</th><th>body</th><th></th></tr></thead>
+      <tbody id="attention-queue">${a.queue.map(queueRow).join("")}</tbody></table>`}
+    </div><div>
+    <h3>Timeline <span class="dim">newest first</span></h3>
+    ${events.length === 0 ? `<div class="empty">No events yet.</div>` : `
+    <div class="timeline"><table><thead><tr><th>time</th><th>event</th><th>message</th><th>by</th><th>reason</th></tr></thead>
+      <tbody id="attention-timeline">${events.map(timelineRow).join("")}</tbody></table></div>`}
+    </div></div>`;
+  bindAttention(box);
+}
+
+// The dashboard acts as a person (by: "dashboard"): it may manage any message, a person's chat too.
+async function manage(id, action, body, done) {
+  try {
+    await api(`/messages/${encodeURIComponent(id)}/${action}`, { json: { ...body, by: ME } });
+    toast(done);
+    loadAttention().catch(() => {});
+    refreshMessages();
+  } catch (err) {
+    toast(err.message);
+    loadAttention(true).catch(() => {}); // put the panel back as the server has it (a select's value)
+  }
+}
+
+function bindAttention(root) {
+  for (const b of root.querySelectorAll("button[data-defer]")) {
+    b.onclick = () => manage(b.dataset.defer, "defer", { seconds: 600 }, `#${b.dataset.defer} deferred 10 min`);
+  }
+  for (const b of root.querySelectorAll("button[data-drop]")) {
+    b.onclick = () => {
+      const reason = prompt(`Drop message #${b.dataset.drop}: why? (required; kept with the message)`);
+      if (reason === null) return; // the person changed their mind
+      if (!reason.trim()) return toast("a reason is required to drop a message");
+      manage(b.dataset.drop, "drop", { reason: reason.trim() }, `#${b.dataset.drop} dropped`);
+    };
+  }
+  for (const sel of root.querySelectorAll("select[data-prioritize]")) {
+    sel.onchange = () => manage(sel.dataset.prioritize, "prioritize", { priority: sel.value }, `#${sel.dataset.prioritize} is ${sel.value} now`);
+  }
+}
+
 function openTerminal(id) {
   main.innerHTML = `
     <h2 id="term-head"></h2>
@@ -296,7 +436,8 @@ function openTerminal(id) {
         </form>
       </div>
       <div><h2>Inbox and sent</h2><div id="inbox"></div></div>
-    </div>`;
+    </div>
+    <h2>Attention</h2><div id="attention"><div class="empty">Loading…</div></div>`;
   const term = new Terminal({ convertEol: false, disableStdin: true, fontSize: 13, scrollback: 5000 });
   term.open($("#term"));
   const proto = location.protocol === "https:" ? "wss" : "ws";
@@ -325,6 +466,7 @@ function openTerminal(id) {
     }
   });
   renderTerminalSide();
+  loadAttention().catch((err) => toast(err.message));
   return () => {
     ws.close();
     term.dispose();
@@ -337,6 +479,7 @@ const TERMINAL_ROUTE = /^#\/t\/[0-9a-f]{8}$/; // an id goes into request paths: 
 function route() {
   if (view) view();
   view = null;
+  state.attention = null;
   state.route = location.hash || "#/";
   if (state.route.startsWith("#/t/") && !TERMINAL_ROUTE.test(state.route)) state.route = "#/";
   for (const a of document.querySelectorAll("nav a")) {
@@ -362,6 +505,7 @@ async function start() {
   connectEvents();
   setInterval(() => {
     for (const el of document.querySelectorAll("[data-since]")) el.textContent = ago(state.since.get(el.dataset.since));
+    for (const el of document.querySelectorAll("[data-ago]")) el.textContent = ago(Number(el.dataset.ago));
   }, 1000);
 }
 
