@@ -137,6 +137,7 @@ PRIORITIZE = Params(
     Param("reason", doc="why (on the timeline)"),
 )
 READ = Params(_BY)
+CANCEL = Params(_BY)
 ATTENTION = ("priority", "kind", "if_busy", "ttl_seconds", "expires_at", "deliver_at", "topic")
 # path and query parameters FastAPI reads from the signature, with what core checks in their schema
 TerminalId = Annotated[str, path(pattern=TERMINAL_ID_RE.pattern)]
@@ -398,8 +399,8 @@ def create_app(core: Cao) -> FastAPI:
         return await _off_loop(core.get_message, _message_id(message_id))
 
     @app.post("/messages/{message_id}/cancel")
-    async def cancel_message(message_id: MessageId) -> dict[str, Any]:
-        return await _off_loop(core.cancel_message, _message_id(message_id))
+    async def cancel_message(message_id: MessageId, p: Annotated[Values, Depends(CANCEL)]) -> dict[str, Any]:
+        return await _off_loop(core.cancel_message, _message_id(message_id), **p)
 
     @app.post("/messages/{message_id}/defer")
     async def defer_message(message_id: MessageId, p: Annotated[Values, Depends(DEFER)]) -> dict[str, Any]:

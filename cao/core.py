@@ -39,7 +39,7 @@ from cao.panelog import PaneLogs
 from cao.panes import PaneIO, Panes
 from cao.paste import is_blank
 from cao.settings import Settings
-from cao.states import ENDED, READY, FailureKind, HookPhase, IfBusy, Kind, MessageStatus, Trigger
+from cao.states import ENDED, READY, Event, FailureKind, HookPhase, IfBusy, Kind, MessageStatus, Trigger
 from cao.status import StatusReader
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, MessageEvent, Store, Terminal
 from cao.timefmt import iso
@@ -71,6 +71,20 @@ REFERENCE_PROVIDERS = (
 )
 # Named keys POST /terminals/{id}/key accepts (the reference's list): no text, no key sequences.
 KEY_RE = re.compile(r"^(?:Up|Down|Left|Right|Enter|Tab|Escape|Space|[A-Za-z0-9]|[CMS]-[A-Za-z0-9])$")
+
+
+# queue changes that only the timeline tells of: also as message.<event> for listeners of those
+ALSO_AS_MESSAGE_EVENT = frozenset(
+    {
+        Event.DEFERRED,
+        Event.PRIORITIZED,
+        Event.DROPPED,
+        Event.EXPIRED,
+        Event.SUPERSEDED,
+        Event.READ,
+        Event.HANDED,
+    }
+)
 
 
 class BadRequest(InvalidInput):
@@ -181,6 +195,14 @@ class Cao:
         fields = event_view(event)
         fields["event_id"] = fields.pop("id")  # the bus gives every event its own id
         self.events.publish("timeline", **fields)
+        if event.event in ALSO_AS_MESSAGE_EVENT and event.message_id is not None:
+            self.events.publish(
+                f"message.{event.event}",
+                message_ids=[event.message_id],
+                receiver_id=event.receiver_id,
+                reason=event.reason,
+                actor=event.actor,
+            )
 
     def start(self) -> dict[str, list[str]]:
         adopted = self.lifecycle.adopt()

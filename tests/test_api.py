@@ -363,6 +363,7 @@ DECLARED = {
     ("post", "/messages/{message_id}/drop"),
     ("post", "/messages/{message_id}/prioritize"),
     ("post", "/messages/{message_id}/read"),
+    ("post", "/messages/{message_id}/cancel"),
 }
 
 

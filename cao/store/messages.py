@@ -222,8 +222,9 @@ class MessageRows(Database):
             rows = conn.execute(
                 "SELECT * FROM message WHERE receiver_id = ? AND status IN ('pending', 'delivering') "
                 "ORDER BY status = 'pending', recheck IS NULL, "
-                "(not_before IS NOT NULL AND not_before > ?), coalesce(not_before, 0), priority, id LIMIT ?",
-                (receiver_id, now, limit),
+                "(not_before IS NOT NULL AND not_before > ?), "
+                "CASE WHEN not_before > ? THEN not_before ELSE 0 END, priority, id LIMIT ?",
+                (receiver_id, now, now, limit),
             ).fetchall()
         return [_row(Message, r) for r in rows]
 
@@ -657,10 +658,7 @@ class MessageRows(Database):
                     raise InvalidInput(
                         f"message {message_id} expires before then; defer it to an earlier time or drop it"
                     )
-                conn.execute(
-                    "UPDATE message SET not_before = ?, closed_by = ? WHERE id = ?",
-                    (until, actor, message_id),
-                )
+                conn.execute("UPDATE message SET not_before = ? WHERE id = ?", (until, message_id))
                 note = f"until {_iso(until)}: {reason}"
             elif action == Event.PRIORITIZED:
                 assert priority is not None
