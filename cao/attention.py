@@ -25,6 +25,7 @@ MAX_TTL = 30 * 24 * 3600.0  # a deadline further out than this is a mistake (a m
 MAX_DEFER = 30 * 24 * 3600.0
 TOPIC_CHARS = 200
 REASON_CHARS = 1000
+TIMELINE_KEEP_SECONDS = 7 * 24 * 3600.0  # timeline events older than a week are pruned by the sweep
 
 
 @dataclass(frozen=True)

@@ -411,13 +411,18 @@ class Delivery:
     # -- the turn-appending channel: a hook hands messages to the running turn -------------------------
     def hand(self, terminal: Terminal, event: str) -> Hand | None:
         """The CLI ran its turn-appending hook (``event``): claim the urgent interrupting messages
-        heading the receiver's queue (the same claim as every delivery) and give the hook their
-        text to print. They are delivered when the hook says it printed them (``handed``); a hook
+        heading the receiver's queue — with eager delivery on and a CLI that can't queue a paste
+        mid-turn, any message heading it — (the same claim as every delivery) and give the hook
+        their text to print. They are delivered when the hook says it printed them (``handed``); a hook
         that never says so leaves a claim that recovery resolves by evidence or by the lease."""
         provider = self.panes.provider(terminal)
         if terminal.turn_channel is None or event != terminal.turn_channel or terminal.state in ENDED:
             return None
-        claim = self.store.claim(terminal.id, limit=self.settings.batch_max_messages, interrupting=True)
+        # eager delivery for a CLI where a mid-turn paste would cancel its turn: the hook is safer
+        eager = self.settings.eager_delivery and not provider.accepts_input_while_processing
+        claim = self.store.claim(
+            terminal.id, limit=self.settings.batch_max_messages, handing="all" if eager else "interrupts"
+        )
         if claim is None:
             return None
         self._noted.pop(terminal.id, None)
@@ -550,7 +555,7 @@ class Delivery:
         prior = self._noted.get(receiver_id)
         if prior is None or prior[0] != why or prior[1] < newest:
             try:
-                self.store.note_waiting(receiver_id, why)
+                self.store.note_waiting(receiver_id, why, changed=prior is None or prior[0] != why)
                 self._noted[receiver_id] = (why, newest)
             except StoreBusy:
                 pass  # only a note; the next attempt stores it

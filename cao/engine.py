@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from watchdog.events import EVENT_TYPE_CREATED, EVENT_TYPE_MODIFIED, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingObserverVFS
 
+from cao.attention import TIMELINE_KEEP_SECONDS
 from cao.delivery import Delivery, Outcome
 
 if TYPE_CHECKING:
@@ -303,6 +304,7 @@ class DeliveryEngine:
             self.kick(rid, Trigger.SWEEP)
         self._park_watchdog()
         self.cap_logs()
+        self.store.prune_timeline(older_than=now - TIMELINE_KEEP_SECONDS)
         return {"kicked": len(receivers), "stale_claims": len(stale), "finished_deletes": len(finished)}
 
     def cap_logs(self) -> int:

@@ -407,7 +407,8 @@ def test_an_urgent_interrupt_is_handed_to_the_running_turn_at_its_next_tool_call
         )
         m = http.get(f"/messages/{mid}").json()
         assert m["channel"] == "hook" and m["interrupt_at"] is None  # no key: the turn went on
-        assert _handed_ids(srv.home, tid) == [mid]
+        # delivered once the hook printed it; the agent records it when the hook has exited
+        wait_until(lambda: _handed_ids(srv.home, tid) == [mid], timeout=5, what="the agent has it")
         # the turn goes on and ends with its own answer; the message was never pasted
         wait_until(lambda: _entries(srv.home, tid, "done"), timeout=15, what="the turn's end")
         assert "tools done" in http.get(f"/terminals/{tid}/output").json()["output"]
@@ -482,3 +483,105 @@ def test_a_crash_during_a_hand_over_neither_loses_nor_doubles_the_message(
         assert channel == ("hook" if handed else "paste")
         if fault == "before_hand_ack":
             assert handed == [mid]  # the agent had it: found in the pane, not pasted again
+
+
+def test_eager_delivery_hands_mail_to_a_turn_that_a_paste_would_cancel(
+    make_server: Callable[..., Any], tmp_path: Path
+):
+    """CAO_EAGER_INBOX_DELIVERY with a CLI that can't queue a paste mid-turn (the scripted agent,
+    like Codex): an ordinary message goes into the running turn through the hook, not pasted."""
+    srv, http = _hooked_server(make_server, tmp_path, CAO_EAGER_INBOX_DELIVERY="true")
+    with http:
+        tid = _busy_tooler(http, tmp_path)
+        mid = http.post(
+            f"/terminals/{tid}/inbox/messages", json={"message": "fyi", "sender_id": "w1"}
+        ).json()["message_id"]
+        wait_until(
+            lambda: http.get(f"/messages/{mid}").json()["status"] == "delivered", timeout=10, what="handed"
+        )
+        assert http.get(f"/messages/{mid}").json()["channel"] == "hook"
+        wait_until(lambda: _handed_ids(srv.home, tid) == [mid], timeout=5, what="the agent has it")
+        assert mid not in _pasted_ids(srv.home, tid)
+        assert not _entries(srv.home, tid, "done")  # inside the turn, which still runs
+
+
+def test_without_eager_delivery_an_ordinary_message_waits_for_the_turn_to_end(
+    make_server: Callable[..., Any], tmp_path: Path
+):
+    srv, http = _hooked_server(make_server, tmp_path)
+    with http:
+        tid = _busy_tooler(http, tmp_path)
+        mid = http.post(
+            f"/terminals/{tid}/inbox/messages", json={"message": "fyi", "sender_id": "w1"}
+        ).json()["message_id"]
+        wait_until(lambda: http.get(f"/messages/{mid}").json()["status"] == "delivered", timeout=15)
+        assert http.get(f"/messages/{mid}").json()["channel"] == "paste"
+        assert _handed_ids(srv.home, tid) == [] and _pasted_ids(srv.home, tid) == [mid]
+        done = _entries(srv.home, tid, "done")[0]["t"]
+        got = next(
+            e["t"] for e in _entries(srv.home, tid, "received") if e["messages"] and e["messages"][0]["id"]
+        )
+        assert got >= done
+
+
+# -- the same from the terminal: cao send / cao inbox -------------------------------------------------
+def test_cao_send_and_cao_inbox_manage_a_busy_agents_queue(busy_core: Cao):
+    from click.testing import CliRunner
+
+    from cao.cli import cli
+    from cao.client import Client
+
+    core = busy_core
+    tid = new_terminal(core)
+    start_turn(core, tid, "long work")
+    with TestClient(create_app(core)) as http:
+        client = Client("http://testserver", http=http)
+
+        def run(*args: str) -> Any:
+            return CliRunner().invoke(cli, list(args), obj={"client": client})
+
+        refused = run("send", tid, "only if free", "--if-busy", "refuse")
+        assert (
+            refused.exit_code == 1
+            and "processing" in refused.output
+            and "nothing was stored" in refused.output
+        )
+        bad = run("send", tid, "x", "--if-busy", "interrupt")
+        assert bad.exit_code == 1 and "needs priority 'urgent'" in bad.output
+        low = json.loads(run("send", tid, "a low one", "--priority", "low", "--ttl", "600", "--json").output)
+        assert low["priority"] == "low" and low["kind"] == "chat" and low["expires_at"]
+        note = json.loads(run("send", tid, "fyi", "--kind", "notice", "--topic", "ci", "--json").output)
+        assert note["priority"] == "low" and note["kind"] == "notice"
+        later = json.loads(run("send", tid, "later", "--priority", "high", "--json").output)
+        shown = json.loads(run("inbox", "show", tid, "--json").output)
+        assert [m["id"] for m in shown["queue"]] == [
+            later["message_id"],
+            low["message_id"],
+            note["message_id"],
+        ]
+        table = run("inbox", "show", tid)
+        assert table.exit_code == 0 and "working" in table.output and "queued" in table.output
+        assert run("inbox", "prioritize", str(low["message_id"]), "urgent").exit_code == 0
+        assert (
+            run(
+                "inbox", "defer", str(later["message_id"]), "--for", "600", "--reason", "after lunch"
+            ).exit_code
+            == 0
+        )
+        dropped = run("inbox", "drop", str(note["message_id"]), "--reason", "stale", "--json")
+        assert json.loads(dropped.output)["status"] == "dropped"
+        again = run("inbox", "drop", str(note["message_id"]), "--reason", "stale")
+        assert again.exit_code == 1 and "only a pending message" in again.output
+        no_reason = run("inbox", "drop", str(low["message_id"]))
+        assert no_reason.exit_code == 2  # click: --reason is required
+        shown = json.loads(run("inbox", "show", tid, "--json").output)
+        assert [m["id"] for m in shown["queue"]] == [low["message_id"], later["message_id"]]
+        assert [m["priority"] for m in shown["queue"]] == ["urgent", "high"]
+        assert shown["queue"][1]["waiting_reason"].startswith("deferred until")
+        read = run("inbox", "read", str(low["message_id"]))
+        assert read.exit_code == 0 and read.output == "a low one"
+        assert (
+            core.store.get_message(low["message_id"] or 0).read_at is None
+        )  # the operator's look is no read
+        listing = run("inbox", tid)  # the old form still lists
+        assert listing.exit_code == 0 and "dropped" in listing.output

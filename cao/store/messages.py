@@ -263,7 +263,7 @@ class MessageRows(Database):
         *,
         limit: int = 20,
         max_bytes: int = MAX_BODY_BYTES,
-        interrupting: bool = False,
+        handing: Literal["interrupts", "all"] | None = None,
     ) -> Claim | None:
         """Atomically move the oldest pending messages of one receiver to ``delivering``.
 
@@ -271,9 +271,9 @@ class MessageRows(Database):
         nothing to claim. If the oldest pending rows are marked ``recheck`` (an earlier paste of
         theirs may have arrived), exactly that batch is claimed again, nothing newer joins it. Else
         the batch stops before ``max_bytes`` of bodies (the first message is always taken). Each
-        claim takes the receiver's next pane fence. ``interrupting``: for a hand-over into the
-        running turn (a hook): only the messages heading the queue that asked to interrupt
-        (``if_busy=interrupt``), and nothing while a batch is being rechecked.
+        claim takes the receiver's next pane fence. ``handing``: for a hand-over into the running
+        turn (a hook): nothing while a batch is being rechecked, and with ``"interrupts"`` only the
+        messages heading the queue that asked to interrupt (``if_busy=interrupt``).
         """
         token = uuid.uuid4().hex
         now = self.clock()
@@ -286,7 +286,7 @@ class MessageRows(Database):
                 return None
             # a deadline passed: expired in the transaction that would otherwise hand it out
             told = self._expire(conn, now, receiver_id)
-            won = self._claim_rows(conn, receiver_id, token, now, limit, max_bytes, interrupting)
+            won = self._claim_rows(conn, receiver_id, token, now, limit, max_bytes, handing)
         self._told(told)
         if won is None:
             return None
@@ -295,7 +295,7 @@ class MessageRows(Database):
 
     @staticmethod
     def _claim_rows(
-        conn: Any, receiver_id: str, token: str, now: float, limit: int, max_bytes: int, interrupting: bool
+        conn: Any, receiver_id: str, token: str, now: float, limit: int, max_bytes: int, handing: str | None
     ) -> tuple[int, list[Message], bool] | None:
         first = (
             conn.execute(
@@ -309,23 +309,10 @@ class MessageRows(Database):
                 (receiver_id, now, now),
             ).fetchone()
         )
-        if first is None or (interrupting and first["recheck"] is not None):
+        if first is None or (handing and first["recheck"] is not None):
             return None
         recheck = first["recheck"]
-        if interrupting:
-            rows = conn.execute(
-                "SELECT id, if_busy FROM message WHERE receiver_id = ? AND status = 'pending' "
-                f"AND recheck IS NULL AND {CLAIMABLE} ORDER BY priority, id LIMIT ?",
-                (receiver_id, now, now, limit),
-            ).fetchall()
-            ids = []
-            for msg_id, if_busy in rows:
-                if if_busy != IfBusy.INTERRUPT:
-                    break
-                ids.append(int(msg_id))
-            if not ids:
-                return None
-        elif recheck is not None:
+        if recheck is not None:
             rows = conn.execute(
                 "SELECT id FROM message WHERE receiver_id = ? AND status = 'pending' AND recheck = ? "
                 "ORDER BY id",
@@ -334,17 +321,21 @@ class MessageRows(Database):
             ids = [int(r[0]) for r in rows]
         else:
             rows = conn.execute(
-                "SELECT id, length(CAST(body AS BLOB)) FROM message WHERE receiver_id = ? "
+                "SELECT id, length(CAST(body AS BLOB)), if_busy FROM message WHERE receiver_id = ? "
                 f"AND status = 'pending' AND recheck IS NULL AND {CLAIMABLE} ORDER BY priority, id LIMIT ?",
                 (receiver_id, now, now, limit),
             ).fetchall()
             ids = []
             total = 0
-            for msg_id, size in rows:
+            for msg_id, size, if_busy in rows:
+                if handing == "interrupts" and if_busy != IfBusy.INTERRUPT:
+                    break  # only the interrupting head of the queue goes into a running turn
                 if ids and total + int(size) > max_bytes:
                     break
                 ids.append(int(msg_id))
                 total += int(size)
+            if not ids:
+                return None
         fence_row = conn.execute(
             "UPDATE terminal SET fence = fence + 1 WHERE id = ? RETURNING fence", (receiver_id,)
         ).fetchone()
@@ -573,8 +564,10 @@ class MessageRows(Database):
         self._told(told)
         return {"failed": int(failed), "pending": int(pending)}
 
-    def note_waiting(self, receiver_id: str, reason: str | None) -> int:
-        """Store why a receiver's pending messages wait (shown by `cao inbox`, kept across restarts)."""
+    def note_waiting(self, receiver_id: str, reason: str | None, *, changed: bool = True) -> int:
+        """Store why a receiver's pending messages wait (shown by `cao inbox`, kept across restarts);
+        ``changed``: the reason is new for this receiver, so its timeline gets a ``held`` event
+        (not once more for each message that arrives while it stays the same)."""
         told: list[MessageEvent] = []
         with self._write() as conn:
             cur = conn.execute(
@@ -583,7 +576,7 @@ class MessageRows(Database):
                 (reason, receiver_id, reason),
             )
             n = int(cur.rowcount)
-            if n and reason is not None:
+            if n and reason is not None and changed:
                 told = self._timeline(conn, Event.HELD, receiver_id, [None], reason=reason)
         self._told(told)
         return n
@@ -710,6 +703,15 @@ class MessageRows(Database):
             )
         self._told(told)
         return cur is not None
+
+    def prune_timeline(self, *, older_than: float) -> int:
+        """Drop timeline events older than ``older_than`` (the messages themselves stay)."""
+        with self._read() as conn:
+            old = conn.execute("SELECT 1 FROM message_event WHERE at < ? LIMIT 1", (older_than,)).fetchone()
+        if old is None:
+            return 0
+        with self._write() as conn:
+            return int(conn.execute("DELETE FROM message_event WHERE at < ?", (older_than,)).rowcount)
 
     def timeline(
         self, receiver_id: str, *, limit: int = 200, message_id: int | None = None

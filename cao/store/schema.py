@@ -323,5 +323,6 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE INDEX ix_message_event_receiver ON message_event (receiver_id, id)",
         "CREATE INDEX ix_message_event_message ON message_event (message_id)",
+        "CREATE INDEX ix_message_event_at ON message_event (at)",  # the sweep prunes old events
     ),
 }

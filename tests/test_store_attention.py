@@ -1,0 +1,135 @@
+"""The attention columns on a real SQLite file: the claim's serving order, deadlines in the claim's
+own transaction, coalescing, the queue view agreeing with the claim, recheck batches first."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from cao import attention
+from cao.errors import Conflict, Forbidden
+from cao.states import Event
+from cao.store import Store
+from cao.store.messages import EXPIRED_REASON
+from tests.test_store import RID, _terminal
+
+pytestmark = pytest.mark.fast
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> Store:
+    s = Store(tmp_path / "cao.db", clock=clock)
+    _terminal(s)
+    return s
+
+
+def send(store: Store, clock: Clock, body: str, sender: str = "s", **opts: object) -> int:
+    a = attention.resolve(now=clock(), sender_is_terminal=False, **opts)  # type: ignore[arg-type]
+    msg, _ = store.add_message(sender_id=sender, receiver_id=RID, body=body, attention=a)
+    return msg.id or 0
+
+
+def test_the_claim_serves_by_priority_then_commit_order_and_the_queue_agrees(store: Store, clock: Clock):
+    ids = {
+        b: send(store, clock, b, priority=p)
+        for b, p in [
+            ("low", "low"),
+            ("n1", "normal"),
+            ("urgent", "urgent"),
+            ("n2", "normal"),
+            ("high", "high"),
+        ]
+    }
+    assert [m.id for m in store.queue(RID)] == [ids[b] for b in ("urgent", "high", "n1", "n2", "low")]
+    claim = store.claim(RID, limit=3)
+    assert claim is not None and [m.body for m in claim.messages] == ["urgent", "high", "n1"]
+
+
+def test_a_passed_deferral_is_served_by_priority_like_any_other(store: Store, clock: Clock):
+    low = send(store, clock, "low", priority="low")
+    urgent = send(store, clock, "urgent", priority="urgent")
+    store.manage(urgent, Event.DEFERRED, actor="op", as_agent=False, reason="r", until=clock() + 5)
+    assert [m.id for m in store.queue(RID)] == [low, urgent]  # the deferred one last while it waits
+    claim = store.claim(RID)
+    assert claim is not None and claim.ids == [low]
+    store.mark_delivered(claim.token)
+    clock.t += 10
+    send(store, clock, "low2", priority="low")
+    assert store.queue(RID)[0].id == urgent  # due now: by priority again
+    again = store.claim(RID)
+    assert again is not None and again.ids[0] == urgent
+
+
+def test_a_deadline_expires_in_the_claims_own_transaction(store: Store, clock: Clock):
+    short = send(store, clock, "short", ttl_seconds=2)
+    keep = send(store, clock, "keep")
+    clock.t += 3
+    claim = store.claim(RID)
+    assert claim is not None and claim.ids == [keep]
+    m = store.get_message(short)
+    assert m.status == "expired" and m.closed_reason == EXPIRED_REASON
+    assert [e.event for e in store.timeline(RID, message_id=short)] == ["queued", "expired"]
+
+
+def test_a_batch_being_rechecked_is_served_first_and_is_never_expired_dropped_or_handed(
+    store: Store, clock: Clock
+):
+    old = send(store, clock, "old", ttl_seconds=2)
+    claim = store.claim(RID)
+    assert claim is not None
+    store.release(claim.token, "unconfirmed", max_attempts=5, recheck=True)  # it may have arrived
+    urgent = send(store, clock, "urgent", priority="urgent", if_busy="interrupt")
+    clock.t += 3
+    assert store.expire_due() == []  # its earlier paste may be in the pane: its claim decides
+    with pytest.raises(Conflict, match="may already have arrived"):
+        store.manage(old, Event.DROPPED, actor="op", as_agent=False, reason="r")
+    assert store.claim(RID, handing="interrupts") is None  # nothing handed while a recheck waits
+    again = store.claim(RID)
+    assert again is not None and again.ids == [old] and again.recheck
+    assert store.get_message(urgent).status == "pending"
+
+
+def test_notices_coalesce_per_sender_and_topic_only(store: Store, clock: Clock):
+    a1 = send(store, clock, "a1", kind="notice", topic="build")
+    b1 = send(store, clock, "b1", sender="other", kind="notice", topic="build")
+    t1 = send(store, clock, "t1", kind="notice", topic="tests")
+    m1 = send(store, clock, "m1", kind="message", topic="build")
+    a2 = send(store, clock, "a2", kind="notice", topic="build")
+    assert store.get_message(a1).status == "superseded" and store.get_message(a1).superseded_by == a2
+    assert {store.get_message(i).status for i in (b1, t1, m1, a2)} == {"pending"}
+
+
+def test_an_agent_manages_only_its_own_queue_and_never_a_chat(store: Store, clock: Clock):
+    chat = send(store, clock, "from a person")
+    assert store.get_message(chat).kind == "chat"
+    with pytest.raises(Forbidden, match="person's chat"):
+        store.manage(chat, Event.DROPPED, actor=RID, as_agent=True, reason="r")
+    with pytest.raises(Forbidden, match="its own queue"):
+        store.manage(chat, Event.DROPPED, actor="bbbb0002", as_agent=True, reason="r")
+    assert store.manage(chat, Event.DROPPED, actor="ana", as_agent=False, reason="done").status == "dropped"
+
+
+def test_the_interrupting_claim_takes_only_the_interrupting_head_of_the_queue(store: Store, clock: Clock):
+    normal = send(store, clock, "normal")
+    assert store.claim(RID, handing="interrupts") is None
+    u1 = send(store, clock, "u1", priority="urgent", if_busy="interrupt")
+    send(store, clock, "u2 waits", priority="urgent")
+    u3 = send(store, clock, "u3", priority="urgent", if_busy="interrupt")
+    claim = store.claim(RID, handing="interrupts")
+    assert claim is not None and claim.ids == [u1]  # u2 (wait) stands between u1 and u3
+    assert store.get_message(normal).status == "pending" and store.get_message(u3).status == "pending"
