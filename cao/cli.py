@@ -419,16 +419,19 @@ def inbox() -> None:
 def inbox_list(
     ctx: click.Context, terminal_id: str | None, status: str | None, limit: int, as_json: bool
 ) -> None:
-    """List messages (of one terminal, or all) with status, age, attempts and why still pending."""
+    """List messages (of one terminal, or all) with status, age, attempts and why still pending;
+    for one terminal also what it attends to and its latest timeline events."""
     params: dict[str, Any] = {"limit": limit}
     if status:
         params["status"] = status
     if terminal_id:
         params["receiver_id"] = terminal_id
-    rows = server.for_context(ctx).get("/messages", params=params)
+    client = server.for_context(ctx)
+    rows = client.get("/messages", params=params)
     if as_json:
         _print_json(rows)
         return
+    view = client.get(f"/terminals/{terminal_id}/attention", params={"limit": 10}) if terminal_id else None
     if not rows:
         console.print("no messages")
         return
@@ -452,7 +455,10 @@ def inbox_list(
             escape(why),
             escape(preview[:60] + ("…" if len(preview) > 60 else "")),
         )
-    console.print(table)
+    if view is not None:  # what it attends to, then its messages, then its latest events
+        _print_attention(view, instead_of_queue=table)
+    else:
+        console.print(table)
 
 
 @inbox.command("show", epilog="\b\nExamples:\n  cao inbox show 1a2b3c4d\n  cao inbox show 1a2b3c4d --json")
@@ -468,17 +474,24 @@ def inbox_show(ctx: click.Context, terminal_id: str, limit: int, as_json: bool) 
     if as_json:
         _print_json(view)
         return
+    _print_attention(view)
+
+
+def _print_attention(view: dict[str, Any], *, instead_of_queue: Table | None = None) -> None:
+    """An agent's attention state, its queue in serving order (or another table) and its timeline,
+    for people."""
+    terminal_id = view["terminal_id"]
     state = view["attention"]
     on = view.get("working_on")
     if on:
         state += f" on message #{on['message_id']} from {on['sender_id']} since {_age(on['since'])} ago"
     console.print(f"[bold]{terminal_id}[/bold] ({escape(view['name'])}): {escape(state)}")
-    queue = Table(title="queue (served in this order)")
+    table = Table(title="queue (served in this order)")
     for col in ("id", "from", "priority", "kind", "status", "deadline", "why waiting", "message"):
-        queue.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold")
     for m in view["queue"]:
         preview = " ".join(m["message"].split())
-        queue.add_row(
+        table.add_row(
             str(m["id"]),
             m["sender_id"],
             m["priority"],
@@ -488,7 +501,10 @@ def inbox_show(ctx: click.Context, terminal_id: str, limit: int, as_json: bool) 
             escape(m.get("waiting_reason") or ""),
             escape(preview[:50] + ("…" if len(preview) > 50 else "")),
         )
-    console.print(queue if view["queue"] else "queue: empty")
+    if instead_of_queue is not None:
+        console.print(instead_of_queue)
+    else:
+        console.print(table if view["queue"] else "queue: empty")
     timeline = Table(title="timeline")
     for col in ("at", "event", "message", "by", "reason"):
         timeline.add_column(col, overflow="fold")

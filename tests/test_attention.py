@@ -583,5 +583,7 @@ def test_cao_send_and_cao_inbox_manage_a_busy_agents_queue(busy_core: Cao):
         assert (
             core.store.get_message(low["message_id"] or 0).read_at is None
         )  # the operator's look is no read
-        listing = run("inbox", tid)  # the old form still lists
+        listing = run("inbox", tid)  # the old form still lists, with the attention view around it
         assert listing.exit_code == 0 and "dropped" in listing.output
+        assert "working" in listing.output and "timeline" in listing.output
+        assert isinstance(json.loads(run("inbox", tid, "--json").output), list)  # scripts: the list
