@@ -259,6 +259,10 @@ class Delivery:
             if why == WaitReason.BUSY:
                 interrupting = self._interrupt(terminal, provider, screen, newest)
                 if interrupting is not None:
+                    if interrupting.outcome == Outcome.WAITING and interrupting.look_again_in is None:
+                        # still a busy hold: look again when a fresh turn-start report stops
+                        # counting (an interrupted turn reports no end, and its pane goes quiet)
+                        interrupting.look_again_in = self._opens_in(terminal, why)
                     return interrupting
             return self._hold(terminal, newest, why)
         # 2. claim

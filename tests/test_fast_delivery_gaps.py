@@ -11,7 +11,7 @@ import pytest
 
 from cao.delivery import Outcome
 from cao.paste import format_batch
-from cao.states import Blocked, MessageStatus, TerminalState, WaitReason
+from cao.states import Blocked, Held, MessageStatus, TerminalState, WaitReason
 from cao.store import Terminal
 from tests.helpers import write_rules
 from tests.test_fast_delivery import World
@@ -150,3 +150,30 @@ def test_a_claim_taken_over_before_the_acknowledgement_is_not_reported_delivered
 
     world.core.delivery.faults.hooks["before_ack"] = take_over
     assert world.deliver(tid) == Outcome.LOST_RACE
+
+
+def test_after_the_interrupt_key_a_fresh_turn_start_report_is_looked_at_again_when_it_settles(world: World):
+    """Found on the real Claude Code 1.0 (tests/realcli/test_attention_realcli.py): an interrupted
+    turn reports no end (no Stop hook), so for ``hook_settle`` seconds after its start the fresh
+    turn-start report alone reads ``processing`` though the prompt is back, and the pane then draws
+    nothing more. The hold must say when that report stops counting (as a plain busy hold does),
+    or the urgent message waits for the sweep (a minute in the bed)."""
+    tid = world.agent("slow", rules=[{"match": "^work", "delay": 30.0, "reply": "worked"}])
+    world.type_task(tid, "work hard")
+    world.core.hook(tid, {"source": "claude", "event": "UserPromptSubmit"})  # the CLI: a turn started
+    mid = (
+        world.core.send_message(
+            tid, "stop now", sender_id="boss", priority="urgent", if_busy="interrupt"
+        ).message.id
+        or 0
+    )
+    first = world.core.delivery.deliver(tid, trigger="sweep")
+    assert first.outcome == Outcome.WAITING and world.message(mid).interrupt_at is not None  # the key went
+    assert world.status(tid) == "processing"  # the prompt is back; the report is younger than hook_settle
+    again = world.core.delivery.deliver(tid, trigger="retry")
+    assert again.outcome == Outcome.WAITING and again.reason == Held.INTERRUPT_SENT
+    assert again.look_again_in is not None
+    assert 0 < again.look_again_in <= world.settings.hook_settle + 0.1
+    world.clock.advance(again.look_again_in)
+    assert world.deliver(tid) == Outcome.DELIVERED
+    assert world.received(tid)[-1] == ["stop now"] and world.message(mid).channel == "paste"
