@@ -109,7 +109,8 @@ class MessageRows(Database):
             )
             msg_id = int(cur.lastrowid or 0)
             label = f"{a.priority.value} {a.kind.value}" if a else None
-            told = self._timeline(conn, Event.QUEUED, receiver_id, [msg_id], reason=label, actor=sender_id)
+            self._timeline(conn, Event.QUEUED, receiver_id, [msg_id], reason=label, actor=sender_id)
+            told: list[MessageEvent] = []  # the event stream has message.queued for it (cao/core.py)
             if a is not None and a.kind == Kind.NOTICE and a.topic is not None:
                 older = [
                     int(r[0])
@@ -446,14 +447,18 @@ class MessageRows(Database):
         nobody else pasted into that pane in between (its screen read is still current)."""
         now = self.clock()
         with self._read() as conn:
+            # newest: the newest pending id, if any pending row may be handed out now (not only
+            # deferred ones; one past its deadline counts: the claim expires it); each part is
+            # one index lookup however long the queue is
             row = conn.execute(
                 "SELECT t.*, EXISTS(SELECT 1 FROM message m WHERE m.receiver_id = t.id "
-                "AND m.status = 'delivering') AS outstanding, (SELECT max(id) FROM message m "
-                "WHERE m.receiver_id = t.id AND m.status = 'pending' "
-                f"AND (m.recheck IS NOT NULL OR {CLAIMABLE})) "
-                "AS newest, (SELECT min(not_before) FROM message m WHERE m.receiver_id = t.id "
+                "AND m.status = 'delivering') AS outstanding, CASE WHEN EXISTS(SELECT 1 FROM message m "
+                "WHERE m.receiver_id = t.id AND m.status = 'pending' AND (m.not_before IS NULL "
+                "OR m.not_before <= ? OR m.recheck IS NOT NULL)) THEN (SELECT max(id) FROM message m "
+                "WHERE m.receiver_id = t.id AND m.status = 'pending') END AS newest, "
+                "(SELECT min(not_before) FROM message m WHERE m.receiver_id = t.id "
                 "AND m.status = 'pending' AND m.not_before > ?) AS due FROM terminal t WHERE t.id = ?",
-                (now, now, now, receiver_id),
+                (now, now, receiver_id),
             ).fetchone()
         if row is None:
             raise NotFound(f"terminal {receiver_id} not found; list terminals with `cao status`")
@@ -514,15 +519,16 @@ class MessageRows(Database):
         if ids is not None:
             sql += f" AND id IN ({','.join('?' * len(ids))})"
             args.extend(ids)
+        how = f"{channel}, found in the pane" if found else str(channel)
         with self._write() as conn:
             rows = conn.execute(sql + " RETURNING id, receiver_id", tuple(args)).fetchall()
-            told: list[MessageEvent] = []
-            if rows:
-                how = f"{channel}, found in the pane" if found else str(channel)
-                told = self._timeline(
-                    conn, Event.DELIVERED, rows[0][1], sorted(int(r[0]) for r in rows), reason=how
+            if rows:  # one statement for the batch's timeline rows (the hot path)
+                conn.executemany(
+                    "INSERT INTO message_event (receiver_id, message_id, at, event, reason) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    sorted((r[1], int(r[0]), now, Event.DELIVERED.value, how) for r in rows),
                 )
-        self._told(told)
+        # the event stream has message.delivered for these (cao/delivery.py): no timeline copy
         return len(rows)
 
     def release(

@@ -312,6 +312,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX ix_message_queue ON message (receiver_id, priority, id) WHERE status = 'pending'",
         "CREATE INDEX ix_message_expiry ON message (expires_at) "
         "WHERE status = 'pending' AND expires_at IS NOT NULL",
+        # the few rows each claim and each look must find at once, however long the queue
+        "CREATE INDEX ix_message_recheck ON message (receiver_id, id) "
+        "WHERE status = 'pending' AND recheck IS NOT NULL",
+        "CREATE INDEX ix_message_deferred ON message (receiver_id, not_before) "
+        "WHERE status = 'pending' AND not_before IS NOT NULL",
         """CREATE TABLE message_event (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             receiver_id TEXT NOT NULL,

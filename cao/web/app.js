@@ -150,7 +150,12 @@ function connectEvents() {
   }
   for (const type of ["message.queued", "message.claimed", "message.delivered", "message.retried",
     "message.failed", "message.cancelled", "message.waiting"]) {
-    source.addEventListener(type, refreshMessages);
+    source.addEventListener(type, (e) => {
+      // queued and delivered are on the agent's timeline too (the stream sends them once, as these)
+      const ev = JSON.parse(e.data);
+      if (state.route === `#/t/${ev.receiver_id}`) refreshAttention();
+      refreshMessages();
+    });
   }
   source.addEventListener("stream.reset", () => {
     refreshTerminals();
