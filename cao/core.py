@@ -357,7 +357,7 @@ class Cao:
         return self.message_view(self.store.get_message(message_id))
 
     def cancel_message(self, message_id: int, *, by: str | None = None) -> dict[str, object]:
-        message = self.store.cancel(message_id, actor=(by or "").strip() or "operator")
+        message = self.inbox.cancel(message_id, by=by)
         self.events.publish("message.cancelled", message_id=message.id, receiver_id=message.receiver_id)
         return self.message_view(message)
 

@@ -148,6 +148,13 @@ class Inbox:
             message_id, Event.DEFERRED, actor=who, as_agent=agent, reason=why, until=when
         )
 
+    def cancel(self, message_id: int, *, by: str | None) -> Message:
+        """Never delivered. An agent naming itself: its own queue only, never a person's chat."""
+        who, agent = self.actor(by)
+        return self.store.manage(
+            message_id, Event.CANCELLED, actor=who, as_agent=agent, reason=f"cancelled by {who}"
+        )
+
     def drop(self, message_id: int, *, by: str | None, reason: str | None) -> Message:
         who, agent = self.actor(by)
         why = attention.check_reason(reason, "drop")
