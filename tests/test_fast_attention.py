@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cao.errors import Forbidden, InvalidInput
+from cao.errors import Forbidden, InvalidInput, ReceiverGone
 from cao.states import MessageStatus
 from tests.test_fast_delivery import World
 
@@ -42,3 +42,16 @@ def test_cancel_checks_who_acts_like_every_other_queue_route(world: World):
     assert done["status"] == MessageStatus.CANCELLED and done["closed_by"] == tid
     op = world.core.cancel_message(chat, by=None)  # the operator may cancel anything
     assert op["status"] == MessageStatus.CANCELLED and op["closed_by"] == "operator"
+
+
+def test_refuse_to_a_receiver_whose_pane_just_closed_says_gone_not_wait(world: World):
+    """Its pane closed behind cao's back (not yet noticed by the store): refuse read the screen as
+    ``gone`` and answered 409 "send with if_busy=wait to have it delivered when the agent is
+    ready" — advice that can never come true. It is the send's own "gone" answer, nothing stored."""
+    tid = world.agent()
+    world.io.close(world.pane(tid))
+    before = world.core.store.counts_by_status()
+    with pytest.raises(ReceiverGone, match="is gone") as err:
+        world.core.send_message(tid, "anyone?", if_busy="refuse")
+    assert "if_busy=wait" not in err.value.message and f"cao shutdown {tid}" in err.value.message
+    assert world.core.store.counts_by_status() == before
