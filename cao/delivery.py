@@ -445,7 +445,11 @@ class Delivery:
         """The hook printed the hand-over (its CLI adds it to the turn): delivered, channel ``hook``
         (conditional on the claim; 0: the claim was lost, e.g. recovered meanwhile)."""
         self.faults.hit("before_hand_ack")
-        rows = [m for m in self.store.claimed(token) if m.receiver_id == terminal_id]
+        # only a claim handed to this terminal's hook (note_handed): a paste claim's token is on the
+        # event stream, and confirming it would mark delivered what the deliverer has yet to type
+        rows = [
+            m for m in self.store.claimed(token) if m.receiver_id == terminal_id and m.channel == Channel.HOOK
+        ]
         if not rows:
             return 0
         claim = Claim(token, 0, rows, recheck=False)

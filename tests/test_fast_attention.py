@@ -55,3 +55,16 @@ def test_refuse_to_a_receiver_whose_pane_just_closed_says_gone_not_wait(world: W
         world.core.send_message(tid, "anyone?", if_busy="refuse")
     assert "if_busy=wait" not in err.value.message and f"cao shutdown {tid}" in err.value.message
     assert world.core.store.counts_by_status() == before
+
+
+def test_a_hook_confirming_a_paste_claim_marks_nothing_delivered(world: World):
+    """A paste claim's token is on the event stream (``message.claimed``); a hook answering
+    ``hooks/handed`` with it marked the messages delivered through the hook while the deliverer was
+    still to paste them (and if that paste then failed, delivered for ever, never typed). Only a
+    claim that was handed to a hook can be confirmed by one."""
+    tid = world.agent()
+    mid = world.send(tid, "for the paste")
+    claim = world.core.store.claim(tid)
+    assert claim is not None
+    assert world.core.delivery.handed(tid, claim.token) == 0
+    assert world.message(mid).status == MessageStatus.DELIVERING and world.message(mid).channel is None
