@@ -80,8 +80,7 @@ class Inbox:
         validate_terminal_id(terminal_id)
         terminal = self.store.get_terminal(terminal_id, include_deleted=True)
         queue = self.store.queue(terminal_id)
-        delivered = self.store.list_messages(receiver_id=terminal_id, status=MessageStatus.DELIVERED, limit=1)
-        last = delivered[0] if delivered else None
+        last = self.store.last_delivered(terminal_id)
         state = {
             Status.IDLE: "idle",
             Status.COMPLETED: "idle",
