@@ -7,6 +7,7 @@ Every read command takes ``--json`` (stable keys; ``[]`` when empty).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -336,6 +337,25 @@ def worktrees(ctx: click.Context, as_json: bool) -> None:
 
 
 # -- inbox ---------------------------------------------------------------------------------------
+class _Seconds(click.ParamType):  # type: ignore[type-arg]
+    """A number of seconds above 0 (not NaN, not infinite: JSON can't carry them, and no deadline
+    or deferral is that long)."""
+
+    name = "SECONDS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds; give one like 600", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r} is not a number of seconds above 0; give one like 600", param, ctx)
+        return seconds
+
+
+SECONDS = _Seconds()
+
+
 @cli.command(
     epilog="\b\nExamples:\n  cao send 1a2b3c4d 'please review PR 12'\n"
     "  cao send 1a2b3c4d 'deploy' --from 9f8e7d6c --key deploy-1"
@@ -358,7 +378,7 @@ def worktrees(ctx: click.Context, as_json: bool) -> None:
     "(--priority urgent).",
 )
 @click.option(
-    "--ttl", type=float, default=None, help="Seconds; still undelivered then: expired, never pasted."
+    "--ttl", type=SECONDS, default=None, help="Seconds; still undelivered then: expired, never pasted."
 )
 @click.option(
     "--kind", default=None, help="chat (default from a name), message, task, result, notice, wakeup."
@@ -538,7 +558,7 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print the message 
     "  cao inbox defer 42 --until 2026-12-02T09:00:00Z --reason 'tomorrow'",
 )
 @click.argument("message_id")
-@click.option("--for", "seconds", type=float, default=None, help="Seconds from now.")
+@click.option("--for", "seconds", type=SECONDS, default=None, help="Seconds from now.")
 @click.option("--until", default=None, help="A time (ISO 8601 with a zone).")
 @click.option("--reason", default=None, help="Why (on the timeline).")
 @_BY
@@ -546,6 +566,8 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print the message 
 @click.pass_context
 def inbox_defer(ctx: click.Context, /, message_id: str, as_json: bool, **body: Any) -> None:
     """Hold a pending message until a time: not delivered before it, though its agent is idle."""
+    if (body["seconds"] is None) == (body["until"] is None):
+        raise click.UsageError("say until when: give --for SECONDS or --until TIME, one of them", ctx)
     _changed(ctx, message_id, "defer", {k: v for k, v in body.items() if v is not None}, as_json)
 
 

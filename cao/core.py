@@ -27,6 +27,7 @@ from cao.errors import (
     NotFound,
     PayloadTooLarge,
     ReceiverBusy,
+    ReceiverGone,
     StoreGone,
 )
 from cao.events import EventBus
@@ -39,7 +40,18 @@ from cao.panelog import PaneLogs
 from cao.panes import PaneIO, Panes
 from cao.paste import is_blank
 from cao.settings import Settings
-from cao.states import ENDED, READY, Event, FailureKind, HookPhase, IfBusy, Kind, MessageStatus, Trigger
+from cao.states import (
+    ENDED,
+    READY,
+    Event,
+    FailureKind,
+    HookPhase,
+    IfBusy,
+    Kind,
+    MessageStatus,
+    Status,
+    Trigger,
+)
 from cao.status import StatusReader
 from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, MessageEvent, Store, Terminal
 from cao.timefmt import iso
@@ -276,6 +288,11 @@ class Cao:
         if terminal.state in ENDED:
             return  # the send itself says so, with its words
         status = self.status.status(terminal)
+        if status == Status.GONE:  # its pane closed, not yet noticed: waiting would never deliver
+            raise ReceiverGone(
+                f"receiver terminal {receiver_id} is gone (its agent exited or its pane was closed); "
+                f"nothing was stored; delete it with `cao shutdown {receiver_id}` and send to a live one"
+            )
         if status not in READY:
             raise ReceiverBusy(
                 f"receiver {receiver_id} is {status}; nothing was stored (if_busy=refuse). Send with "
@@ -357,7 +374,7 @@ class Cao:
         return self.message_view(self.store.get_message(message_id))
 
     def cancel_message(self, message_id: int, *, by: str | None = None) -> dict[str, object]:
-        message = self.store.cancel(message_id, actor=(by or "").strip() or "operator")
+        message = self.inbox.cancel(message_id, by=by)
         self.events.publish("message.cancelled", message_id=message.id, receiver_id=message.receiver_id)
         return self.message_view(message)
 

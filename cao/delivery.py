@@ -304,7 +304,14 @@ class Delivery:
                     done = self._ack(claim, seen, trigger, found=True)
                     todo = [m for m in todo if m not in seen]
                 late = [m.id or 0 for m in todo if m.expires_at is not None and m.expires_at <= self.clock()]
-                if late:  # not found in the pane, and past its deadline: expired, never pasted again
+                typed = format_batch(todo, self.settings.inline_limit) if late else ""  # type: ignore[arg-type]
+                if late and is_ours(box or "", todo[0], typed):
+                    # typed before its deadline and still unsubmitted in the box (with the rest of
+                    # its batch): Enter finishes that paste, as recovery does; expiring it would
+                    # leave its text in the box, and the batch's next message could never prove the
+                    # box its own (held as "input box holds text" for ever)
+                    late = []
+                if late:  # not found in the pane, not in the box, past its deadline: expired, never pasted
                     self.store.expire_claimed(claim.token, late)
                     todo = [m for m in todo if (m.id or 0) not in late]
                 if not todo:
@@ -442,7 +449,11 @@ class Delivery:
         """The hook printed the hand-over (its CLI adds it to the turn): delivered, channel ``hook``
         (conditional on the claim; 0: the claim was lost, e.g. recovered meanwhile)."""
         self.faults.hit("before_hand_ack")
-        rows = [m for m in self.store.claimed(token) if m.receiver_id == terminal_id]
+        # only a claim handed to this terminal's hook (note_handed): a paste claim's token is on the
+        # event stream, and confirming it would mark delivered what the deliverer has yet to type
+        rows = [
+            m for m in self.store.claimed(token) if m.receiver_id == terminal_id and m.channel == Channel.HOOK
+        ]
         if not rows:
             return 0
         claim = Claim(token, 0, rows, recheck=False)

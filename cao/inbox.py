@@ -80,8 +80,7 @@ class Inbox:
         validate_terminal_id(terminal_id)
         terminal = self.store.get_terminal(terminal_id, include_deleted=True)
         queue = self.store.queue(terminal_id)
-        delivered = self.store.list_messages(receiver_id=terminal_id, status=MessageStatus.DELIVERED, limit=1)
-        last = delivered[0] if delivered else None
+        last = self.store.last_delivered(terminal_id)
         state = {
             Status.IDLE: "idle",
             Status.COMPLETED: "idle",
@@ -146,6 +145,13 @@ class Inbox:
         why = (reason or "").strip() or "no reason given"
         return self.store.manage(
             message_id, Event.DEFERRED, actor=who, as_agent=agent, reason=why, until=when
+        )
+
+    def cancel(self, message_id: int, *, by: str | None) -> Message:
+        """Never delivered. An agent naming itself: its own queue only, never a person's chat."""
+        who, agent = self.actor(by)
+        return self.store.manage(
+            message_id, Event.CANCELLED, actor=who, as_agent=agent, reason=f"cancelled by {who}"
         )
 
     def drop(self, message_id: int, *, by: str | None, reason: str | None) -> Message:

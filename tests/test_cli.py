@@ -115,3 +115,26 @@ def test_cancel_pending_message(run, core: Cao):
     res = run("cancel", str(mid))
     assert res.exit_code == 0 and "cancelled" in res.output
     assert run("cancel", str(mid)).exit_code == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["send", "1a2b3c4d", "hi", "--ttl", "nan"],
+        ["send", "1a2b3c4d", "hi", "--ttl", "inf"],
+        ["send", "1a2b3c4d", "hi", "--ttl", "-5"],
+        ["inbox", "defer", "42", "--for", "nan"],
+        ["inbox", "defer", "42", "--for", "-inf"],
+        ["inbox", "defer", "42", "--for", "0"],
+        ["inbox", "defer", "42"],
+        ["inbox", "defer", "42", "--for", "10", "--until", "2026-12-02T09:00:00Z"],
+    ],
+)
+def test_a_duration_that_is_no_number_of_seconds_is_a_usage_error_naming_the_option(args: list[str]):
+    """NaN or infinity crashed the CLI with a traceback (the JSON encoder refused them); a defer
+    without --for/--until was told about the API's `until`/`seconds`. Each is a usage error (exit 2)
+    naming the option, before anything is sent."""
+    res = CliRunner().invoke(cli, args, obj={"client": None})
+    assert res.exit_code == 2, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert "--ttl" in res.output or "--for" in res.output

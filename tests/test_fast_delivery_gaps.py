@@ -177,3 +177,24 @@ def test_after_the_interrupt_key_a_fresh_turn_start_report_is_looked_at_again_wh
     world.clock.advance(again.look_again_in)
     assert world.deliver(tid) == Outcome.DELIVERED
     assert world.received(tid)[-1] == ["stop now"] and world.message(mid).channel == "paste"
+
+
+def test_a_deadline_passing_while_caos_own_paste_waits_in_the_box_never_strands_the_batch(tmp_path: Path):
+    """An unsubmitted paste of [short-lived, other] sits in the box; the first one's deadline passes
+    before the retry. Expiring it would leave its text in the box, and the other message could never
+    prove the box its own: held "input box holds text" for ever. Typed before the deadline, the
+    paste is finished (Enter), as recovery finishes it; nothing is typed twice."""
+    w = World(tmp_path)
+    try:
+        tid = w.agent("deaf", swallow_enters=2)
+        short = w.core.send_message(tid, "short lived", sender_id="s", ttl_seconds=10).message.id or 0
+        other = w.send(tid, "no deadline")
+        assert w.deliver(tid) == Outcome.RETRY  # both typed, the Enter swallowed
+        w.clock.advance(11)
+        assert w.deliver(tid) == Outcome.DELIVERED
+        assert w.message(other).status == MessageStatus.DELIVERED
+        assert w.message(short).status == MessageStatus.DELIVERED
+        assert w.received(tid) == [["short lived", "no deadline"]]
+        assert pasted(w, tid, "no deadline") == 1
+    finally:
+        w.core.stop()

@@ -10,6 +10,7 @@ import pytest
 
 from cao import attention
 from cao.errors import Conflict, Forbidden
+from cao.inbox import Inbox
 from cao.states import Event
 from cao.store import Store
 from cao.store.messages import EXPIRED_REASON
@@ -133,3 +134,18 @@ def test_the_interrupting_claim_takes_only_the_interrupting_head_of_the_queue(st
     claim = store.claim(RID, handing="interrupts")
     assert claim is not None and claim.ids == [u1]  # u2 (wait) stands between u1 and u3
     assert store.get_message(normal).status == "pending" and store.get_message(u3).status == "pending"
+
+
+def test_working_on_names_the_message_delivered_last_not_the_newest_id(store: Store, clock: Clock):
+    """Served by priority, the message delivered last can be an older one: an urgent #2 goes first,
+    then the low #1 starts the turn the agent is working on. ``working_on`` named the highest id."""
+    low = send(store, clock, "low", priority="low")
+    urgent = send(store, clock, "urgent", priority="urgent")
+    for expected in (urgent, low):
+        claim = store.claim(RID, limit=1)
+        assert claim is not None and claim.ids == [expected]
+        clock.t += 1
+        store.mark_delivered(claim.token)
+    view = Inbox(store, clock).attention(RID, "processing")
+    assert view["attention"] == "working"
+    assert view["working_on"]["message_id"] == low  # type: ignore[index]

@@ -185,6 +185,26 @@ class MessageRows(Database):
             rows = conn.execute(sql, tuple(args)).fetchall()
         return [_row(Message, r) for r in rows]
 
+    def last_delivered(self, receiver_id: str) -> Message | None:
+        """The message delivered to ``receiver_id`` most recently (served by priority, it need not
+        be the newest id)."""
+        with self._read() as conn:
+            # its timeline says (newest event first, on its index); pruned: the newest id
+            row = (
+                conn.execute(
+                    "SELECT m.* FROM message_event e JOIN message m ON m.id = e.message_id "
+                    "WHERE e.receiver_id = ? AND e.event = 'delivered' AND m.status = 'delivered' "
+                    "ORDER BY e.id DESC LIMIT 1",
+                    (receiver_id,),
+                ).fetchone()
+                or conn.execute(
+                    "SELECT * FROM message WHERE receiver_id = ? AND status = 'delivered' "
+                    "ORDER BY id DESC LIMIT 1",
+                    (receiver_id,),
+                ).fetchone()
+            )
+        return None if row is None else _row(Message, row)
+
     def has_pending(self, receiver_id: str) -> bool:
         return self.newest_pending(receiver_id) is not None
 
