@@ -171,7 +171,7 @@ class Delivery:
     # -- the delivery function ------------------------------------------------------------------
     def deliver(self, receiver_id: str, *, trigger: str = Trigger.MANUAL) -> Result:
         try:  # one read: the row, any outstanding claim, the newest message due, the next deferred
-            terminal, outstanding, newest, due = self.store.delivery_view(receiver_id)
+            terminal, outstanding, newest, due, interrupting = self.store.delivery_view(receiver_id)
         except StoreBusy:
             raise  # not "nothing pending": the engine retries it
         except CaoError:
@@ -207,7 +207,7 @@ class Delivery:
             if wait > 0:
                 return Result(Outcome.WAITING, reason=WaitReason.BUSY, look_again_in=wait)
         with self.panes.lock(receiver_id):
-            return self._deliver_locked(terminal, provider, newest, trigger)
+            return self._deliver_locked(terminal, provider, newest, trigger, interrupting)
 
     def _look(self, terminal: Terminal, provider: Provider) -> tuple[str, str, str | None]:
         """One identity-checked capture → (screen, status, why the gate is closed or None).
@@ -246,7 +246,9 @@ class Delivery:
                 why = WaitReason.BOX_TEXT
         return screen, status, why
 
-    def _deliver_locked(self, terminal: Terminal, provider: Provider, newest: int, trigger: str) -> Result:
+    def _deliver_locked(
+        self, terminal: Terminal, provider: Provider, newest: int, trigger: str, interrupting: bool = False
+    ) -> Result:
         rid = terminal.id
         # 1. status and gate (one identity-checked capture)
         try:
@@ -256,14 +258,14 @@ class Delivery:
         except TmuxError as exc:
             return self._hold(terminal, newest, WaitReason.UNREADABLE, exc.message)
         if why is not None:
-            if why == WaitReason.BUSY:
-                interrupting = self._interrupt(terminal, provider, screen, newest)
-                if interrupting is not None:
-                    if interrupting.outcome == Outcome.WAITING and interrupting.look_again_in is None:
+            if why == WaitReason.BUSY and interrupting:  # an urgent interrupt waits: at a safe point?
+                held = self._interrupt(terminal, provider, screen, newest)
+                if held is not None:
+                    if held.outcome == Outcome.WAITING and held.look_again_in is None:
                         # still a busy hold: look again when a fresh turn-start report stops
                         # counting (an interrupted turn reports no end, and its pane goes quiet)
-                        interrupting.look_again_in = self._opens_in(terminal, why)
-                    return interrupting
+                        held.look_again_in = self._opens_in(terminal, why)
+                    return held
             return self._hold(terminal, newest, why)
         # 2. claim
         self.faults.hit("before_claim")

@@ -149,3 +149,15 @@ def test_working_on_names_the_message_delivered_last_not_the_newest_id(store: St
     view = Inbox(store, clock).attention(RID, "processing")
     assert view["attention"] == "working"
     assert view["working_on"]["message_id"] == low  # type: ignore[index]
+
+
+def test_the_weekly_prune_drops_only_events_older_than_the_cutoff(store: Store, clock: Clock):
+    first = send(store, clock, "old")
+    clock.t += 100
+    second = send(store, clock, "new")
+    assert store.prune_timeline(older_than=clock.t - 200) == 0
+    assert store.prune_timeline(older_than=clock.t - 50) == 1  # the first message's queued event
+    assert [e.message_id for e in store.timeline(RID)] == [second]
+    assert store.get_message(first).body == "old"  # the messages stay
+    assert store.prune_timeline(older_than=clock.t + 1) == 1
+    assert store.timeline(RID) == [] and store.prune_timeline(older_than=clock.t + 1) == 0

@@ -460,11 +460,12 @@ class MessageRows(Database):
             )
             return int(cur.rowcount)
 
-    def delivery_view(self, receiver_id: str) -> tuple[Terminal, bool, int | None, float | None]:
+    def delivery_view(self, receiver_id: str) -> tuple[Terminal, bool, int | None, float | None, bool]:
         """The receiver's row, whether some claim on it is outstanding, the newest message that may
         be handed out now (None: none) and when the next deferred one falls due, in one read: a
         deliverer that sees no claim outstanding and later wins the claim with fence + 1 knows
-        nobody else pasted into that pane in between (its screen read is still current)."""
+        nobody else pasted into that pane in between (its screen read is still current); and whether an
+        urgent interrupting message waits (only then does a busy look ask what heads the queue)."""
         now = self.clock()
         with self._read() as conn:
             # newest: the newest pending id, if any pending row may be handed out now (not only
@@ -477,16 +478,18 @@ class MessageRows(Database):
                 "OR m.not_before <= ? OR m.recheck IS NOT NULL)) THEN (SELECT max(id) FROM message m "
                 "WHERE m.receiver_id = t.id AND m.status = 'pending') END AS newest, "
                 "(SELECT min(not_before) FROM message m WHERE m.receiver_id = t.id "
-                "AND m.status = 'pending' AND m.not_before > ?) AS due FROM terminal t WHERE t.id = ?",
+                "AND m.status = 'pending' AND m.not_before > ?) AS due, EXISTS(SELECT 1 FROM message m "
+                "WHERE m.receiver_id = t.id AND m.status = 'pending' AND m.if_busy = 'interrupt') "
+                "AS interrupting FROM terminal t WHERE t.id = ?",
                 (now, now, receiver_id),
             ).fetchone()
         if row is None:
             raise NotFound(f"terminal {receiver_id} not found; list terminals with `cao status`")
-        extra = ("outstanding", "newest", "due")
+        extra = ("outstanding", "newest", "due", "interrupting")
         fields = {k: row[k] for k in row.keys() if k not in extra}  # noqa: SIM118 (sqlite3.Row)
         newest = None if row["newest"] is None else int(row["newest"])
         due = None if row["due"] is None else float(row["due"])
-        return _row(Terminal, fields), bool(row["outstanding"]), newest, due
+        return _row(Terminal, fields), bool(row["outstanding"]), newest, due, bool(row["interrupting"])
 
     def renew(self, token: str) -> bool:
         """Extend a claim's lease; False means the claim was lost (recovered by someone else)."""
@@ -731,13 +734,29 @@ class MessageRows(Database):
         return cur is not None
 
     def prune_timeline(self, *, older_than: float) -> int:
-        """Drop timeline events older than ``older_than`` (the messages themselves stay)."""
+        """Drop timeline events older than ``older_than`` (the messages themselves stay). Events
+        are appended as they happen, so their ids follow their times: the first id to keep is found
+        by a binary search of primary-key lookups (no index on the time to keep up on every write)."""
         with self._read() as conn:
-            old = conn.execute("SELECT 1 FROM message_event WHERE at < ? LIMIT 1", (older_than,)).fetchone()
-        if old is None:
-            return 0
+            lo, hi = conn.execute("SELECT min(id), max(id) FROM message_event").fetchone()
+            if (
+                lo is None
+                or conn.execute("SELECT at FROM message_event WHERE id = ?", (lo,)).fetchone()[0]
+                >= older_than
+            ):
+                return 0
+            hi += 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                at = conn.execute(
+                    "SELECT at FROM message_event WHERE id >= ? ORDER BY id LIMIT 1", (mid,)
+                ).fetchone()
+                if at is not None and at[0] < older_than:
+                    lo = mid + 1
+                else:
+                    hi = mid
         with self._write() as conn:
-            return int(conn.execute("DELETE FROM message_event WHERE at < ?", (older_than,)).rowcount)
+            return int(conn.execute("DELETE FROM message_event WHERE id < ?", (lo,)).rowcount)
 
     def timeline(
         self, receiver_id: str, *, limit: int = 200, message_id: int | None = None
