@@ -598,7 +598,7 @@ class Delivery:
     def _release(self, claim: Claim, receiver_id: str, error: str) -> Result:
         counts = self.store.retrying(
             lambda: self.store.release(
-                claim.token, error, max_attempts=self.settings.max_attempts, recheck=True
+                claim.token, error, max_attempts=self.settings.max_attempts, recheck=True, pasted=True
             ),
             for_seconds=self.settings.lease_seconds,
         )

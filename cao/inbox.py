@@ -44,6 +44,8 @@ class Inbox:
         if m.status == MessageStatus.PENDING:
             deferred = m.not_before is not None and m.not_before > now
             waiting = f"deferred until {iso(m.not_before)}" if deferred else m.waiting_reason
+            if m.expires_at is not None and m.expires_at <= now and m.recheck is None:
+                waiting = "its deadline passed: expiring (never pasted now)"  # until the next tick
         return {
             "id": m.id,
             "message_id": m.id,

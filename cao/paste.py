@@ -92,9 +92,10 @@ def announcement(message: Addressed) -> str:
 
 
 def format_message(message: Addressed, inline_limit: int = INLINE_LIMIT) -> str:
-    if len(message.body.encode("utf-8", "surrogatepass")) > inline_limit:
+    typed = neutralise(message.body)  # what would be typed: control characters grow into pictures
+    if len(typed.encode("utf-8", "surrogatepass")) > inline_limit:
         return f"{header(message)}\n{announcement(message)}\n{trailer(message)}"
-    text = f"{header(message)}\n{neutralise(message.body)}"
+    text = f"{header(message)}\n{typed}"
     return f"{text}\n{trailer(message)}" if needs_trailer(message.body) else text
 
 

@@ -161,3 +161,56 @@ def test_the_weekly_prune_drops_only_events_older_than_the_cutoff(store: Store, 
     assert store.get_message(first).body == "old"  # the messages stay
     assert store.prune_timeline(older_than=clock.t + 1) == 1
     assert store.timeline(RID) == [] and store.prune_timeline(older_than=clock.t + 1) == 0
+
+
+def test_the_inline_limit_counts_what_would_be_typed_not_the_raw_bytes():
+    from cao.paste import format_message
+    from cao.store import Message
+
+    def msg(body: str) -> Message:
+        return Message(
+            id=7, sender_id="s", receiver_id=RID, body=body, body_sha256="", created_at=0.0, nonce="ab"
+        )
+
+    assert "read_message tool" not in format_message(msg("x" * 4096), 4096)  # exactly at the limit: typed
+    assert "read_message tool" in format_message(msg("x" * 4097), 4096)  # one byte over: announced
+    assert "read_message tool" in format_message(msg("\x01" * 2000), 4096)  # 2000 bytes typing as 6000
+    assert "read_message tool" in format_message(msg("é" * 2049), 4096)  # 4098 bytes in UTF-8
+
+
+def test_a_message_past_its_deadline_reads_expiring_until_the_tick_expires_it(store: Store, clock: Clock):
+    from cao.inbox import Inbox
+
+    mid = send(store, clock, "short", ttl_seconds=2)
+    clock.t += 3
+    assert (
+        Inbox(store, clock).view(store.get_message(mid))["waiting_reason"].startswith("its deadline passed")
+    )
+    assert [e.message_id for e in store.expire_due()] == [mid]
+
+
+def test_a_hand_over_found_after_a_crash_keeps_its_channel_a_later_paste_says_paste(
+    store: Store, clock: Clock
+):
+    """A hand-over claim left by a crash goes back to the queue to be looked for: found later by
+    its evidence it was handed (channel hook); pasted after all (never found), it says paste."""
+    a = send(store, clock, "a", priority="urgent", if_busy="interrupt")
+    claim = store.claim(RID, handing="interrupts")
+    assert claim is not None
+    store.note_handed(claim.token, "PostToolUse")
+    store.release(claim.token, "recovered: not seen", max_attempts=10**9, count_attempt=False, recheck=True)
+    again = store.claim(RID)
+    assert again is not None and again.recheck
+    assert store.mark_delivered(again.token, found=True) == 1
+    assert store.get_message(a).channel == "hook"
+    b = send(store, clock, "b", priority="urgent", if_busy="interrupt")
+    claim = store.claim(RID, handing="interrupts")
+    assert claim is not None
+    store.note_handed(claim.token, "PostToolUse")
+    store.release(claim.token, "recovered: not seen", max_attempts=10**9, count_attempt=False, recheck=True)
+    pasted = store.claim(RID)
+    assert pasted is not None
+    store.release(pasted.token, "submit not confirmed", max_attempts=5, recheck=True, pasted=True)
+    last = store.claim(RID)
+    assert last is not None and store.mark_delivered(last.token, found=True) == 1
+    assert store.get_message(b).channel == "paste"

@@ -535,10 +535,12 @@ class MessageRows(Database):
         now = self.clock()
         sql = (
             "UPDATE message SET status = 'delivered', delivered_at = ?, attempts = attempts + 1, "
-            "last_error = NULL, waiting_reason = NULL, recheck = NULL, channel = coalesce(channel, ?) "
+            "last_error = NULL, waiting_reason = NULL, recheck = NULL, "
+            # found by its evidence: it came the way it was last sent (a hand-over: 'hook')
+            "channel = CASE WHEN ? THEN coalesce(channel, ?) ELSE ? END "
             "WHERE claim = ? AND status = 'delivering'"
         )
-        args: list[Any] = [now, str(channel), token]
+        args: list[Any] = [now, found, str(channel), str(channel), token]
         if ids is not None:
             sql += f" AND id IN ({','.join('?' * len(ids))})"
             args.extend(ids)
@@ -562,6 +564,7 @@ class MessageRows(Database):
         max_attempts: int,
         count_attempt: bool = True,
         recheck: bool = False,
+        pasted: bool = False,
     ) -> dict[str, int]:
         """Return a claim to ``pending`` (attempts+1), or ``failed`` past the retry limit.
 
@@ -586,9 +589,12 @@ class MessageRows(Database):
             )
             pending = conn.execute(
                 "UPDATE message SET status = 'pending', attempts = attempts + ?, last_error = ?, "
-                "claim = NULL, claimed_at = NULL, channel = NULL, "
+                # rechecked later: found by its evidence, it came the way it was last sent (a
+                # hand-over keeps 'hook' unless a paste followed); otherwise the next send decides
+                "claim = NULL, claimed_at = NULL, channel = CASE WHEN ? THEN "
+                "(CASE WHEN ? THEN 'paste' ELSE channel END) ELSE NULL END, "
                 "recheck = CASE WHEN ? THEN ? ELSE recheck END WHERE claim = ? AND status = 'delivering'",
-                (inc, error, recheck, token, token),
+                (inc, error, recheck, pasted, recheck, token, token),
             ).rowcount
         self._told(told)
         return {"failed": int(failed), "pending": int(pending)}
