@@ -156,7 +156,7 @@ def test_an_urgent_interrupt_waits_while_a_permission_prompt_is_open(busy_core: 
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "waiting_user_answer")
     urgent = core.send_message(tid, "urgent news", sender_id="s", priority="urgent", if_busy="interrupt")
     mid = urgent.message.id or 0
-    time.sleep(2.0)
+    wait_until(lambda: core.store.get_message(mid).waiting_reason == "receiver waiting for a user answer")
     m = core.store.get_message(mid)
     assert m.status == "pending" and m.interrupt_at is None
     assert m.waiting_reason == "receiver waiting for a user answer"
@@ -181,7 +181,7 @@ def test_an_interrupt_never_discards_a_persons_half_typed_text(busy_core: Cao):
     wait_until(lambda: core.store.get_message(mid or 0).interrupt_at is not None, timeout=10)
     # the prompt is back holding the person's text: cao pastes nothing over it
     wait_until(lambda: "half typed" in core.output(tid, "full"), timeout=5)
-    time.sleep(1.0)
+    wait_until(lambda: core.store.get_message(mid or 0).waiting_reason == "input box holds text")
     m = core.store.get_message(mid or 0)
     assert m.status == "pending" and m.waiting_reason == "input box holds text"
 
@@ -195,7 +195,7 @@ def test_a_deadline_that_passes_while_the_receiver_works_expires_the_message(bus
     wait_until(lambda: status_of(core, mid) == "expired", timeout=8, what="expired while busy")
     assert core.store.get_message(mid).closed_reason == "its deadline passed while it waited"
     wait_until(lambda: core.status.status(core.store.get_terminal(tid)) == "completed", timeout=10)
-    time.sleep(1.0)
+    wait_until(core.engine.idle, what="no delivery run left")  # every trigger had its chance
     assert "only useful now" not in received_bodies(core.settings.home, tid)
     assert status_of(core, mid) == "expired"
     assert events_of(core, tid, mid) == ["queued", "expired"]
@@ -232,12 +232,12 @@ def test_a_deferred_message_waits_for_its_time_even_across_a_restart(
     core = make_core(settings)
     tid = new_terminal(core)
     mid = core.send_message(tid, "later please", sender_id="s", deliver_at=_iso_in(4)).message.id or 0
-    time.sleep(1.0)
+    wait_until(lambda: core.store.get_message(mid).waiting_reason is not None or core.engine.idle())
     assert status_of(core, mid) == "pending"
     assert str(core.message_view(core.store.get_message(mid))["waiting_reason"]).startswith("deferred until")
     core.stop()
     core2 = make_core(settings)
-    time.sleep(1.0)
+    wait_until(core2.engine.idle, what="the restart's startup delivery ran")
     assert status_of(core2, mid) == "pending"  # still not due after the restart
     wait_until(lambda: status_of(core2, mid) == "delivered", timeout=10, what="delivered once due")
     delivered = core2.store.get_message(mid).delivered_at or 0
@@ -267,7 +267,7 @@ def test_operator_defers_drops_and_reprioritises_through_the_api(busy_core: Cao,
     assert ("dropped", a["message_id"]) in events and ("deferred", b["message_id"]) in events
     assert ("prioritized", c["message_id"]) in events
     wait_until(lambda: status_of(busy_core, c["message_id"]) == "delivered", timeout=15)
-    time.sleep(0.5)
+    wait_until(busy_core.engine.idle, what="no delivery run left")
     bodies = received_bodies(busy_core.settings.home, tid)
     assert "drop me" not in bodies and "later" not in bodies
     assert status_of(busy_core, b["message_id"]) == "pending"
@@ -413,7 +413,7 @@ def test_an_urgent_interrupt_is_handed_to_the_running_turn_at_its_next_tool_call
         wait_until(lambda: _entries(srv.home, tid, "done"), timeout=15, what="the turn's end")
         assert "tools done" in http.get(f"/terminals/{tid}/output").json()["output"]
         assert not _entries(srv.home, tid, "stopped")
-        time.sleep(1.0)
+        wait_until(lambda: http.get(f"/terminals/{tid}").json()["status"] == "completed", timeout=10)
         assert mid not in _pasted_ids(srv.home, tid) and _handed_ids(srv.home, tid) == [mid]
         events = [
             e["event"]
@@ -476,7 +476,7 @@ def test_a_crash_during_a_hand_over_neither_loses_nor_doubles_the_message(
             what="delivered",
         )
         wait_until(lambda: _entries(srv.home, tid, "done"), timeout=20, what="the turn's end")
-        time.sleep(2.0)
+        wait_until(lambda: http2.get(f"/terminals/{tid}").json()["status"] == "completed", timeout=10)
         handed, pasted = _handed_ids(srv.home, tid), _pasted_ids(srv.home, tid)
         assert handed.count(mid) + pasted.count(mid) == 1, (handed, pasted)
         channel = http2.get(f"/messages/{mid}").json()["channel"]
