@@ -27,7 +27,7 @@ from cao.hook import TEXT_LIMIT as HOOK_TEXT_LIMIT
 from cao.hookstate import HOOK_KEY_HEADER
 from cao.names import TERMINAL_ID_RE
 from cao.params import NAME_SCHEMA, Param, Params, Values, path, query
-from cao.states import IfBusy, Kind, Priority
+from cao.states import IfBusy, Kind, Priority, ResultStatus
 from cao.store import MESSAGE_STATUSES
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,11 @@ _WORKDIR = Param("working_directory", "path", doc="where the agent starts")
 _CALLER = Param("caller_id", doc="the terminal that creates this one, where its replies go")
 _TASK = Param("initial_message", "free_text", doc="the first task, into the new agent's inbox; empty: none")
 _WORKTREE = Param("use_worktree", "flag", doc="its own git worktree and branch (default: the profile's)")
+_NOTIFY = Param(
+    "notify",
+    "flag",
+    doc="its supervisor gets a notice when it finishes, blocks, fails or exits (default true)",
+)
 NEW_SESSION = Params(
     _DEFER_INIT,
     _PROVIDER,
@@ -68,6 +73,7 @@ NEW_TERMINAL = Params(
     _CALLER,
     _TASK,
     _WORKTREE,
+    _NOTIFY,
 )
 RUN_STEP = Params(
     Param("prompt", "free_text", required=True, doc="the task, typed when the worker is ready; not blank"),
@@ -91,6 +97,7 @@ RUN_STEP = Params(
         constraints={"pattern": JOB_ID_RE.pattern},
     ),
     _WORKTREE,
+    _NOTIFY,
 )
 SIBLINGS = Params()  # depth, cross_session: accepted (checked as text), no effect: cao has no groups
 KEY = Params(Param("key", required=True, doc="one named key: Escape, C-c, Enter, Up, a letter…"))
@@ -138,6 +145,25 @@ PRIORITIZE = Params(
 )
 READ = Params(_BY)
 CANCEL = Params(_BY)
+ACK = Params(
+    Param("through_message_id", "count", doc="everything delivered to you up to this id (the cursor)"),
+    Param("message_ids", "json", doc="or these ids (a list), the cursor unchanged"),
+    Param("expected", "count", doc="the cursor you last saw: another one is a 409 (check_inbox shows it)"),
+    _BY,
+)
+RESULT = Params(
+    Param("status", required=True, doc="done|failed|blocked", constraints={"enum": list(ResultStatus)}),
+    Param("summary", "free_text", required=True, doc="what came of the task (at most 4000 characters)"),
+    Param("details", "json", doc="an object: branch, commit, files, artifacts, tests, notes"),
+    _BY,
+)
+SCHEDULE = Params(
+    Param("message", "message", required=True, doc="what the wake-up tells the agent"),
+    Param("at", doc="the first time (ISO 8601 with a zone)"),
+    Param("in_seconds", "seconds", doc="or this many seconds from now"),
+    Param("every_seconds", "seconds", doc="then again every this many seconds (default: once)"),
+    _BY,
+)
 ATTENTION = ("priority", "kind", "if_busy", "ttl_seconds", "expires_at", "deliver_at", "topic")
 # path and query parameters FastAPI reads from the signature, with what core checks in their schema
 TerminalId = Annotated[str, path(pattern=TERMINAL_ID_RE.pattern)]
@@ -417,6 +443,67 @@ def create_app(core: Cao) -> FastAPI:
         message_id: MessageId, p: Annotated[Values, Depends(PRIORITIZE)]
     ) -> dict[str, Any]:
         return await _off_loop(core.prioritize_message, _message_id(message_id), **p)
+
+    # -- coordination: acks, results, notifications, wake-ups ----------------------------------------
+    @app.get("/terminals/{terminal_id}/inbox")
+    async def check_inbox(terminal_id: TerminalId) -> dict[str, Any]:
+        """What waits (serving order) and what was delivered but not acknowledged; changes nothing."""
+        return await _off_loop(core.check_inbox, terminal_id)
+
+    @app.post("/terminals/{terminal_id}/ack")
+    async def ack(terminal_id: TerminalId, p: Annotated[Values, Depends(ACK)]) -> dict[str, Any]:
+        """Acknowledge: through an id (forward-only cursor, CAS on ``expected``) or by ids."""
+        return await _off_loop(
+            core.ack,
+            terminal_id,
+            by=p["by"],
+            through=p["through_message_id"],
+            ids=p["message_ids"],
+            expected=p["expected"],
+        )
+
+    @app.post("/terminals/{terminal_id}/result", status_code=201)
+    async def report_result(terminal_id: TerminalId, p: Annotated[Values, Depends(RESULT)]) -> JSONResponse:
+        """A worker's report on its task, to its supervisor; an exact retry answers the first (200)."""
+        out = await _off_loop(core.report_result, terminal_id, **p)
+        return JSONResponse(out, status_code=200 if out["duplicate"] else 201)
+
+    @app.get("/terminals/{terminal_id}/results")
+    async def results(terminal_id: TerminalId) -> list[dict[str, Any]]:
+        return await _off_loop(core.results, terminal_id)
+
+    @app.get("/notifications")
+    async def notifications(
+        limit: Annotated[int, query(minimum=1, maximum=1000)] = 100,
+        terminal_id: Annotated[str | None, query(pattern=TERMINAL_ID_RE.pattern)] = None,
+    ) -> list[dict[str, Any]]:
+        """Worker events (finished, blocked, failed, exited), oldest first, with the webhook's state."""
+        return await _off_loop(core.notifications, limit=limit, terminal_id=terminal_id)
+
+    @app.post("/terminals/{terminal_id}/schedules", status_code=201)
+    async def add_schedule(
+        terminal_id: TerminalId, p: Annotated[Values, Depends(SCHEDULE)]
+    ) -> dict[str, Any]:
+        """A wake-up: once (at / in_seconds) or repeating (every_seconds); durable, one per slot."""
+        return await _off_loop(core.schedule, terminal_id, **p)
+
+    @app.get("/schedules")
+    async def list_schedules(
+        receiver_id: Annotated[str | None, query(pattern=TERMINAL_ID_RE.pattern)] = None,
+        active: bool = False,
+    ) -> list[dict[str, Any]]:
+        return await _off_loop(core.schedules, receiver_id, active_only=active)
+
+    @app.get("/schedules/{schedule_id}")
+    async def get_schedule(schedule_id: MessageId) -> dict[str, Any]:
+        return await _off_loop(core.get_schedule, _message_id(schedule_id))
+
+    @app.post("/schedules/{schedule_id}/cancel")
+    async def cancel_schedule(
+        schedule_id: MessageId, p: Annotated[Values, Depends(CANCEL)]
+    ) -> dict[str, Any]:
+        """Cancel a wake-up and its slots still waiting."""
+        return await _off_loop(core.cancel_schedule, _message_id(schedule_id), **p)
 
     @app.post("/messages/{message_id}/read")
     async def read_message(message_id: MessageId, p: Annotated[Values, Depends(READ)]) -> dict[str, Any]:

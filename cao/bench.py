@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 
 from cao.tmux import Tmux
+from providers.scripted_agent import TURN_DONE
 
 WORK_RULES = {
     "record": True,
@@ -236,7 +237,7 @@ class Bench:
                 turn_start = max(
                     x["t"] for x in recs if x["kind"] == "received" and x["text"] == "work 3" and x["t"] < got
                 )
-                done = min(x["t"] for x in recs if x["kind"] == "done" and x["t"] > turn_start)
+                done = min(x["t"] for x in recs if x["kind"] == TURN_DONE and x["t"] > turn_start)
                 lat.append(got - done)
             self.wait_status(ids, {"idle", "completed"})
         return summary(lat)

@@ -380,9 +380,7 @@ SECONDS = _Seconds()
 @click.option(
     "--ttl", type=SECONDS, default=None, help="Seconds; still undelivered then: expired, never pasted."
 )
-@click.option(
-    "--kind", default=None, help="chat (default from a name), message, task, result, notice, wakeup."
-)
+@click.option("--kind", default=None, help="chat (default from a name), message, task, notice.")
 @click.option("--topic", default=None, help="Notices on one topic from one sender replace each other.")
 @click.option("--at", "deliver_at", default=None, help="Not before this time (ISO 8601 with a zone).")
 @click.option("--json", "as_json", is_flag=True, help="Print the receipt as JSON.")
@@ -456,7 +454,7 @@ def inbox_list(
         console.print("no messages")
         return
     table = Table(title=f"inbox {terminal_id}" if terminal_id else "all messages")
-    cols = ["id", "from", *([] if terminal_id else ["to"]), "status", "priority", "age", "attempts"]
+    cols = ["id", "from", *([] if terminal_id else ["to"]), "status", "priority", "age", "read · acked"]
     for col in cols:
         table.add_column(col, no_wrap=col in ("status", "id"))
     for col in ("why / last error", "message"):
@@ -471,7 +469,7 @@ def inbox_list(
             _styled(m["status"]),
             str(m.get("priority", "normal")),
             _age(m["created_at"]),
-            str(m["attempts"]),
+            _facts(m),
             escape(why),
             escape(preview[:60] + ("…" if len(preview) > 60 else "")),
         )
@@ -495,6 +493,13 @@ def inbox_show(ctx: click.Context, terminal_id: str, limit: int, as_json: bool) 
         _print_json(view)
         return
     _print_attention(view)
+
+
+def _facts(m: dict[str, Any]) -> str:
+    """Read and acked, each a separate fact with its own age ("-": not yet)."""
+    if m.get("status") != MessageStatus.DELIVERED:
+        return ""
+    return f"{_age(m.get('read_at'))} · {_age(m.get('acked_at'))}"
 
 
 def _print_attention(view: dict[str, Any], *, instead_of_queue: Table | None = None) -> None:
@@ -525,6 +530,21 @@ def _print_attention(view: dict[str, Any], *, instead_of_queue: Table | None = N
         console.print(instead_of_queue)
     else:
         console.print(table if view["queue"] else "queue: empty")
+    if view.get("unacked"):
+        unacked = Table(title=f"delivered, not acknowledged (cursor at {view.get('ack_cursor', 0)})")
+        for col in ("id", "from", "kind", "delivered", "read", "message"):
+            unacked.add_column(col, overflow="fold")
+        for m in view["unacked"]:
+            preview = " ".join(m["message"].split())
+            unacked.add_row(
+                str(m["id"]),
+                m["sender_id"],
+                m["kind"],
+                f"{_age(m['delivered_at'])} ago",
+                _age(m.get("read_at")),
+                escape(preview[:50] + ("…" if len(preview) > 50 else "")),
+            )
+        console.print(unacked)
     timeline = Table(title="timeline")
     for col in ("at", "event", "message", "by", "reason"):
         timeline.add_column(col, overflow="fold")
@@ -673,15 +693,23 @@ def dashboard(ctx: click.Context, open_: bool) -> None:
         webbrowser.open(url)
 
 
-@cli.command(epilog="\b\nExamples:\n  cao watch\n  cao watch --json --for 60 > events.jsonl")
+@cli.command(
+    epilog="\b\nExamples:\n  cao watch\n  cao watch --json --for 60 > events.jsonl\n"
+    "  cao watch --attention      # who waits for a person, who failed, what finished"
+)
 @click.option("--json", "as_json", is_flag=True, help="Print every event as a JSON line instead of tables.")
 @click.option("--for", "duration", type=click.FloatRange(0.1), default=None, help="Stop after SECONDS.")
+@click.option(
+    "--attention", is_flag=True, help="Only what needs a person: workers blocked, failed, finished, exited."
+)
 @click.pass_context
-def watch(ctx: click.Context, as_json: bool, duration: float | None) -> None:
+def watch(ctx: click.Context, as_json: bool, duration: float | None, attention: bool) -> None:
     """Follow the fleet live: statuses and messages as they change (cao-server's event stream)."""
     from cao.watch import Watcher
 
-    Watcher(server.for_context(ctx), as_json=as_json, duration=duration, console=console).run()
+    Watcher(
+        server.for_context(ctx), as_json=as_json, duration=duration, console=console, attention=attention
+    ).run()
 
 
 @cli.command("profiles", epilog="\b\nExamples:\n  cao profiles\n  cao profiles --json | jq '.[].name'")
@@ -767,6 +795,8 @@ def main() -> NoReturn:
         sys.exit(1)
     sys.exit(0)
 
+
+from cao import clicoord  # noqa: E402, F401 - registers its commands on the group above
 
 if __name__ == "__main__":
     main()

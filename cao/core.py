@@ -18,6 +18,7 @@ from typing import Any
 import providers
 from cao import attention, profiles
 from cao.clock import SYSTEM, Clock
+from cao.coordination import Coordination
 from cao.delivery import Delivery, Faults
 from cao.engine import DeliveryEngine
 from cao.errors import (
@@ -188,6 +189,8 @@ class Cao:
         )
         self.engine = DeliveryEngine(self.delivery, clock=now)
         self.inbox = Inbox(self.store, now)
+        self.coordination = Coordination(settings, self.store, self.inbox, events=self.events, clock=now)
+        self._follow_work()
         self.store.on_event = self._told
         self.engine.lifecycle = self.lifecycle
         self.engine.keepers.append(self.status.keep_secret)
@@ -201,6 +204,20 @@ class Cao:
         )
         self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.started = False
+
+    def _follow_work(self) -> None:
+        """Coordination hears every status read and pane loss, and wakes delivery and status reads
+        through the engine (cao/coordination.py)."""
+        coord, engine = self.coordination, self.engine
+        coord.wake = lambda rid: engine.immediate(rid) if self.started else None
+        coord.refresh = engine.refresh_status
+        coord.attend = engine.attend
+        engine.attending = coord.attending
+        engine.on_work_log = coord.on_log
+        engine.ticks.append(coord.tick)
+        self.status.on_status = coord.observe
+        self.panes.on_gone(coord.gone)
+        self.lifecycle.deleted_listeners.append(coord.deleted)
 
     def _told(self, event: MessageEvent) -> None:
         """A timeline event committed: on the event stream too."""
@@ -218,6 +235,7 @@ class Cao:
 
     def start(self) -> dict[str, list[str]]:
         adopted = self.lifecycle.adopt()
+        self.coordination.start()
         rows = {t.id: t for t in self.store.list_terminals(include_deleted=True)}
         trees = self.workspaces.adopt(rows)  # orphans are listed, never removed
         adopted["worktrees_adopted"], adopted["worktree_orphans"] = trees["adopted"], trees["orphans"]
@@ -229,6 +247,7 @@ class Cao:
     def stop(self) -> None:
         if self.started:
             self.engine.stop()
+            self.coordination.stop()
             self.started = False
         self.store.close()
 
@@ -247,6 +266,11 @@ class Cao:
         expires_at, deliver_at, topic)."""
         validate_terminal_id(receiver_id)
         validate_sender(sender_id)
+        if options.get("kind") in (Kind.RESULT, Kind.WAKEUP):
+            raise InvalidInput(
+                f"kind {options['kind']} is cao's own: a result comes from its worker's report_result "
+                "(POST /terminals/{id}/result), a wake-up from a schedule (POST /terminals/{id}/schedules)"
+            )
         wants = attention.resolve(
             now=self.clock(), sender_is_terminal=bool(TERMINAL_ID_RE.fullmatch(sender_id)), **options
         )
@@ -326,7 +350,40 @@ class Cao:
         validate_terminal_id(terminal_id)
         terminal = self.store.get_terminal(terminal_id, include_deleted=True)
         status = str(self.view(terminal).get("status", "unknown"))
-        return self.inbox.attention(terminal_id, status, limit=limit)
+        view = self.inbox.attention(terminal_id, status, limit=limit)
+        mail = self.coordination.inbox_view(terminal_id)
+        view["ack_cursor"], view["unacked"] = mail["ack_cursor"], mail["unacked"]
+        view["work_state"] = terminal.work_state
+        view["task_id"] = terminal.task_id
+        return view
+
+    # -- coordination: acks, results, notifications, wake-ups (cao/coordination.py) ---------------
+    def check_inbox(self, terminal_id: str) -> dict[str, Any]:
+        return self.coordination.inbox_view(terminal_id)
+
+    def ack(self, terminal_id: str, **kwargs: Any) -> dict[str, Any]:
+        return self.coordination.ack(terminal_id, **kwargs)
+
+    def report_result(self, terminal_id: str, **kwargs: Any) -> dict[str, Any]:
+        return self.coordination.report_result(terminal_id, **kwargs)
+
+    def results(self, terminal_id: str) -> list[dict[str, object]]:
+        return self.coordination.results(terminal_id)
+
+    def notifications(self, **kwargs: Any) -> list[dict[str, object]]:
+        return self.coordination.notifications(**kwargs)
+
+    def schedule(self, receiver_id: str, **kwargs: Any) -> dict[str, Any]:
+        return self.coordination.schedule(receiver_id, **kwargs)
+
+    def schedules(self, receiver_id: str | None = None, *, active_only: bool = False) -> list[dict[str, Any]]:
+        return self.coordination.schedules(receiver_id, active_only=active_only)
+
+    def get_schedule(self, schedule_id: int) -> dict[str, Any]:
+        return self.coordination.schedule_view(self.store.get_schedule(schedule_id))
+
+    def cancel_schedule(self, schedule_id: int, *, by: str | None = None) -> dict[str, Any]:
+        return self.coordination.cancel_schedule(schedule_id, by=by)
 
     def list_inbox(
         self, terminal_id: str, *, status: str | None = None, limit: int = 50
@@ -386,6 +443,7 @@ class Cao:
         caller_id: str | None = None,
         supervisor_id: str | None = None,
         initial_message: str | None = None,
+        notify: bool | None = None,
         **kwargs: Any,
     ) -> dict[str, object]:
         """A new terminal. ``caller_id`` (the reference's name) and ``supervisor_id`` (ours) are one
@@ -410,6 +468,9 @@ class Cao:
         terminal = self.lifecycle.create(
             provider=self.resolve_provider(provider), supervisor_id=supervisor, **kwargs
         )
+        if notify is False:  # its supervisor asked to hear nothing about it (assign/handoff notify=false)
+            self.store.update_terminal(terminal.id, notify_supervisor=0)
+            terminal.notify_supervisor = 0
         # sent to while starting: that run only saw STARTING. Best effort: the terminal exists now,
         # so a busy store must not turn this create into a "nothing was written, retry" error.
         try:

@@ -53,8 +53,21 @@ class _LogEvents(FileSystemEventHandler):
             self.wake(name[:-4])
 
 
+class _Either:
+    """The logs to poll: receivers with mail waiting, and terminals coordination follows."""
+
+    def __init__(self, *sets: set[str]) -> None:
+        self.sets = sets
+
+    def __bool__(self) -> bool:
+        return any(self.sets)
+
+    def __contains__(self, name: object) -> bool:
+        return any(name in s for s in self.sets)
+
+
 def inbox_log_observer(
-    watched: set[str], *, interval: float, everything: Callable[[], bool] = lambda: False
+    watched: set[str] | _Either, *, interval: float, everything: Callable[[], bool] = lambda: False
 ) -> PollingObserverVFS:
     """watchdog's PollingObserverVFS over ``logs/terminal/``, polling only the logs that matter:
     each poll lists just the log files of receivers that have messages waiting (``watched``) — or
@@ -97,6 +110,11 @@ class DeliveryEngine:
         self._stop = threading.Event()
         self._observer: PollingObserverVFS | None = None
         self.watched: set[str] = set()  # receivers with messages waiting: their logs are polled
+        # terminals whose work coordination follows (cao/coordination.py): their logs are polled
+        # too, and a change re-reads their status (``on_work_log`` says whether it is due)
+        self.attending: set[str] = set()
+        self.on_work_log: Callable[[str], bool] = lambda _tid: False
+        self.ticks: list[Callable[[], object]] = []  # run on every housekeeping tick (wake-ups, notices)
         self._housekeeper: threading.Thread | None = None
         # checks of the files under CAO_HOME that clients read (run with the pipe check): each
         # writes its file again when an operator deleted or changed it under the running server
@@ -226,7 +244,9 @@ class DeliveryEngine:
         logs = self.logs.dir
         logs.mkdir(parents=True, exist_ok=True)
         observer = inbox_log_observer(
-            self.watched, interval=self.settings.watch_interval, everything=lambda: self.events.listening
+            _Either(self.watched, self.attending),
+            interval=self.settings.watch_interval,
+            everything=lambda: self.events.listening,
         )
         observer.schedule(_LogEvents(self._on_log_change), str(logs), recursive=False)
         observer.daemon = True
@@ -236,7 +256,9 @@ class DeliveryEngine:
 
     def _park_watchdog(self) -> None:
         with self._lock:
-            observer = self._observer if not (self.watched or self.events.listening) else None
+            observer = (
+                self._observer if not (self.watched or self.attending or self.events.listening) else None
+            )
             if observer is not None:
                 self._observer = None
         if observer is not None:
@@ -250,8 +272,14 @@ class DeliveryEngine:
     def _on_log_change(self, terminal_id: str) -> None:
         if terminal_id in self.watched:
             self.kick(terminal_id, Trigger.WATCHDOG)
-        if self.events.listening:
+        if self.events.listening or self.on_work_log(terminal_id):
             self.refresh_status(terminal_id)
+
+    def attend(self) -> None:
+        """Coordination follows a terminal now: make sure its log is polled."""
+        with self._lock:
+            if self.attending:
+                self._ensure_watchdog()
 
     # -- live status for event listeners ------------------------------------------------------
     def listeners_changed(self) -> None:
@@ -322,6 +350,13 @@ class DeliveryEngine:
         while not self._stop.wait(tick):
             try:
                 self.store.verify()
+                for tick_fn in self.ticks:
+                    try:
+                        tick_fn()
+                    except StoreGone:
+                        raise
+                    except Exception:
+                        logger.exception("housekeeping tick failed")
                 for e in self.store.expire_due():  # deadlines are kept while receivers stay busy
                     self.delivery.forget(e.receiver_id)
                 if time.monotonic() >= next_sweep:
@@ -333,6 +368,8 @@ class DeliveryEngine:
                     next_pipes = time.monotonic() + self.settings.pipe_check_interval
                     if self.lifecycle is not None:
                         self.lifecycle.restore_pipes()
+                        for tid in self.lifecycle.found_dead:
+                            self.refresh_status(tid)
                     for keep in self.keepers:
                         try:
                             keep()

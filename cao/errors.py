@@ -60,7 +60,14 @@ class Forbidden(CaoError):
 
 
 class Conflict(CaoError):
+    """``fields`` (the current version, the first receipt's id, …) go into the error body."""
+
     status_code = 409
+
+    def __init__(self, message: str, **fields: object) -> None:
+        super().__init__(message)
+        if fields:
+            self.fields = fields
 
 
 class ReceiverBusy(Conflict):

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 from cao.clock import SYSTEM, Clock
+from cao.coordination import result_text, result_view
 from cao.errors import BoxOccupied, CaoError, InvalidInput, PaneGone, PaneInMode, TmuxServerDown
 from cao.lifecycle import Lifecycle
 from cao.names import validate_terminal_id
 from cao.paste import is_blank
-from cao.states import JobState, Status, StepFailure, TerminalState
+from cao.states import AnswerSource, JobState, Status, StepFailure, TerminalState
 from cao.status import StatusReader
-from cao.store import Store, Terminal
+from cao.store import Store, TaskResult, Terminal
 from cao.timefmt import iso
 from cao.typist import Typist
 
@@ -88,6 +90,7 @@ class Handoffs:
         caller_id: str | None = None,
         job_id: str | None = None,
         use_worktree: bool | None = None,
+        notify: bool | None = None,
     ) -> dict[str, object]:
         """Create a worker (or reuse one), type ``prompt`` once it is ready, wait until it has
         answered, return its last message, and delete it (``teardown``, only a worker created
@@ -120,12 +123,14 @@ class Handoffs:
                     new_session=session_name is None,
                     caller_id=caller_id,
                     use_worktree=use_worktree,
+                    notify=notify,
                 )
                 worker = self.store.get_terminal(str(created["id"]))
             if job_id is not None:
                 self.store.put_handoff_job(job_id, JobState.RUNNING, terminal_id=worker.id)
             removed = remove_on_failure and not reuse_terminal_id
-            answer = self._step(worker, prompt, timeout, removed)
+            task = f"j{job_id}" if job_id is not None else f"s{secrets.token_hex(8)}"
+            answer, reported = self._step(worker, prompt, timeout, removed, task)
             if job_id is not None:
                 self.store.put_handoff_job(job_id, JobState.COMPLETED, last_message=answer)
         except CaoError as exc:
@@ -142,6 +147,7 @@ class Handoffs:
             "last_message": answer,
             "status": JobState.COMPLETED.value,
             "replayed": False,
+            **answer_fields(reported),
         }
         if created.get("worktree"):
             out["worktree"] = created["worktree"]
@@ -153,10 +159,15 @@ class Handoffs:
         except CaoError as exc:  # the answer (or the failure) is in hand; a failed cleanup must not hide it
             logger.warning("worker not removed", extra={"terminal_id": worker.id, "error": exc.message})
 
-    def _step(self, terminal: Terminal, prompt: str, timeout: float, removed: bool) -> str:
-        """Type the prompt (held until the agent is ready), wait for the answer, return it."""
+    def _step(
+        self, terminal: Terminal, prompt: str, timeout: float, removed: bool, task: str
+    ) -> tuple[str, TaskResult | None]:
+        """Type the prompt (held until the agent is ready), wait for the answer, return it: the
+        result the worker reported for this attempt (``task``) as soon as it did, else its last
+        answer on the screen once its turn ended."""
         tid = terminal.id
         gone = " It has been removed." if removed else ""
+        self.store.set_task(tid, task, tasked=False)  # the attempt first: a report can't come too early
         try:
             self.typist.send_input(terminal, prompt)
         except (PaneGone, TmuxServerDown) as exc:
@@ -177,13 +188,20 @@ class Handoffs:
                     terminal_id=tid,
                 ) from None
             raise
+        self.store.set_task(tid, task)  # typed: it has work now (its notices follow this attempt)
         deadline = self.clock.monotonic() + timeout
         busy_seen = False
         while True:
+            reported = self.store.get_result(tid, task)
+            if reported is not None:
+                return result_text(terminal, reported), reported
             current = self.store.get_terminal(tid, include_deleted=True)
             status = self.status.status(current)
             if status == Status.COMPLETED or (status == Status.IDLE and busy_seen):
-                return self.status.output(current, "last")
+                reported = self.store.get_result(tid, task)  # reported in its last moments
+                if reported is not None:
+                    return result_text(terminal, reported), reported
+                return self.status.output(current, "last"), None
             if status == Status.ERROR:
                 why = self.status.output(current, "last")
                 fix = " It has been removed; fix the cause (see the error) or retry." if removed else ""
@@ -216,6 +234,7 @@ class Handoffs:
 
     def result(self, job_id: str) -> dict[str, object]:
         job = self.store.get_handoff_job(check_job_id(job_id))
+        reported = self.store.get_result(job.terminal_id, f"j{job_id}") if job.terminal_id else None
         return {
             "job_id": job.job_id,
             "state": job.state,
@@ -224,4 +243,21 @@ class Handoffs:
             "error_message": job.error_message,
             "created_at": iso(job.created_at),
             "updated_at": iso(job.updated_at),
+            **(answer_fields(reported) if job.state == JobState.COMPLETED else {}),
         }
+
+
+def answer_fields(reported: TaskResult | None) -> dict[str, object]:
+    """Which answer a step returned: the worker's reported result, or its screen's last answer."""
+    if reported is None:
+        return {
+            "answer_source": AnswerSource.SCREEN.value,
+            "result": None,
+            "answer_note": "the worker reported no result (report_result): this is its last answer on "
+            "the screen",
+        }
+    return {
+        "answer_source": AnswerSource.RESULT.value,
+        "result": result_view(reported),
+        "answer_note": "the result the worker reported (report_result)",
+    }

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from cao import attention
 from cao.errors import Forbidden, InvalidInput, NotFound
 from cao.names import TERMINAL_ID_RE, validate_terminal_id
-from cao.states import Event, MessageStatus, Status
+from cao.states import ATTENTION_OF, AttentionState, Event, MessageStatus
 from cao.store import Message, MessageEvent, Store
 from cao.timefmt import iso
 
@@ -71,6 +71,7 @@ class Inbox:
             "closed_by": m.closed_by,
             "closed_reason": m.closed_reason,
             "read_at": iso(m.read_at),
+            "acked_at": iso(m.acked_at),
             "channel": m.channel,
             "interrupt_at": iso(m.interrupt_at),
             "size": len(m.body.encode("utf-8", "surrogatepass")),
@@ -83,23 +84,15 @@ class Inbox:
         terminal = self.store.get_terminal(terminal_id, include_deleted=True)
         queue = self.store.queue(terminal_id)
         last = self.store.last_delivered(terminal_id)
-        state = {
-            Status.IDLE: "idle",
-            Status.COMPLETED: "idle",
-            Status.ERROR: "idle",
-            Status.PROCESSING: "working",
-            Status.WAITING_USER_ANSWER: "waiting for an answer",
-        }.get(Status(status) if status in set(Status) else Status.UNKNOWN, "unknown")
-        if status in (Status.GONE,):
-            state = "gone"
+        state = ATTENTION_OF.get(status, AttentionState.UNKNOWN)
         working_on = None
-        if state == "working" and last is not None:
+        if state == AttentionState.WORKING and last is not None:
             working_on = {"message_id": last.id, "since": iso(last.delivered_at), "sender_id": last.sender_id}
         return {
             "terminal_id": terminal_id,
             "name": terminal.name,
             "status": status,
-            "attention": state,
+            "attention": state.value,
             "working_on": working_on,
             "queue": [self.view(m) for m in queue],
             "timeline": [event_view(e) for e in self.store.timeline(terminal_id, limit=limit)],

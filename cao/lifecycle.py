@@ -59,6 +59,8 @@ class Lifecycle:
         self.workspaces = workspaces
         self.events = events
         self.fault = fault  # test-only crash points (see cao.delivery.Faults)
+        self.deleted_listeners = []
+        self.found_dead = []
         self.orphans: list[TaggedPane] = []  # panes tagged as ours with no row (found at start)
 
     @property
@@ -199,6 +201,8 @@ class Lifecycle:
         logger.info("terminal deleted", extra={"terminal_id": terminal.id, "failed_messages": failed})
         self.events.publish("terminal.deleted", terminal_id=terminal.id, failed_messages=failed)
         self.status.deleted(terminal.id)
+        for listener in self.deleted_listeners:
+            listener(terminal.id)
         return failed
 
     def _kill_and_finish(self, terminal: Terminal) -> None:
@@ -244,6 +248,9 @@ class Lifecycle:
         return [t.id for t in terms]
 
     # -- pane log pipes ----------------------------------------------------------------------------
+    found_dead: list[str]  # live terminals the last pipe check found without their pane
+    deleted_listeners: list[Callable[[str], None]]  # told of each delete
+
     def restore_pipes(self) -> list[str]:
         """Reopen the log pipe of every live terminal whose pipe closed (``cat`` exits when the disk
         fills up): without it the watchdog trigger and the dashboard's live view of that pane stop
@@ -253,12 +260,16 @@ class Lifecycle:
         if not live:
             return []
         reopened = []
+        mine = set()
         for pane in self.io.list_panes():
             t = live.get(pane.terminal_id)
-            if t is None or pane.dead or pane.home_tag != self.home_tag:
+            if t is None or pane.home_tag != self.home_tag:
                 continue
             if (t.tmux_server_pid, t.pane_id, t.pane_pid) != (pane.server_pid, pane.pane_id, pane.pane_pid):
                 continue
+            if pane.dead:
+                continue
+            mine.add(t.id)
             lost = pane.piped and not self.logs.exists(t.id)  # deleted under the open pipe: writes nowhere
             if pane.piped and not lost:
                 continue
@@ -269,6 +280,8 @@ class Lifecycle:
                     logger.warning(what, extra={"terminal_id": t.id})
             except (TmuxError, OSError):
                 continue
+        # its program exited (or its pane went) while nobody read it: the next status read says so
+        self.found_dead = [tid for tid, t in live.items() if tid not in mine and t.pane_id is not None]
         return reopened
 
     # -- restart -----------------------------------------------------------------------------------

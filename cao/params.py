@@ -27,6 +27,8 @@ take a parameter its schema doesn't show.
                 surrogate (a task, a prompt)
     flag        a name                                bool: true/1/yes, false/0/no, JSON booleans
     seconds     a name                                float: a JSON number or its text
+    count       a name                                int >= 0: a JSON integer or its digits
+    json        (texts inside: by the route)          as given: an object or list in a JSON body
 
 What needs the library (a known provider, a terminal id's shape, a job id, a timeout's bounds) is
 checked in core, with its words and in its order; a ``Param`` states it for the schema
@@ -46,7 +48,7 @@ from fastapi import Path, Query, Request
 from cao import inputs
 from cao.errors import InvalidInput
 
-Kind = Literal["name", "path", "message", "free_text", "flag", "seconds"]
+Kind = Literal["name", "path", "message", "free_text", "flag", "seconds", "count", "json"]
 
 # what inputs.check_text lets through as a name: the schema of every name, id and path
 NAME_SCHEMA: dict[str, Any] = {
@@ -61,6 +63,8 @@ SCHEMAS: dict[Kind, dict[str, Any]] = {
     "free_text": {"type": "string"},
     "flag": {"type": "boolean"},
     "seconds": {"type": "number"},
+    "count": {"type": "integer", "minimum": 0},
+    "json": {},
 }
 TEXT_CHECKS: dict[Kind, inputs.TextKind] = {"path": "path", "message": "message", "free_text": "free_text"}
 FLAG_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -104,6 +108,20 @@ class Param:
                 except (ValueError, OverflowError):  # OverflowError: a JSON integer past 1e308
                     pass
             raise InvalidInput(f"{self.name} must be a number of seconds")
+        if self.kind == "count":
+            if value is None or value == "":
+                return self.default
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+            if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+                return int(value)
+            raise InvalidInput(f"{self.name} must be a whole number (0 or more)")
+        if self.kind == "json":
+            if value is None:
+                if self.required:
+                    raise InvalidInput(self.missing or f"{self.name} is required")
+                return self.default
+            return value
         if value is None or value == "":
             if self.required:
                 raise InvalidInput(self.missing or f"{self.name} is required")

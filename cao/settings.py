@@ -44,6 +44,21 @@ def _pairs(environ: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]
     return tuple(pairs)
 
 
+def _url(environ: Mapping[str, str], name: str) -> str | None:
+    """An http(s) URL, e.g. ``CAO_NOTIFY_URL=http://127.0.0.1:8000/cao``; unset or empty: None."""
+    from urllib.parse import urlsplit
+
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return None
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInput(
+            f"{name} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/cao"
+        )
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -93,6 +108,13 @@ class Settings:
     gil_switch_interval: float = 0.0005
     # run the `setup:` commands of a repository's .cao/worktree.yaml (its code, on your machine)
     worktree_setup_commands: bool = False
+    # coordination (docs/orchestration.md): the operator's webhook for worker events, and limits
+    notify_url: str | None = field(default=None, repr=False)  # may carry a secret in its path
+    notify_timeout: float = 5.0  # one POST waits this long
+    notify_retries: int = 3  # a failed POST is tried again this often (1 s, 2 s, 4 s … apart)
+    notice_unknown_after: float = 120.0  # a working agent whose status reads unknown this long: failed
+    schedule_min_every: float = 60.0  # the shortest interval of a repeating wake-up
+    schedules_per_terminal: int = 50
 
     @property
     def db_path(self) -> Path:
@@ -169,6 +191,12 @@ class Settings:
             else None,
             worktree_setup_commands=_flag(env, "CAO_WORKTREE_SETUP_COMMANDS", False),
             gil_switch_interval=_number(env, "CAO_GIL_SWITCH_INTERVAL", 0.0005, minimum=0.00001),
+            notify_url=_url(env, "CAO_NOTIFY_URL"),
+            notify_timeout=_number(env, "CAO_NOTIFY_TIMEOUT", 5.0, minimum=0.1),
+            notify_retries=int(_number(env, "CAO_NOTIFY_RETRIES", 3, minimum=0)),
+            notice_unknown_after=_number(env, "CAO_NOTICE_UNKNOWN_AFTER", 120.0, minimum=1),
+            schedule_min_every=_number(env, "CAO_SCHEDULE_MIN_EVERY", 60.0, minimum=0.1),
+            schedules_per_terminal=int(_number(env, "CAO_SCHEDULES_PER_TERMINAL", 50, minimum=1)),
         )
 
     def with_(self, **changes: object) -> Settings:
@@ -214,6 +242,12 @@ SERVER_NAMES = (
     "CAO_WORKTREES_DIR",
     "CAO_WORKTREE_SETUP_COMMANDS",
     "CAO_GIL_SWITCH_INTERVAL",
+    "CAO_NOTIFY_URL",
+    "CAO_NOTIFY_TIMEOUT",
+    "CAO_NOTIFY_RETRIES",
+    "CAO_NOTICE_UNKNOWN_AFTER",
+    "CAO_SCHEDULE_MIN_EVERY",
+    "CAO_SCHEDULES_PER_TERMINAL",
 )
 # What cao sets in each agent's own environment (cao-server started from an agent's pane has them).
 AGENT_NAMES = ("CAO_TERMINAL_ID", "CAO_AGENT_PROFILE", "CAO_SCRIPTED_DIR", "CAO_SCRIPTED_HOOK")

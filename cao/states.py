@@ -129,6 +129,75 @@ class Event(StrEnum):
     SUPERSEDED = "superseded"
     CANCELLED = "cancelled"
     FAILED = "failed"
+    ACKED = "acked"  # the receiver said it acted on it (ack: the cursor or by ids)
+    SCHEDULED = "scheduled"  # a wake-up was scheduled for this agent (message_id: its first slot)
+    UNSCHEDULED = "unscheduled"  # a wake-up schedule was cancelled
+
+
+class AttentionState(StrEnum):
+    """What an agent attends to, as its attention view shows it (from its status)."""
+
+    IDLE = "idle"
+    WORKING = "working"
+    ANSWERING = "waiting for an answer"
+    UNKNOWN = "unknown"
+    GONE = "gone"
+
+
+# its status → its attention state (anything else: unknown)
+ATTENTION_OF: dict[str, AttentionState] = {
+    Status.IDLE: AttentionState.IDLE,
+    Status.COMPLETED: AttentionState.IDLE,
+    Status.ERROR: AttentionState.IDLE,
+    Status.PROCESSING: AttentionState.WORKING,
+    Status.WAITING_USER_ANSWER: AttentionState.ANSWERING,
+    Status.GONE: AttentionState.GONE,
+}
+
+
+class WorkState(StrEnum):
+    """Where a terminal is in its work, as coordination follows it (cao/coordination.py): each
+    change into ``finished``, ``blocked``, ``failed`` or ``exited`` is one notice event."""
+
+    TASKED = "tasked"  # a task (or its supervisor's message) was delivered; no turn seen yet
+    WORKING = "working"  # its turn on it runs
+    FINISHED = "finished"  # the turn ended
+    BLOCKED = "blocked"  # it waits at a permission or question prompt
+    FAILED = "failed"  # an error turn, or a status unknown for long
+    EXITED = "exited"  # its pane closed
+
+
+# the changes that are notice events (a supervisor's notice, the operator's attention list)
+NOTICE_STATES = (WorkState.FINISHED, WorkState.BLOCKED, WorkState.FAILED, WorkState.EXITED)
+
+
+class ResultStatus(StrEnum):
+    """What a worker reports about its task (report_result)."""
+
+    DONE = "done"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+
+
+class AnswerSource(StrEnum):
+    """Where a handoff's answer came from."""
+
+    RESULT = "result"  # the worker reported it (report_result)
+    SCREEN = "screen"  # none was reported: the last answer read from its screen
+
+
+class WebhookState(StrEnum):
+    """A notification's trip to CAO_NOTIFY_URL."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"  # the bounded retries ran out (the error is kept)
+
+
+class ScheduleState(StrEnum):
+    ACTIVE = "active"
+    DONE = "done"  # a one-time wake-up whose message was created
+    CANCELLED = "cancelled"
 
 
 class WaitReason(StrEnum):

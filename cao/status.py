@@ -80,6 +80,8 @@ class StatusReader:
         self._hook_secret = load_secret(settings.home)
         self._seen_status: dict[str, str] = {}  # last status published per terminal
         self._reasons: dict[str, str] = {}  # why a terminal reads unknown (shown with its status)
+        # told of every live status read (cao/coordination.py follows workers' work with it)
+        self.on_status: Callable[[Terminal, str], None] | None = None
         panes.on_gone(self._gone)
 
     def keep_secret(self) -> None:
@@ -116,6 +118,11 @@ class StatusReader:
             status = Status.STARTING  # never ready yet: starting, not working
         self.remember_status(terminal, status)
         self.note_status(terminal.id, status)
+        if self.on_status is not None:
+            try:
+                self.on_status(terminal, status)
+            except Exception:  # following the work must never fail a status read
+                logger.exception("status listener failed", extra={"terminal_id": terminal.id})
         return status
 
     def read(self, terminal: Terminal, screen: str) -> Reading:

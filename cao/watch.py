@@ -19,17 +19,29 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from cao.states import MessageStatus
+from cao.states import MessageStatus, Status
 
 if TYPE_CHECKING:
     from cao.client import Client
 
 MESSAGE_ROWS = 12
+NOTIFICATION = "notification"  # the event stream's type for a worker event (cao/coordination.py)
+ATTENTION_STATUSES = (Status.WAITING_USER_ANSWER, Status.ERROR, Status.UNKNOWN)
 
 
 class Watcher:
-    def __init__(self, client: Client, *, as_json: bool, duration: float | None, console: Console) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        as_json: bool,
+        duration: float | None,
+        console: Console,
+        attention: bool = False,
+    ) -> None:
         self.client = client
+        self.attention = attention  # only what needs a person: notifications, agents waiting on one
+        self.notes: list[dict[str, Any]] = []
         self.as_json = as_json
         self.deadline = None if duration is None else time.monotonic() + duration
         self.console = console
@@ -47,6 +59,8 @@ class Watcher:
             self.since.setdefault(tid, time.time())
         rows = self.client.get("/messages", params={"limit": MESSAGE_ROWS})
         self.messages = {m["id"]: m for m in rows}
+        if self.attention:
+            self.notes = self.client.get("/notifications", params={"limit": MESSAGE_ROWS})
 
     @property
     def lines(self) -> bool:
@@ -107,12 +121,18 @@ class Watcher:
 
     def handle(self, event: dict[str, Any]) -> None:
         self.last_id = event["id"]
-        if self.as_json:
-            click.echo(json.dumps(event, ensure_ascii=False))
-            return
         kind = event["type"]
-        if self.lines and not kind.startswith("stream."):
+        if self.attention and kind != NOTIFICATION and not kind.startswith(("terminal.", "stream.")):
+            return
+        if self.as_json:
+            if not self.attention or kind == NOTIFICATION:
+                click.echo(json.dumps(event, ensure_ascii=False))
+            return
+        if self.lines and not kind.startswith("stream.") and (not self.attention or kind == NOTIFICATION):
             self.console.print(event_line(event), highlight=False, soft_wrap=True)
+        if kind == NOTIFICATION:
+            self.notes = [*self.notes, {**event, "id": event.get("notification_id")}][-MESSAGE_ROWS:]
+            return
         if kind == "terminal.status" and event["terminal_id"] in self.terminals:
             self.terminals[event["terminal_id"]]["status"] = event["status"]
             self.since[event["terminal_id"]] = event["t"]
@@ -120,6 +140,8 @@ class Watcher:
             self.load()
 
     def render(self) -> Group:
+        if self.attention:
+            return self.render_attention()
         agents = Table(title="agents", expand=True)
         for col in ("terminal", "session", "provider", "profile", "status", "for"):
             agents.add_column(col)
@@ -152,6 +174,27 @@ class Watcher:
                 str(m["attempts"]),
             )
         return Group(agents, mail)
+
+    def render_attention(self) -> Group:
+        """Who waits for a person (a prompt, a failure) now, and the latest worker events."""
+        from cao.cli import _styled
+        from cao.clicoord import notifications_table
+
+        now = time.time()
+        waiting = Table(title="needs a person now", expand=True)
+        for col in ("terminal", "session", "profile", "status", "for", "why"):
+            waiting.add_column(col)
+        for t in self.terminals.values():
+            if t["status"] in ATTENTION_STATUSES:
+                waiting.add_row(
+                    t["id"],
+                    t["session_name"],
+                    t["agent_profile"],
+                    _styled(t["status"]),
+                    f"{max(0, now - self.since.get(t['id'], now)):.0f}s",
+                    t.get("status_reason") or "",
+                )
+        return Group(waiting, notifications_table(list(reversed(self.notes)), title="latest worker events"))
 
 
 def event_line(event: dict[str, Any]) -> str:

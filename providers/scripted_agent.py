@@ -64,6 +64,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
+# the kinds of the records it appends (docs/scripted-agent.md): its file format, not cao's states
+RECEIVED, TURN_DONE, STOPPED, CONTEXT = "received", "done", "stopped", "context"
+
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PASTE_START = b"\x1b[200~"
 PASTE_END = b"\x1b[201~"
@@ -439,6 +442,8 @@ class Agent:
                 values = _Defaults({**base, **{k: v or "" for k, v in groupdict.items()}})
                 for send in rule.get("send", []):
                     notes.append(self.send(send["to"].format_map(values), send["message"].format_map(values)))
+                if rule.get("result"):
+                    notes.append(self.report(rule["result"], values))
             values = _Defaults({**base, **{k: v or "" for k, v in groups[0].items()}})
             if rule.get("error"):
                 self.block("✗", str(rule["error"]).format_map(values))
@@ -456,11 +461,37 @@ class Agent:
         self.busy = False
         self.hook("Stop", last_assistant_message=self.last_reply)
         self.last_reply = ""
-        self._append({"kind": "done", "t": time.time(), "terminal": self.tid})
+        self._append({"kind": TURN_DONE, "t": time.time(), "terminal": self.tid})
         if self.queue:
             self.start_turn(self.queue.pop(0))
         else:
             self.prompt()
+
+    def report(self, spec: dict[str, Any], values: Any) -> str:
+        """A rule's ``result``: report_result as the MCP tool does (POST /terminals/{me}/result)."""
+        body: dict[str, Any] = {
+            "by": self.tid,
+            "status": str(spec.get("status", "done")).format_map(values),
+            "summary": str(spec.get("summary", "{first_line}")).format_map(values),
+        }
+        if spec.get("details") is not None:
+            body["details"] = spec["details"]
+        try:
+            receipt = self._post(f"/terminals/{self.tid}/result", body)
+            return f"reported result {receipt.get('result_id')} ({body['status']})"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return f"could not report the result: {exc}"
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if token := api_token(self.env):
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(
+            f"{self.server}{path}", data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+        return out
 
     def send(self, to: str, message: str) -> str:
         data = json.dumps({"sender_id": self.tid, "message": message}).encode()

@@ -364,6 +364,10 @@ DECLARED = {
     ("post", "/messages/{message_id}/prioritize"),
     ("post", "/messages/{message_id}/read"),
     ("post", "/messages/{message_id}/cancel"),
+    ("post", "/terminals/{terminal_id}/ack"),
+    ("post", "/terminals/{terminal_id}/result"),
+    ("post", "/terminals/{terminal_id}/schedules"),
+    ("post", "/schedules/{schedule_id}/cancel"),
 }
 
 

@@ -52,7 +52,7 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
             float | None, Field(description="Drop it if still undelivered after this many seconds.", gt=0)
         ] = None,
         kind: Annotated[
-            Literal["message", "task", "result", "notice"] | None,
+            Literal["message", "task", "notice"] | None,
             Field(description="What it is (default: message). Notices on one topic replace each other."),
         ] = None,
         topic: Annotated[
@@ -76,9 +76,81 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
 
     @server.tool()
     async def check_inbox() -> dict[str, Any]:
-        """List what waits for you, in the order it will reach you (sender, kind, priority, a preview).
-        Changes nothing; read a whole message with read_message."""
+        """See your mail without changing anything: what waits for you, in the order it will reach you,
+        and what reached you that you have not acknowledged yet (ids, senders, priorities, previews),
+        with your ack cursor. Read a whole message with read_message; acknowledge with ack."""
         return await tools.check_inbox()
+
+    @server.tool()
+    async def ack(
+        through_message_id: Annotated[
+            int | None,
+            Field(description="Acknowledge everything that reached you up to this message id.", ge=0),
+        ] = None,
+        expected: Annotated[
+            int | None,
+            Field(
+                description="Your ack cursor as check_inbox showed it: if it moved meanwhile, nothing is "
+                "acknowledged and you are told its value (ack again with it).",
+                ge=0,
+            ),
+        ] = None,
+        message_ids: Annotated[
+            list[int] | None, Field(description="Or acknowledge just these messages (the cursor stays).")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Say you have handled messages that reached you (delivered is not acted on). Acknowledging
+        something not delivered yet is refused; repeating an ack already done succeeds. Nothing is
+        pasted again if you don't ack: it only tells others what you acted on."""
+        return await tools.ack(through_message_id, expected, message_ids)
+
+    @server.tool()
+    async def report_result(
+        status: Annotated[Literal["done", "failed", "blocked"], Field(description="How your task ended.")],
+        summary: Annotated[
+            str, Field(description="What came of it, for your supervisor (at most 4000 characters).")
+        ],
+        details: Annotated[
+            dict[str, Any] | None,
+            Field(
+                description="Optional: branch, commit (texts), files, artifacts (lists of texts), tests, "
+                "notes (texts). Other fields are refused."
+            ),
+        ] = None,
+    ) -> dict[str, Any]:
+        """As a worker: report your task's result to your supervisor (it arrives there as a result
+        message; a handoff returns it). One result per task: the same call again returns the first
+        receipt, a different one is refused. Use send_message for anything further."""
+        return await tools.report_result(status, summary, details)
+
+    @server.tool()
+    async def schedule_wakeup(
+        message: Annotated[str, Field(description="What the wake-up should tell you.")],
+        in_minutes: Annotated[
+            float | None, Field(description="In this many minutes (or give at).", ge=0)
+        ] = None,
+        at: Annotated[
+            str | None, Field(description="At this time, ISO 8601 with a zone (or give in_minutes).")
+        ] = None,
+        every_minutes: Annotated[
+            float | None, Field(description="Then again every this many minutes (default: once).", gt=0)
+        ] = None,
+    ) -> dict[str, Any]:
+        """Schedule a message to yourself: once, or every N minutes. It survives restarts and comes
+        once per slot; list yours with my_wakeups, cancel with cancel_wakeup."""
+        return await tools.schedule_wakeup(message, in_minutes, at, every_minutes)
+
+    @server.tool()
+    async def cancel_wakeup(
+        schedule_id: Annotated[int, Field(description="The wake-up's id (schedule_wakeup gave it).", gt=0)],
+    ) -> dict[str, Any]:
+        """Cancel one of your wake-ups (its slots still waiting are cancelled too)."""
+        return await tools.cancel_wakeup(schedule_id)
+
+    @server.tool()
+    async def my_wakeups() -> dict[str, Any]:
+        """List your active wake-ups."""
+        return await tools.my_wakeups()
 
     @server.tool()
     async def read_message(
@@ -131,14 +203,22 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
                 "parallel workers don't edit the same files (default: its profile's setting)."
             ),
         ] = None,
+        notify: Annotated[
+            bool | None,
+            Field(
+                description="Get a notice when the worker finishes, waits at a permission prompt, fails or "
+                "exits (default: true)."
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Start a new worker agent on a task and return its terminal id at once (don't wait for it).
 
         The worker gets the task through its inbox, with a note saying you are its supervisor. It
-        reports back with send_message; the report arrives in your input as a cao message. Use it for
-        parallel or long tasks; use handoff when you need the answer before going on.
+        reports its result with report_result; the result arrives in your input as a cao message, and
+        notices tell you when it finishes, waits at a permission prompt, fails or exits (no polling).
+        Use it for parallel or long tasks; use handoff when you need the answer before going on.
         """
-        return await tools.assign(agent_profile, message, working_directory, use_worktree)
+        return await tools.assign(agent_profile, message, working_directory, use_worktree, notify)
 
     @server.tool()
     async def handoff(
@@ -152,15 +232,21 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
             bool | None,
             Field(description="Run the worker in its own git worktree (its branch stays for merge_worker)."),
         ] = None,
+        notify: Annotated[
+            bool | None,
+            Field(description="Get a notice if the worker waits at a permission prompt, fails or exits."),
+        ] = None,
         ctx: Context[Any, Any] | None = None,
     ) -> str:
         """Start a new worker agent, give it one task, wait for it to finish and return its answer.
 
-        The worker is stopped and removed afterwards, also on error or timeout. Use it for
-        self-contained tasks whose result you need now; use assign for work that takes long.
+        Returns the result the worker reported (report_result), or, when it reported none, its last
+        answer on the screen (the answer says which). The worker is stopped and removed afterwards,
+        also on error or timeout. Use it for self-contained tasks whose result you need now; use
+        assign for work that takes long.
         """
         report = ctx.report_progress if ctx is not None else None
-        return await tools.handoff(agent_profile, message, timeout, report, use_worktree)
+        return await tools.handoff(agent_profile, message, timeout, report, use_worktree, notify)
 
     @server.tool()
     async def worker_diff(
@@ -251,8 +337,9 @@ Try it by hand:
 def main(terminal_id: str | None, server_url: str | None, log_level: str) -> None:
     """MCP server (stdio) with the tools agents use to work together.
 
-    Tools: send_message, check_inbox, read_message, defer_message, drop_message, prioritize_message,
-    assign, handoff, worker_diff, merge_worker, my_inbox, my_workers, whoami.
+    Tools: send_message, check_inbox, read_message, ack, defer_message, drop_message,
+    prioritize_message, report_result, schedule_wakeup, cancel_wakeup, my_wakeups, assign, handoff,
+    worker_diff, merge_worker, my_inbox, my_workers, whoami.
     Each agent CLI started by cao runs one; it acts as that agent (CAO_TERMINAL_ID) against
     cao-server (CAO_SERVER_URL), sending the server's API token if it has one (CAO_API_TOKEN,
     else $CAO_HOME/api-token).

@@ -44,7 +44,7 @@ import anyio
 import httpx
 from mcp.server.mcpserver.exceptions import ToolError
 
-from cao.states import Kind, Status
+from cao.states import AnswerSource, Kind, Status
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,12 @@ Report = Callable[[float, float, str], Awaitable[None]]
 INSTRUCTIONS = """\
 You are one of several coding agents, each in its own terminal, coordinated by cao.
 - handoff: give a task to a new worker and wait for its answer (the worker is removed afterwards).
-- assign: give a task to a new worker and carry on; it reports back to you with send_message.
+- assign: give a task to a new worker and carry on; its result arrives as a `result` message, and a
+  `notice` tells you when a worker finishes, waits at a permission prompt, fails or exits.
+- report_result: as a worker, report on your task to your supervisor (done / failed / blocked).
 - send_message: message another agent by terminal id; leave receiver_id out to reach your supervisor.
+- check_inbox / read_message / ack: see what waits and what reached you; ack what you handled.
+- schedule_wakeup: a message to yourself later (once or every N minutes).
 - use_worktree=true on assign/handoff gives a worker its own git worktree and branch; review its
   work with worker_diff and merge it into your branch with merge_worker.
 Messages to you arrive as your input, headed `[cao message #N from <terminal id>]`; answer with
@@ -71,8 +75,9 @@ send_message. my_inbox, my_workers and whoami show your messages, your workers a
 ASSIGN_NOTE = """\
 ---
 (cao) You are worker {worker} ({profile}); terminal {supervisor} assigned you this task and is your \
-supervisor. When you finish, or if you are blocked, report back with the send_message tool: leave \
-receiver_id out and the message reaches {supervisor}."""
+supervisor. When you finish, or if you can't go on, report with the report_result tool: \
+status done, failed or blocked, a summary, and details (branch, files, tests) if any; it reaches \
+{supervisor} as your result. For questions on the way, use send_message without a receiver_id."""
 
 
 class Unreachable(ToolError):
@@ -232,16 +237,19 @@ class AgentTools:
         agent_profile: str,
         working_directory: str | None,
         use_worktree: bool | None = None,
+        notify: bool | None = None,
     ) -> dict[str, Any]:
         """A worker in the caller's session, supervised by the caller; cao-server chooses its
         provider (the profile's pinned one, else the caller's: cao/launch.py)."""
-        body = {
+        body: dict[str, Any] = {
             "agent_profile": agent_profile,
             "supervisor_id": me["id"],
             "working_directory": working_directory or me["working_directory"],
         }
         if use_worktree is not None:  # else the profile's default
             body["use_worktree"] = use_worktree
+        if notify is not None:
+            body["notify"] = notify
         worker: dict[str, Any] = await self._call(
             "POST",
             f"/sessions/{me['session_name']}/terminals",
@@ -276,11 +284,12 @@ class AgentTools:
         message: str,
         working_directory: str | None = None,
         use_worktree: bool | None = None,
+        notify: bool | None = None,
     ) -> dict[str, Any]:
         if not message.strip():
             raise ToolError("message is empty; describe the task for the worker")
         me = await self.me()
-        worker = await self._start_worker(me, agent_profile, working_directory, use_worktree)
+        worker = await self._start_worker(me, agent_profile, working_directory, use_worktree, notify)
         wid = worker["id"]
         note = ASSIGN_NOTE.format(worker=wid, profile=agent_profile, supervisor=me["id"])
         try:
@@ -307,8 +316,10 @@ class AgentTools:
             "session_name": worker["session_name"],
             "message_id": receipt["message_id"],
             "note": (
-                f"worker {wid} gets the task as soon as it is ready and reports back with send_message; "
-                "the report arrives in your input as a cao message. See it working with my_workers."
+                f"worker {wid} gets the task as soon as it is ready and reports its result with "
+                "report_result; the result arrives in your input as a cao message, and a notice tells you "
+                "if it finishes without one, waits at a permission prompt, fails or exits. See it working "
+                "with my_workers."
             ),
         }
         if worker.get("worktree"):
@@ -328,6 +339,7 @@ class AgentTools:
         timeout: float = 600.0,
         report: Report | None = None,
         use_worktree: bool | None = None,
+        notify: bool | None = None,
     ) -> str:
         """cao-server's one handoff (``POST /terminals/run-step``, cao/handoff.py), followed here:
         its job's worker is read while it runs, for progress notifications, and removed if this
@@ -349,6 +361,8 @@ class AgentTools:
         }
         if use_worktree is not None:
             body["use_worktree"] = use_worktree
+        if notify is not None:
+            body["notify"] = notify
         done = anyio.Event()
         outcome: dict[str, Any] = {}
 
@@ -379,6 +393,10 @@ class AgentTools:
         result: dict[str, Any] = outcome["result"]
         wid = result["terminal_id"]
         answer = str(result.get("last_message") or "").strip() or f"(worker {wid} finished without a reply)"
+        if result.get("answer_source") == AnswerSource.RESULT:
+            answer = f"(cao) Worker {wid} reported this result:\n\n{answer}"
+        elif result.get("answer_source") == AnswerSource.SCREEN:
+            answer = f"(cao) Worker {wid} reported no result; its last answer on the screen:\n\n{answer}"
         if result.get("worktree"):  # removed: uncommitted work became a wip commit on the branch
             answer += (
                 f"\n\n(cao) Worker {wid} worked on branch {result['worktree']['branch']}; its work (if it "
@@ -492,32 +510,105 @@ class AgentTools:
 
     # -- your own queue ------------------------------------------------------------------------------
     async def check_inbox(self) -> dict[str, Any]:
-        """What waits for you, in the order it will be served (previews; read_message for a body).
-        Reading changes nothing."""
+        """What waits for you (in the order it will be served) and what reached you but you have not
+        acknowledged, with previews (read_message for a body). Changes nothing."""
         caller = self.caller()
         view = await self._call(
-            "GET",
-            f"/terminals/{caller}/attention",
-            params={"limit": 1},
-            what="reading your queue",
+            "GET", f"/terminals/{caller}/inbox", what="reading your inbox", busy_retries=2
+        )
+        keys = ("id", "sender_id", "kind", "priority", "status", "created_at", "size")
+
+        def brief(m: dict[str, Any], *more: str) -> dict[str, Any]:
+            return {
+                **{k: m.get(k) for k in (*keys, *more)},
+                "preview": " ".join(str(m.get("message", "")).split())[:200],
+            }
+
+        waiting = [brief(m, "expires_at", "deliver_at") for m in view["waiting"]]
+        unacked = [brief(m, "delivered_at", "read_at", "age_seconds") for m in view["unacked"]]
+        return {
+            "terminal_id": caller,
+            "ack_cursor": view["ack_cursor"],
+            "waiting": waiting,
+            "unacked": unacked,
+            "note": "ack(through_message_id, expected=ack_cursor) once you have handled what reached you",
+        }
+
+    async def ack(
+        self,
+        through_message_id: int | None = None,
+        expected: int | None = None,
+        message_ids: list[int] | None = None,
+    ) -> dict[str, Any]:
+        caller = self.caller()
+        body: dict[str, Any] = {"by": caller}
+        if through_message_id is not None:
+            body["through_message_id"] = int(through_message_id)
+        if expected is not None:
+            body["expected"] = int(expected)
+        if message_ids:
+            body["message_ids"] = [int(i) for i in message_ids]
+        out: dict[str, Any] = await self._call(
+            "POST", f"/terminals/{caller}/ack", json=body, what="acknowledging", busy_retries=2
+        )
+        return out
+
+    async def report_result(
+        self, status: str, summary: str, details: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        caller = self.caller()
+        body: dict[str, Any] = {"by": caller, "status": status, "summary": summary}
+        if details is not None:
+            body["details"] = details
+        out: dict[str, Any] = await self._call(
+            "POST", f"/terminals/{caller}/result", json=body, what="reporting your result", busy_retries=2
+        )
+        keys = ("result_id", "status", "supervisor_id", "message_id", "duplicate", "note")
+        return {k: out.get(k) for k in keys}
+
+    async def schedule_wakeup(
+        self,
+        message: str,
+        in_minutes: float | None = None,
+        at: str | None = None,
+        every_minutes: float | None = None,
+    ) -> dict[str, Any]:
+        caller = self.caller()
+        if (in_minutes is None) == (at is None):
+            raise ToolError("say when: give in_minutes or at (ISO 8601 with a zone), one of them")
+        body: dict[str, Any] = {"by": caller, "message": message}
+        if in_minutes is not None:
+            body["in_seconds"] = float(in_minutes) * 60
+        if at is not None:
+            body["at"] = at
+        if every_minutes is not None:
+            body["every_seconds"] = float(every_minutes) * 60
+        out: dict[str, Any] = await self._call(
+            "POST", f"/terminals/{caller}/schedules", json=body, what="scheduling a wake-up", busy_retries=2
+        )
+        keys = ("id", "first_at", "every_seconds", "next_at", "state")
+        return {**{k: out.get(k) for k in keys}, "note": f"cancel it with cancel_wakeup({out.get('id')})"}
+
+    async def cancel_wakeup(self, schedule_id: int) -> dict[str, Any]:
+        out: dict[str, Any] = await self._call(
+            "POST",
+            f"/schedules/{int(schedule_id)}/cancel",
+            json={"by": self.caller()},
+            what=f"cancelling wake-up {schedule_id}",
             busy_retries=2,
         )
-        keys = (
-            "id",
-            "sender_id",
-            "kind",
-            "priority",
-            "status",
-            "created_at",
-            "expires_at",
-            "deliver_at",
-            "size",
+        return {k: out.get(k) for k in ("id", "state", "closed_by")}
+
+    async def my_wakeups(self) -> dict[str, Any]:
+        caller = self.caller()
+        rows = await self._call(
+            "GET",
+            "/schedules",
+            params={"receiver_id": caller, "active": "true"},
+            what="listing your wake-ups",
         )
-        waiting = [
-            {**{k: m.get(k) for k in keys}, "preview": " ".join(str(m.get("message", "")).split())[:200]}
-            for m in view["queue"]
-        ]
-        return {"terminal_id": caller, "waiting": waiting, "count": len(waiting)}
+        keys = ("id", "message", "first_at", "every_seconds", "next_at", "state")
+        return {"terminal_id": caller, "wakeups": [{k: r.get(k) for k in keys} for r in rows]}
 
     async def read_message(self, message_id: int) -> dict[str, Any]:
         m = await self._call(

@@ -18,7 +18,8 @@ Concurrency model (see docs/inbox-delivery.md):
 from __future__ import annotations
 
 from cao.store.base import Database, body_digest, disk_error
-from cao.store.messages import MessageRows
+from cao.store.coordination import CoordinationRows
+from cao.store.messages import MessageRows  # noqa: F401 - CoordinationRows builds on it
 from cao.store.records import RecordRows
 from cao.store.schema import (
     MAX_BODY_BYTES,
@@ -31,13 +32,16 @@ from cao.store.schema import (
     HandoffJob,
     Message,
     MessageEvent,
+    Notification,
+    Schedule,
+    TaskResult,
     Terminal,
     Worktree,
 )
 from cao.store.terminals import TerminalRows
 
 
-class Store(TerminalRows, MessageRows, RecordRows):
+class Store(TerminalRows, RecordRows, CoordinationRows):
     """All reads and writes of the cao database. Thread-safe; many processes may share the file."""
 
 
@@ -53,7 +57,10 @@ __all__ = [
     "HandoffJob",
     "Message",
     "MessageEvent",
+    "Notification",
+    "Schedule",
     "Store",
+    "TaskResult",
     "Terminal",
     "Worktree",
     "body_digest",

@@ -46,13 +46,16 @@ from cao.store.schema import (
     HandoffJob,
     Message,
     MessageEvent,
+    Notification,
+    Schedule,
+    TaskResult,
     Terminal,
     Worktree,
 )
 
 logger = logging.getLogger("cao.store")
 
-M = TypeVar("M", Terminal, Message, MessageEvent, HandoffJob, Worktree)
+M = TypeVar("M", Terminal, Message, MessageEvent, HandoffJob, Worktree, TaskResult, Notification, Schedule)
 T = TypeVar("T")
 
 
@@ -102,6 +105,8 @@ class Database:
         self._writes_seen = -1  # the write count this store last committed (-1: not counting yet)
         # told of each timeline event once its transaction committed (Cao: the event bus)
         self.on_event: Callable[[MessageEvent], None] | None = None
+        # a delivery gave a terminal work (store/messages.py _note_tasked): coordination follows it
+        self.on_tasked: Callable[[str], None] | None = None
         self.migrate()
         self._identity = self._file_identity()
         with self._read() as conn:

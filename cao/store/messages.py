@@ -17,7 +17,17 @@ from cao.errors import (
     PayloadTooLarge,
     ReceiverGone,
 )
-from cao.states import PRIORITY_RANK, Channel, Event, FailureKind, IfBusy, Kind, MessageStatus, TerminalState
+from cao.states import (
+    PRIORITY_RANK,
+    Channel,
+    Event,
+    FailureKind,
+    IfBusy,
+    Kind,
+    MessageStatus,
+    TerminalState,
+    WorkState,
+)
 from cao.store.base import Database, _row, body_digest
 from cao.store.schema import MAX_BODY_BYTES, MESSAGE_STATUSES, Claim, Message, MessageEvent, Terminal
 from cao.timefmt import iso
@@ -70,72 +80,18 @@ class MessageRows(Database):
                             f"different message (#{prior['id']}); use a new key for a new message"
                         )
                     return _row(Message, prior), True
-            recv = conn.execute("SELECT state FROM terminal WHERE id = ?", (receiver_id,)).fetchone()
-            if recv is None:
-                raise NotFound(f"receiver terminal {receiver_id} not found; list terminals with `cao status`")
-            if recv[0] in (TerminalState.DELETING, TerminalState.DELETED):
-                raise ReceiverGone(
-                    f"receiver terminal {receiver_id} was deleted; send to a live terminal (`cao status`)"
-                )
-            if recv[0] == TerminalState.GONE:
-                raise ReceiverGone(
-                    f"receiver terminal {receiver_id} is gone (its agent exited or its pane was closed); "
-                    f"nothing was stored; delete it with `cao shutdown {receiver_id}` and send to a live one"
-                )
-            a = attention
-            fields: dict[str, Any] = {
-                "priority": a.rank if a else PRIORITY_RANK["normal"],
-                "kind": a.kind.value if a else Kind.MESSAGE.value,
-                "if_busy": a.if_busy.value if a else "wait",
-                "expires_at": a.expires_at if a else None,
-                "not_before": a.not_before if a else None,
-                "topic": a.topic if a else None,
-            }
-            cur = conn.execute(
-                "INSERT INTO message (sender_id, receiver_id, body, body_sha256, idempotency_key, status, "
-                "created_at, attempts, nonce, waiting_reason, priority, kind, if_busy, expires_at, "
-                "not_before, topic) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    sender_id,
-                    receiver_id,
-                    body,
-                    digest,
-                    idempotency_key,
-                    now,
-                    nonce,
-                    waiting_reason,
-                    *fields.values(),
-                ),
+            msg_id, fields, told = self._insert_message(
+                conn,
+                sender_id=sender_id,
+                receiver_id=receiver_id,
+                body=body,
+                digest=digest,
+                idempotency_key=idempotency_key,
+                now=now,
+                nonce=nonce,
+                waiting_reason=waiting_reason,
+                attention=attention,
             )
-            msg_id = int(cur.lastrowid or 0)
-            label = f"{a.priority.value} {a.kind.value}" if a else None
-            self._timeline(conn, Event.QUEUED, receiver_id, [msg_id], reason=label, actor=sender_id)
-            told: list[MessageEvent] = []  # the event stream has message.queued for it (cao/core.py)
-            if a is not None and a.kind == Kind.NOTICE and a.topic is not None:
-                older = [
-                    int(r[0])
-                    for r in conn.execute(
-                        "UPDATE message SET status = 'superseded', superseded_by = ?, closed_reason = ?, "
-                        "waiting_reason = NULL WHERE receiver_id = ? AND sender_id = ? AND kind = 'notice' "
-                        "AND topic = ? AND status = 'pending' AND recheck IS NULL AND id < ? RETURNING id",
-                        (
-                            msg_id,
-                            f"a newer notice on {a.topic!r}: #{msg_id}",
-                            receiver_id,
-                            sender_id,
-                            a.topic,
-                            msg_id,
-                        ),
-                    ).fetchall()
-                ]
-                told += self._timeline(
-                    conn,
-                    Event.SUPERSEDED,
-                    receiver_id,
-                    sorted(older),
-                    reason=f"by #{msg_id}",
-                    actor=sender_id,
-                )
             if before_commit is not None:
                 before_commit()
         self._told(told)
@@ -154,6 +110,90 @@ class MessageRows(Database):
             ),
             False,
         )
+
+    def _insert_message(
+        self,
+        conn: Any,
+        *,
+        sender_id: str,
+        receiver_id: str,
+        body: str,
+        digest: str,
+        idempotency_key: str | None,
+        now: float,
+        nonce: str,
+        waiting_reason: str | None,
+        attention: Attention | None,
+    ) -> tuple[int, dict[str, Any], list[MessageEvent]]:
+        """Insert one message inside the caller's transaction (the receiver checked there too);
+        returns its id, its attention fields and the timeline events to publish after the commit."""
+        recv = conn.execute("SELECT state FROM terminal WHERE id = ?", (receiver_id,)).fetchone()
+        if recv is None:
+            raise NotFound(f"receiver terminal {receiver_id} not found; list terminals with `cao status`")
+        if recv[0] in (TerminalState.DELETING, TerminalState.DELETED):
+            raise ReceiverGone(
+                f"receiver terminal {receiver_id} was deleted; send to a live terminal (`cao status`)"
+            )
+        if recv[0] == TerminalState.GONE:
+            raise ReceiverGone(
+                f"receiver terminal {receiver_id} is gone (its agent exited or its pane was closed); "
+                f"nothing was stored; delete it with `cao shutdown {receiver_id}` and send to a live one"
+            )
+        a = attention
+        fields: dict[str, Any] = {
+            "priority": a.rank if a else PRIORITY_RANK["normal"],
+            "kind": a.kind.value if a else Kind.MESSAGE.value,
+            "if_busy": a.if_busy.value if a else "wait",
+            "expires_at": a.expires_at if a else None,
+            "not_before": a.not_before if a else None,
+            "topic": a.topic if a else None,
+        }
+        cur = conn.execute(
+            "INSERT INTO message (sender_id, receiver_id, body, body_sha256, idempotency_key, status, "
+            "created_at, attempts, nonce, waiting_reason, priority, kind, if_busy, expires_at, "
+            "not_before, topic) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                sender_id,
+                receiver_id,
+                body,
+                digest,
+                idempotency_key,
+                now,
+                nonce,
+                waiting_reason,
+                *fields.values(),
+            ),
+        )
+        msg_id = int(cur.lastrowid or 0)
+        label = f"{a.priority.value} {a.kind.value}" if a else None
+        self._timeline(conn, Event.QUEUED, receiver_id, [msg_id], reason=label, actor=sender_id)
+        told: list[MessageEvent] = []  # the event stream has message.queued for it (cao/core.py)
+        if a is not None and a.kind == Kind.NOTICE and a.topic is not None:
+            older = [
+                int(r[0])
+                for r in conn.execute(
+                    "UPDATE message SET status = 'superseded', superseded_by = ?, closed_reason = ?, "
+                    "waiting_reason = NULL WHERE receiver_id = ? AND sender_id = ? AND kind = 'notice' "
+                    "AND topic = ? AND status = 'pending' AND recheck IS NULL AND id < ? RETURNING id",
+                    (
+                        msg_id,
+                        f"a newer notice on {a.topic!r}: #{msg_id}",
+                        receiver_id,
+                        sender_id,
+                        a.topic,
+                        msg_id,
+                    ),
+                ).fetchall()
+            ]
+            told += self._timeline(
+                conn,
+                Event.SUPERSEDED,
+                receiver_id,
+                sorted(older),
+                reason=f"by #{msg_id}",
+                actor=sender_id,
+            )
+        return msg_id, fields, told
 
     # -- messages: read --------------------------------------------------------------------------
     def get_message(self, message_id: int) -> Message:
@@ -545,16 +585,38 @@ class MessageRows(Database):
             sql += f" AND id IN ({','.join('?' * len(ids))})"
             args.extend(ids)
         how = f"{channel}, found in the pane" if found else str(channel)
+        tasked = None
         with self._write() as conn:
-            rows = conn.execute(sql + " RETURNING id, receiver_id", tuple(args)).fetchall()
+            rows = conn.execute(sql + " RETURNING id, receiver_id, kind, sender_id", tuple(args)).fetchall()
             if rows:  # one statement for the batch's timeline rows (the hot path)
                 conn.executemany(
                     "INSERT INTO message_event (receiver_id, message_id, at, event, reason) "
                     "VALUES (?, ?, ?, ?, ?)",
                     sorted((r[1], int(r[0]), now, Event.DELIVERED.value, how) for r in rows),
                 )
+                tasked = self._note_tasked(conn, rows, now)
+        if tasked is not None and self.on_tasked is not None:
+            self.on_tasked(tasked)
         # the event stream has message.delivered for these (cao/delivery.py): no timeline copy
         return len(rows)
+
+    def _note_tasked(self, conn: Any, rows: Sequence[Any], now: float) -> str | None:
+        """A delivered task (or a message from the receiver's own supervisor) gives it work: its
+        work state becomes ``tasked`` (coordination follows its turn from there); a task is a new
+        attempt (``task_id``). Returns the receiver when that happened."""
+        tasks = [int(r[0]) for r in rows if r[2] == Kind.TASK]
+        senders = sorted({str(r[3]) for r in rows if r[2] != Kind.NOTICE})
+        if not tasks and not senders:
+            return None
+        rid = str(rows[0][1])
+        task = f"m{max(tasks)}" if tasks else None
+        hit = conn.execute(
+            "UPDATE terminal SET work_state = ?, task_at = ?, task_id = coalesce(?, task_id) "
+            f"WHERE id = ? AND state = 'live' AND (? OR supervisor_id IN ({','.join('?' * len(senders))})) "
+            "RETURNING id",
+            (WorkState.TASKED.value, now, task, rid, bool(tasks), *senders),
+        ).fetchone()
+        return rid if hit is not None else None
 
     def release(
         self,

@@ -9,7 +9,7 @@ from sqlmodel import Field, SQLModel
 
 from cao.states import MessageStatus, TerminalState
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -51,6 +51,12 @@ class Terminal(SQLModel):
     hook_at: float | None = None
     hook_starts: int = 0  # 1: the CLI has reported a turn start (it reports them all)
     turn_channel: str | None = None  # schema 9: the hook its launch wired to hand text to a turn
+    # schema 10: coordination (cao/coordination.py, docs/orchestration.md)
+    ack_cursor: int = 0  # it acknowledged every message to it up to this id (forward only)
+    notify_supervisor: int = 1  # 0: its supervisor gets no notices about it (assign/handoff notify=false)
+    task_id: str | None = None  # its current task attempt: m<message id> (assign), j<job>/s<token> (handoff)
+    task_at: float | None = None
+    work_state: str | None = None  # states.WorkState: where it is in its work (notices follow it)
 
 
 class Message(SQLModel):
@@ -92,6 +98,7 @@ class Message(SQLModel):
     read_at: float | None = None  # the receiver fetched it (read_message)
     channel: str | None = None  # how it was delivered: paste or hook (states.Channel)
     interrupt_at: float | None = None  # the CLI's interrupt key was sent for it (at most once)
+    acked_at: float | None = None  # schema 10: the receiver said it acted on it (ack)
 
 
 class MessageEvent(SQLModel):
@@ -104,6 +111,60 @@ class MessageEvent(SQLModel):
     event: str
     reason: str | None = None
     actor: str | None = None  # who did it: a terminal id, an operator's name, or cao
+
+
+class TaskResult(SQLModel):
+    """A worker's report on one task attempt (schema 10; report_result). One per attempt: an exact
+    retry gets this receipt again, a different second report is refused."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    terminal_id: str  # the worker
+    task_id: str  # the attempt (Terminal.task_id when it reported)
+    supervisor_id: str | None = None
+    status: str  # states.ResultStatus
+    summary: str
+    details: str | None = None  # JSON object
+    digest: str  # of status, summary and details: what "the same report" means
+    message_id: int | None = None  # the result message to the supervisor (none for a handoff)
+    created_at: float
+
+
+class Notification(SQLModel):
+    """A worker event the operator hears about (schema 10): the dashboard's attention list, the
+    webhook's queue (``webhook``: states.WebhookState, None when no CAO_NOTIFY_URL was set)."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    terminal_id: str
+    session_name: str
+    supervisor_id: str | None = None
+    event: str  # states.WorkState: finished, blocked, failed, exited
+    reason: str | None = None
+    at: float
+    message_id: int | None = None  # the notice to its supervisor, if one was sent
+    webhook: str | None = None
+    webhook_attempts: int = 0
+    webhook_error: str | None = None
+    webhook_at: float | None = None
+
+
+class Schedule(SQLModel):
+    """A wake-up (schema 10): one message per slot (``first_at + k * every_seconds``), each created
+    one slot ahead as a deferred message whose idempotency key names the slot, so a slot is
+    created once however often the store is asked (restarts, crashes)."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    receiver_id: str
+    created_by: str
+    body: str
+    first_at: float
+    every_seconds: float | None = None  # None: once
+    next_slot: int = 0  # the first slot whose message is not created yet
+    next_at: float | None = None  # that slot's time (None: no more slots)
+    state: str = "active"  # states.ScheduleState
+    created_at: float
+    closed_by: str | None = None
+    closed_at: float | None = None
+    skipped: int = 0  # slots that passed while cao-server was down, past the catch-up limit
 
 
 class HandoffJob(SQLModel):
@@ -160,6 +221,24 @@ class MessageEventTable(MessageEvent, table=True):
     """The ``message_event`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
     __tablename__ = "message_event"
+
+
+class TaskResultTable(TaskResult, table=True):
+    """The ``task_result`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "task_result"
+
+
+class NotificationTable(Notification, table=True):
+    """The ``notification`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "notification"
+
+
+class ScheduleTable(Schedule, table=True):
+    """The ``schedule`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "schedule"
 
 
 class HandoffJobTable(HandoffJob, table=True):
@@ -331,5 +410,63 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX ix_message_event_receiver ON message_event (receiver_id, id)",
         # (one index only: each message writes two or more events; one message's events are found
         # within its receiver's, and the weekly prune goes by id)
+    ),
+    # 10: coordination: acknowledgements (a forward-only cursor per receiver), a worker's task
+    # attempt and where it is in its work (notices), structured results, the operator's
+    # notifications (and the webhook's queue), durable wake-up schedules
+    10: (
+        "ALTER TABLE terminal ADD COLUMN ack_cursor INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE terminal ADD COLUMN notify_supervisor INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE terminal ADD COLUMN task_id TEXT",
+        "ALTER TABLE terminal ADD COLUMN task_at REAL",
+        "ALTER TABLE terminal ADD COLUMN work_state TEXT",
+        "ALTER TABLE message ADD COLUMN acked_at REAL",
+        """CREATE TABLE task_result (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            terminal_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            supervisor_id TEXT,
+            status TEXT NOT NULL,
+            summary TEXT NOT NULL,
+            details TEXT,
+            digest TEXT NOT NULL,
+            message_id INTEGER,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX ux_task_result_attempt ON task_result (terminal_id, task_id)",
+        """CREATE TABLE notification (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            terminal_id TEXT NOT NULL,
+            session_name TEXT NOT NULL,
+            supervisor_id TEXT,
+            event TEXT NOT NULL,
+            reason TEXT,
+            at REAL NOT NULL,
+            message_id INTEGER,
+            webhook TEXT,
+            webhook_attempts INTEGER NOT NULL DEFAULT 0,
+            webhook_error TEXT,
+            webhook_at REAL
+        )""",
+        "CREATE INDEX ix_notification_webhook ON notification (id) WHERE webhook = 'pending'",
+        """CREATE TABLE schedule (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            receiver_id TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            body TEXT NOT NULL,
+            first_at REAL NOT NULL,
+            every_seconds REAL,
+            next_slot INTEGER NOT NULL DEFAULT 0,
+            next_at REAL,
+            state TEXT NOT NULL DEFAULT 'active',
+            created_at REAL NOT NULL,
+            closed_by TEXT,
+            closed_at REAL,
+            skipped INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX ix_schedule_due ON schedule (next_at) WHERE state = 'active'",
+        # the delivered-but-unacknowledged messages of one receiver (check_inbox, the attention view)
+        "CREATE INDEX ix_message_unacked ON message (receiver_id, id) "
+        "WHERE status = 'delivered' AND acked_at IS NULL",
     ),
 }
