@@ -292,15 +292,15 @@ class Coordination:
         worker = self.store.get_terminal(terminal_id)
         if worker.state in ENDED:
             raise Conflict(f"terminal {terminal_id} is {worker.state}; a result comes from a live worker")
-        if not worker.supervisor_id:
-            raise Conflict(
-                f"terminal {terminal_id} has no supervisor (it wasn't started by assign or handoff), so "
-                "it has nobody to report a result to; tell whoever needs it with send_message"
-            )
         if not worker.task_id:
             raise Conflict(
                 f"terminal {terminal_id} has not been given a task yet (assign or handoff), so there is "
                 "nothing to report on"
+            )
+        if not worker.supervisor_id and not _is_step(worker.task_id):  # a step's answer goes to its caller
+            raise Conflict(
+                f"terminal {terminal_id} has no supervisor (it wasn't started by assign or handoff), so "
+                "it has nobody to report a result to; tell whoever needs it with send_message"
             )
         detail_json = json.dumps(clean, ensure_ascii=False, sort_keys=True) if clean else None
         digest = hashlib.sha256(json.dumps([status, summary, detail_json]).encode()).hexdigest()
@@ -316,7 +316,7 @@ class Coordination:
                 created_at=self.clock(),
             )
         )
-        if stored.message_id is None and not _is_step(stored.task_id):
+        if stored.message_id is None and worker.supervisor_id and not _is_step(stored.task_id):
             # (a retry after a crash between the two writes sends it now: the key makes it one)
             want = attention.resolve(now=self.clock(), sender_is_terminal=True, kind=Kind.RESULT.value)
             message, _ = self.store.add_message(
