@@ -63,6 +63,7 @@ NEW_SESSION = Params(
     _CALLER,
     _TASK,
     _WORKTREE,
+    _NOTIFY,
 )
 NEW_TERMINAL = Params(
     _DEFER_INIT,
@@ -147,14 +148,24 @@ READ = Params(_BY)
 CANCEL = Params(_BY)
 ACK = Params(
     Param("through_message_id", "count", doc="everything delivered to you up to this id (the cursor)"),
-    Param("message_ids", "json", doc="or these ids (a list), the cursor unchanged"),
+    Param(
+        "message_ids",
+        "json",
+        doc="or these ids (a list), the cursor unchanged",
+        constraints={"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 500},
+    ),
     Param("expected", "count", doc="the cursor you last saw: another one is a 409 (check_inbox shows it)"),
     _BY,
 )
 RESULT = Params(
     Param("status", required=True, doc="done|failed|blocked", constraints={"enum": list(ResultStatus)}),
     Param("summary", "free_text", required=True, doc="what came of the task (at most 4000 characters)"),
-    Param("details", "json", doc="an object: branch, commit, files, artifacts, tests, notes"),
+    Param(
+        "details",
+        "json",
+        doc="an object: branch, commit, files, artifacts, tests, notes",
+        constraints={"type": "object"},
+    ),
     _BY,
 )
 SCHEDULE = Params(

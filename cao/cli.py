@@ -771,7 +771,7 @@ def install(ctx: click.Context, name_or_path: str, as_json: bool) -> None:
 
 @cli.command(
     epilog="\b\nExamples:\n  cao demo\n  cao demo --keep   # leave the agents running to look at\n"
-    "  cao demo --worktrees"
+    "  cao demo --worktrees\n  cao demo --coordination   # results as data, a 'blocked' notice, no polling"
 )
 @click.option("--keep", is_flag=True, help="Leave the server and agents running (prints how to attach).")
 @click.option("--timeout", default=60.0, show_default=True, help="Give up after this many seconds.")
@@ -780,8 +780,18 @@ def install(ctx: click.Context, name_or_path: str, as_json: bool) -> None:
     is_flag=True,
     help="Give each worker its own git worktree, then merge both branches into the supervisor's.",
 )
-def demo(keep: bool, timeout: float, worktrees: bool) -> None:
+@click.option(
+    "--coordination",
+    is_flag=True,
+    help="A lead gets a worker's structured result and another's 'blocked on a permission prompt' notice.",
+)
+def demo(keep: bool, timeout: float, worktrees: bool, coordination: bool) -> None:
     """Watch three scripted agents coordinate through the inbox (no API key needed)."""
+    if coordination:
+        from cao.demo_coord import run as run_coordination
+
+        run_coordination(keep, timeout)
+        return
     from cao.demo import run
 
     run(keep, timeout, worktrees)

@@ -399,7 +399,9 @@ class Coordination:
 
     def _change(self, terminal: Terminal, state: str | None, to: WorkState, reason: str) -> None:
         notice = None
-        quiet = to == WorkState.FINISHED and (_is_step(terminal.task_id) or self._answered(terminal))
+        # a handoff returns its answer (and its own error): no finished or exited notice for a step
+        step = _is_step(terminal.task_id) and to in (WorkState.FINISHED, WorkState.EXITED)
+        quiet = step or (to == WorkState.FINISHED and self._answered(terminal))
         if to in NOTICE_STATES and not quiet:
             notice = (self._notice_body(terminal, to, reason), self._notice_attention(to))
         try:
@@ -443,7 +445,8 @@ class Coordination:
     def _notice_body(terminal: Terminal, to: WorkState, reason: str) -> str:
         hint = {
             WorkState.FINISHED: f"its answer: `cao output {terminal.id} --mode last`",
-            WorkState.BLOCKED: f"see it: `cao output {terminal.id}`; answer in its pane (`cao attach`)",
+            WorkState.BLOCKED: f"see it: `cao output {terminal.id}`; a person answers in its tmux pane "
+            f"(session {terminal.session_name})",
             WorkState.FAILED: f"see it: `cao output {terminal.id}`",
             WorkState.EXITED: "it can't take messages any more",
         }[to]
@@ -484,8 +487,10 @@ class Coordination:
             self._change(
                 t, self._states.get(tid), WorkState.FAILED, f"its status read unknown for {minutes:g} s"
             )
-        for rid in self.store.advance_schedules(now, self._wakeup_attention()):
-            self.wake(rid)
+        due = self.store.next_schedule_due()  # a read: no write transaction on an idle tick
+        if due is not None and due <= now:
+            for rid in self.store.advance_schedules(now, self._wakeup_attention()):
+                self.wake(rid)
 
     def on_log(self, terminal_id: str) -> bool:
         """A pane log changed: should its status be re-read now (attended, not read lately)?"""

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,15 +129,17 @@ def _merge_workers(
     return results
 
 
-def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
-    """The demo itself (``cao demo`` imports this module only when it runs)."""
-    console = Console()
+@contextlib.contextmanager
+def demo_server(rules: dict[str, Any], keep: bool) -> Iterator[tuple[httpx.Client, Path, str, int]]:
+    """Its own cao-server on a private tmux socket and a throwaway CAO_HOME, with these scripted
+    agents' rules; stopped and removed afterwards (unless ``keep``). Yields (http, home, socket
+    name, server pid)."""
     home = Path(tempfile.mkdtemp(prefix="cao-demo-"))
     socket_name = f"cao-demo-{os.getpid()}"
     port = _free_port()
     (home / "scripted").mkdir(parents=True)
-    (home / "scripted" / "demo_supervisor.json").write_text(json.dumps(SUPERVISOR_RULES))
-    (home / "scripted" / "demo_worker.json").write_text(json.dumps(WORKER_RULES))
+    for profile, body in rules.items():
+        (home / "scripted" / f"{profile}.json").write_text(json.dumps(body))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CAO_", "TMUX"))}
     env.update(CAO_HOME=str(home), CAO_TMUX_SOCKET=socket_name, CAO_API_PORT=str(port))
     url = f"http://127.0.0.1:{port}"
@@ -148,7 +151,6 @@ def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
             stderr=stderr,
         )
     http = httpx.Client(base_url=url, timeout=30)
-    ok = False
     try:
         deadline = time.monotonic() + 15
         while True:
@@ -161,72 +163,9 @@ def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
                         f"cao-server did not start; see {home / 'server.stderr'}"
                     ) from None
                 time.sleep(0.05)
-        console.print(f"[bold]cao demo[/] · server {url} · tmux socket {socket_name} · home {home}")
-        repo = home / "project"
-        where: dict[str, Any] = {}
-        if worktrees:
-            _make_repo(repo)
-            where = {"working_directory": str(repo)}
-        sup = http.post(
-            "/sessions", json={"agent_profile": "demo_supervisor", "session_name": "demo", **where}
-        ).json()
-        one = {"agent_profile": "demo_worker", "supervisor_id": sup["id"], **where}
-        if worktrees:
-            one["use_worktree"] = True
-        w1 = http.post("/sessions/demo/terminals", json=one).json()
-        w2 = http.post("/sessions/demo/terminals", json=one).json()
-        if "id" not in w2:
-            raise click.ClickException(f"could not start the workers: {w2.get('detail')}")
-        names = {
-            sup["id"]: f"supervisor {sup['id']}",
-            w1["id"]: f"worker-1 {w1['id']}",
-            w2["id"]: f"worker-2 {w2['id']}",
-            "operator": "operator",
-        }
-        task = f"delegate {w1['id']} write the parser\ndelegate {w2['id']} write the tests"
-        http.post(f"/terminals/{sup['id']}/inbox/messages", json={"sender_id": "operator", "message": task})
-        start = time.monotonic()
-        # On a terminal the table is redrawn in place; piped (a log, CI) a line per change instead.
-        live = Live(console=console, refresh_per_second=8) if console.is_terminal else None
-        seen: dict[int, str] = {}
-        msgs: list[dict[str, Any]] = []
-        with live or contextlib.nullcontext():
-            while time.monotonic() - start < timeout:
-                msgs = http.get("/messages", params={"limit": 100}).json()
-                screen = http.get(f"/terminals/{sup['id']}/output", params={"mode": "last"}).json()["output"]
-                if live is not None:
-                    answer = Panel(escape(screen or "…"), title="supervisor's last answer")
-                    live.update(Group(_table(msgs, names), answer))
-                for m in sorted(msgs, key=lambda m: int(m["id"])) if live is None else ():
-                    if seen.get(m["id"]) != m["status"]:
-                        seen[m["id"]] = m["status"]
-                        who = f"{names.get(m['sender_id'], m['sender_id'])} → {names.get(m['receiver_id'])}"
-                        console.print(f"message #{m['id']} {who}: {m['status']}", highlight=False)
-                delivered = [m for m in msgs if m["status"] == MessageStatus.DELIVERED]
-                if (
-                    len(delivered) >= 5
-                    and "collected" in screen
-                    and all(
-                        http.get(f"/terminals/{t}").json()["status"] in (Status.IDLE, Status.COMPLETED)
-                        for t in names
-                        if t != "operator"
-                    )
-                ):
-                    ok = True
-                    break
-                time.sleep(0.15)
-        if live is None:
-            console.print(_table(msgs, names))
-        full = http.get(f"/terminals/{sup['id']}/output").json()["output"]
-        console.print(Panel(escape(full.strip()), title=f"supervisor pane ({sup['id']})"))
-        if not ok:
-            raise click.ClickException(f"the demo did not finish within {timeout:.0f}s")
-        console.print("[green]done:[/] 5 messages, each delivered exactly once, in order.")
-        if worktrees:
-            _merge_workers(http, console, repo, {"worker-1": w1, "worker-2": w2})
-            console.print("[green]done:[/] both workers' branches merged into the supervisor's (main).")
+        yield http, home, socket_name, server.pid
         if keep:
-            console.print(
+            Console().print(
                 f"agents are still running: tmux -L {socket_name} attach -t cao-demo\n"
                 f"stop them with: CAO_SERVER_URL={url} cao shutdown --all; kill {server.pid}"
             )
@@ -242,3 +181,89 @@ def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
             Tmux(socket_name).kill_server()
             shutil.rmtree(home, ignore_errors=True)
         http.close()
+
+
+def run(keep: bool, timeout: float, worktrees: bool = False) -> None:
+    """The demo itself (``cao demo`` imports this module only when it runs)."""
+    console = Console()
+    rules = {"demo_supervisor": SUPERVISOR_RULES, "demo_worker": WORKER_RULES}
+    with demo_server(rules, keep) as (http, home, socket_name, _pid):
+        url = str(http.base_url).rstrip("/")
+        _run(console, http, home, socket_name, url, timeout, worktrees)
+
+
+def _run(
+    console: Console,
+    http: httpx.Client,
+    home: Path,
+    socket_name: str,
+    url: str,
+    timeout: float,
+    worktrees: bool,
+) -> None:
+    ok = False
+    console.print(f"[bold]cao demo[/] · server {url} · tmux socket {socket_name} · home {home}")
+    repo = home / "project"
+    where: dict[str, Any] = {}
+    if worktrees:
+        _make_repo(repo)
+        where = {"working_directory": str(repo)}
+    sup = http.post(
+        "/sessions", json={"agent_profile": "demo_supervisor", "session_name": "demo", **where}
+    ).json()
+    # notify=false: this demo shows the inbox alone (`cao demo --coordination` shows notices)
+    one = {"agent_profile": "demo_worker", "supervisor_id": sup["id"], "notify": False, **where}
+    if worktrees:
+        one["use_worktree"] = True
+    w1 = http.post("/sessions/demo/terminals", json=one).json()
+    w2 = http.post("/sessions/demo/terminals", json=one).json()
+    if "id" not in w2:
+        raise click.ClickException(f"could not start the workers: {w2.get('detail')}")
+    names = {
+        sup["id"]: f"supervisor {sup['id']}",
+        w1["id"]: f"worker-1 {w1['id']}",
+        w2["id"]: f"worker-2 {w2['id']}",
+        "operator": "operator",
+    }
+    task = f"delegate {w1['id']} write the parser\ndelegate {w2['id']} write the tests"
+    http.post(f"/terminals/{sup['id']}/inbox/messages", json={"sender_id": "operator", "message": task})
+    start = time.monotonic()
+    # On a terminal the table is redrawn in place; piped (a log, CI) a line per change instead.
+    live = Live(console=console, refresh_per_second=8) if console.is_terminal else None
+    seen: dict[int, str] = {}
+    msgs: list[dict[str, Any]] = []
+    with live or contextlib.nullcontext():
+        while time.monotonic() - start < timeout:
+            msgs = http.get("/messages", params={"limit": 100}).json()
+            screen = http.get(f"/terminals/{sup['id']}/output", params={"mode": "last"}).json()["output"]
+            if live is not None:
+                answer = Panel(escape(screen or "…"), title="supervisor's last answer")
+                live.update(Group(_table(msgs, names), answer))
+            for m in sorted(msgs, key=lambda m: int(m["id"])) if live is None else ():
+                if seen.get(m["id"]) != m["status"]:
+                    seen[m["id"]] = m["status"]
+                    who = f"{names.get(m['sender_id'], m['sender_id'])} → {names.get(m['receiver_id'])}"
+                    console.print(f"message #{m['id']} {who}: {m['status']}", highlight=False)
+            delivered = [m for m in msgs if m["status"] == MessageStatus.DELIVERED]
+            if (
+                len(delivered) >= 5
+                and "collected" in screen
+                and all(
+                    http.get(f"/terminals/{t}").json()["status"] in (Status.IDLE, Status.COMPLETED)
+                    for t in names
+                    if t != "operator"
+                )
+            ):
+                ok = True
+                break
+            time.sleep(0.15)
+    if live is None:
+        console.print(_table(msgs, names))
+    full = http.get(f"/terminals/{sup['id']}/output").json()["output"]
+    console.print(Panel(escape(full.strip()), title=f"supervisor pane ({sup['id']})"))
+    if not ok:
+        raise click.ClickException(f"the demo did not finish within {timeout:.0f}s")
+    console.print("[green]done:[/] 5 messages, each delivered exactly once, in order.")
+    if worktrees:
+        _merge_workers(http, console, repo, {"worker-1": w1, "worker-2": w2})
+        console.print("[green]done:[/] both workers' branches merged into the supervisor's (main).")

@@ -333,6 +333,7 @@ class DeliveryEngine:
         self._park_watchdog()
         self.cap_logs()
         self.store.prune_timeline(older_than=now - TIMELINE_KEEP_SECONDS)
+        self.store.prune_notifications(older_than=now - TIMELINE_KEEP_SECONDS)
         return {"kicked": len(receivers), "stale_claims": len(stale), "finished_deletes": len(finished)}
 
     def cap_logs(self) -> int:

@@ -140,6 +140,43 @@ def test_cao_watch_follows_the_event_stream(make_server, as_json: bool):
     assert delivered[0]["message_ids"] == [mid] and delivered[0]["latency_ms"] >= 0
 
 
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "piped"])
+def test_cao_watch_attention_shows_worker_events_only(make_server, as_json: bool):
+    srv: ServerProcess = make_server()
+    (srv.home / "scripted").mkdir(parents=True, exist_ok=True)
+    (srv.home / "scripted" / "asker.json").write_text(
+        json.dumps({"rules": [{"match": "^deploy$", "ask": "Allow tool deploy?", "reply": "deployed"}]})
+    )
+    base = {"PATH": os.environ["PATH"], "HOME": str(srv.home.parent / "home"), "CAO_HOME": str(srv.home)}
+    args = ["watch", "--attention", *(["--json"] if as_json else []), "--for", "10"]
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "cao.cli", *args], env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        with srv.client() as c:
+            wait_until(lambda: c.get("/info").json()["event_listeners"] >= 1, timeout=10, what="connected")
+            boss = c.post("/sessions", json={"session_name": "att"}).json()["id"]
+            body = {"agent_profile": "asker", "supervisor_id": boss, "initial_message": "deploy"}
+            worker = c.post("/sessions/att/terminals", json=body).json()["id"]
+            wait_until(lambda: c.get("/notifications").json() != [], timeout=20, what="the blocked event")
+        out, _ = watch.communicate(timeout=30)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    if as_json:
+        events = [json.loads(line) for line in out.splitlines() if line.strip()]
+        assert [(e["type"], e["event"], e["terminal_id"]) for e in events] == [
+            ("notification", "blocked", worker)
+        ]
+        return
+    lines = out.splitlines()
+    assert any("notification" in line and worker in line for line in lines), out
+    assert not any("message.delivered" in line for line in lines), out  # only what needs a person
+    assert "needs a person now" in out and "latest worker events" in out
+
+
 def test_cao_dashboard_prints_a_login_link_when_a_token_is_set(make_server):
     token = "d" * 32
     srv: ServerProcess = make_server(CAO_API_TOKEN=token)

@@ -143,6 +143,35 @@ def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path):
     assert list(tmp_path.glob("cao-demo-*")) == []
 
 
+@pytest.mark.integration  # its own cao-server and tmux server, as the demo above
+def test_the_coordination_demo_gets_a_result_and_a_blocked_notice_without_polling(tmp_path: Path):
+    import os
+
+    env = {k: v for k, v in server_env(tmp_path, "unused", 0).items() if not k.startswith("CAO_")}
+    env.update(HOME=str(tmp_path), TMPDIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "cao", "demo", "--coordination", "--timeout", "60"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    lines = out.splitlines()
+    # the lead's own screen: the result as it arrived, the blocked notice, its finished notice
+    assert any("collected the result of" in line and ": done" in line for line in lines), out
+    assert any("needs a person: told the operator" in line for line in lines), out
+    assert any(line.startswith("result #") and "→ lead" in line and "delivered" in line for line in lines), (
+        out
+    )
+    assert any(line.startswith("notice #") and "→ lead" in line for line in lines), out
+    assert "'branch': 'feat/parser'" in out
+    assert list(tmp_path.glob("cao-demo-*")) == []  # its temp home is gone
+    assert not [p for p in Path(f"/tmp/tmux-{os.getuid()}").glob("cao-demo-*") if Tmux(p.name).is_alive()]
+
+
 def test_message_bodies_never_reach_the_logs(make_server, tmp_path: Path):
     srv: ServerProcess = make_server()  # runs at --log-level debug
     secret = "token-body-must-not-be-logged-7f3a"

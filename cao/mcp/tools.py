@@ -396,7 +396,10 @@ class AgentTools:
         if result.get("answer_source") == AnswerSource.RESULT:
             answer = f"(cao) Worker {wid} reported this result:\n\n{answer}"
         elif result.get("answer_source") == AnswerSource.SCREEN:
-            answer = f"(cao) Worker {wid} reported no result; its last answer on the screen:\n\n{answer}"
+            answer += (
+                f"\n\n(cao) Worker {wid} reported no result (report_result); above is its last answer "
+                "on its screen."
+            )
         if result.get("worktree"):  # removed: uncommitted work became a wip commit on the branch
             answer += (
                 f"\n\n(cao) Worker {wid} worked on branch {result['worktree']['branch']}; its work (if it "

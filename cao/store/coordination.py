@@ -301,6 +301,24 @@ class CoordinationRows(MessageRows):
             ).fetchall()
         return [_row(Notification, r) for r in rows]
 
+    def prune_notifications(self, *, older_than: float) -> int:
+        """Drop notifications older than ``older_than`` (a week, as the timeline), unless the
+        webhook still owes them a POST."""
+        with self._read() as conn:
+            (old,) = conn.execute(
+                "SELECT count(*) FROM notification WHERE at < ? AND coalesce(webhook, '') != 'pending'",
+                (older_than,),
+            ).fetchone()
+        if not old:
+            return 0
+        with self._write() as conn:
+            return int(
+                conn.execute(
+                    "DELETE FROM notification WHERE at < ? AND coalesce(webhook, '') != 'pending'",
+                    (older_than,),
+                ).rowcount
+            )
+
     def webhook_pending(self, *, limit: int = 50) -> list[Notification]:
         with self._read() as conn:
             rows = conn.execute(
