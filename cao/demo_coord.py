@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from cao.demo import demo_server
-from cao.states import Kind, MessageStatus
+from cao.states import Kind, MessageStatus, ResultStatus
 
 RESULT_RE = r"^Result from worker (?P<w>[0-9a-f]{8}) \(.*\): (?P<st>\w+)"
 LEAD_RULES = {
@@ -40,7 +40,7 @@ BUILDER_RULES = {
             "delay": 1.0,
             "reply": "built {what}",
             "result": {
-                "status": "done",
+                "status": ResultStatus.DONE.value,
                 "summary": "built {what}; 12 tests pass",
                 "details": {"branch": "feat/parser", "files": ["src/parser.py", "tests/test_parser.py"]},
             },
