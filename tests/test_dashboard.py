@@ -99,6 +99,33 @@ def test_fleet_shows_the_team_and_a_status_change_appears_live(browser, team, tm
     assert errors == []
 
 
+def test_the_attention_list_shows_a_blocked_worker_live_and_jumps_to_it(browser, make_server, tmp_path: Path):
+    srv: ServerProcess = make_server()
+    write_rules(
+        srv.home, "asker", {"rules": [{"match": "^deploy$", "ask": "Allow tool deploy?", "reply": "ok"}]}
+    )
+    with srv.client() as c:
+        boss = c.post("/sessions", json={"session_name": "need"}).json()["id"]
+        wait_until(lambda: c.get(f"/terminals/{boss}").json()["status"] == "idle", what="idle")
+        page = browser.new_page(viewport={"width": 1400, "height": 800})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(srv.url + "/")
+        page.wait_for_selector("[data-testid=needs-empty]")
+        page.wait_for_selector("#live.on")
+        body = {"agent_profile": "asker", "supervisor_id": boss, "initial_message": "deploy"}
+        worker = c.post("/sessions/need/terminals", json=body).json()["id"]
+        # live: it waits for a person now, and the worker event (blocked) is listed, from the stream
+        page.wait_for_selector(f"#needs-list tr[data-needs='{worker}'][data-kind=now]", timeout=15_000)
+        page.wait_for_selector(f"#needs-list tr[data-needs='{worker}'][data-event=blocked]", timeout=15_000)
+        assert "waits for a person" in page.locator(f"tr[data-needs='{worker}'][data-kind=now]").inner_text()
+        _shot(page, "attention-list", tmp_path)
+        page.locator(f"tr[data-needs='{worker}'][data-event=blocked] a").click()  # the jump
+        page.wait_for_url(f"**/#/t/{worker}")
+        page.wait_for_selector("#attention-state")
+        assert errors == []
+
+
 def test_a_message_moves_from_pending_to_delivered_on_screen(browser, team, tmp_path: Path):
     srv, c, boss, worker = team
     page = browser.new_page(viewport={"width": 1400, "height": 700})

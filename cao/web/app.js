@@ -12,6 +12,7 @@ const state = {
   defaultProvider: "scripted",
   route: "",
   attention: null, // GET /terminals/{id}/attention of the terminal view's agent
+  notifications: [], // GET /notifications: worker events (finished, blocked, failed, exited), oldest first
 };
 const ME = "dashboard"; // who the dashboard acts as (a person, never an agent): on the timeline
 const PRIORITIES = ["urgent", "high", "normal", "low"];
@@ -80,6 +81,10 @@ async function loadMessages() {
   state.messages = new Map(list.map((m) => [m.id, m]));
 }
 
+async function loadNotifications() {
+  state.notifications = await api("/notifications?limit=30");
+}
+
 const debounced = (fn, wait) => {
   let timer = null;
   return () => {
@@ -89,6 +94,7 @@ const debounced = (fn, wait) => {
 };
 const refreshTerminals = debounced(() => loadTerminals().then(render).catch(() => {}), 100);
 const refreshMessages = debounced(() => loadMessages().then(render).catch(() => {}), 100);
+const refreshNotifications = debounced(() => loadNotifications().then(render).catch(() => {}), 100);
 
 // The terminal view's attention panel: its state, its queue in serving order, its timeline.
 let attentionSeq = 0;
@@ -157,9 +163,12 @@ function connectEvents() {
       refreshMessages();
     });
   }
+  // a worker finished, waits at a prompt, failed or exited (cao/coordination.py): the attention list
+  source.addEventListener("notification", () => refreshNotifications());
   source.addEventListener("stream.reset", () => {
     refreshTerminals();
     refreshMessages();
+    refreshNotifications();
     refreshAttention();
   });
 }
@@ -210,6 +219,8 @@ function renderFleet() {
         <label>session <input name="session_name" placeholder="(new)" size="14"></label>
         <button type="submit">Create</button>
       </form>
+      <h2>Needs attention</h2>
+      <div id="needs"></div>
       <h2>Fleet</h2>
       <div id="fleet"></div>`;
     $("#create").addEventListener("submit", async (e) => {
@@ -227,6 +238,7 @@ function renderFleet() {
       }
     });
   }
+  renderNeeds();
   const rows = fleetRows();
   $("#fleet").innerHTML = rows.length === 0 ? `<div class="empty">No agents yet. Create one above, or run <code class="mono">cao launch</code>.</div>` : `
     <table><thead><tr><th>terminal</th><th>session</th><th>provider</th><th>profile</th><th>status</th>
@@ -257,6 +269,31 @@ function renderFleet() {
       }
     };
   }
+}
+
+// Who waits for a person now (a prompt, an error, a screen nothing reads) and the latest worker
+// events, newest first; each row jumps to its agent.
+const NEEDS_NOW = { waiting_user_answer: "waits for a person", error: "failed", unknown: "status unknown" };
+const EVENT_WORDS = { blocked: "blocked at a prompt", failed: "failed", finished: "finished", exited: "exited" };
+function renderNeeds() {
+  const now = [...state.terminals.values()].filter((t) => NEEDS_NOW[t.status]);
+  const events = [...state.notifications].reverse().slice(0, 12);
+  if (!now.length && !events.length) {
+    $("#needs").innerHTML = `<div class="empty" data-testid="needs-empty">Nothing needs you: no agent waits for a person, no worker event yet.</div>`;
+    return;
+  }
+  const hook = (n) => (n.webhook ? `<span class="dim" title="${esc(n.webhook_error || "")}">webhook ${esc(n.webhook)}</span>` : "");
+  $("#needs").innerHTML = `<table id="needs-list"><tbody>
+    ${now.map((t) => `<tr data-needs="${esc(t.id)}" data-kind="now">
+      <td>${badge(t.status)}</td><td class="mono"><a href="#/t/${esc(t.id)}">${esc(t.id)}</a> <span class="dim">${esc(t.agent_profile)}</span></td>
+      <td><b>${esc(NEEDS_NOW[t.status])}</b>${t.status_reason ? ` <span class="why">${esc(t.status_reason)}</span>` : ""}</td>
+      <td class="dim" data-since="${esc(t.id)}">${ago(state.since.get(t.id))}</td><td></td></tr>`).join("")}
+    ${events.map((n) => `<tr data-needs="${esc(n.terminal_id)}" data-kind="event" data-event="${esc(n.event)}">
+      <td><span class="badge" data-status="${esc(n.event)}">${esc(n.event)}</span></td>
+      <td class="mono"><a href="#/t/${esc(n.terminal_id)}">${esc(n.terminal_id)}</a>${n.supervisor_id ? ` <span class="dim">→ ${esc(n.supervisor_id)}</span>` : ""}</td>
+      <td>${esc(EVENT_WORDS[n.event] || n.event)} <span class="why">${esc(n.reason || "")}</span></td>
+      <td class="dim" data-ago="${ms(n.at)}">${ago(ms(n.at))}</td><td>${hook(n)}</td></tr>`).join("")}
+  </tbody></table>`;
 }
 
 function messageRows(list) {
@@ -500,7 +537,7 @@ async function start() {
     const health = await api("/health");
     state.providers = health.providers || [];
     state.defaultProvider = health.default_provider || state.defaultProvider;
-    await Promise.all([loadTerminals(), loadMessages()]);
+    await Promise.all([loadTerminals(), loadMessages(), loadNotifications()]);
   } catch (err) {
     if (!main.querySelector(".login")) toast(err.message);
     return;
