@@ -36,7 +36,7 @@ from cao import attention
 from cao.errors import Conflict, Forbidden, InvalidInput, NotFound
 from cao.events import EventBus
 from cao.inbox import Inbox
-from cao.names import TERMINAL_ID_RE, validate_terminal_id
+from cao.names import validate_terminal_id
 from cao.settings import Settings
 from cao.states import (
     ENDED,
@@ -70,6 +70,7 @@ DETAIL_FIELDS: dict[str, str] = {
 TASK_GRACE = 2.0  # seconds after a task's delivery before a ready screen counts as its turn's end
 REFRESH_EVERY = 0.25  # a working agent's status is re-read at most this often on its log changes
 LOOK_AFTER = 1.0  # the housekeeping tick re-reads an attended terminal not read for this long
+LOOK_AFTER_BLOCKED = 10.0  # ... one waiting for a person (its answer prints: the log wakes a read)
 
 WORK_WORDS = {
     WorkState.FINISHED: "ended its turn on its task",
@@ -241,9 +242,11 @@ class Coordination:
             )
         if (through is None) == (not ids):
             raise InvalidInput("give through_message_id (everything up to it) or message_ids, one of them")
+        if ids is not None and not isinstance(ids, list):
+            raise InvalidInput("message_ids must be a list of message ids, e.g. [41, 42]")
         for n in [through, expected, *(ids or [])]:
-            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
-                raise InvalidInput("message ids and expected are whole numbers (0 or more)")
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < 2**63):
+                raise InvalidInput("message ids and expected are whole numbers (0 or more, below 2**63)")
         if ids is not None and len(ids) > 500:
             raise InvalidInput("at most 500 message_ids in one ack; ack through an id instead")
         return self.store.ack(terminal_id, actor=who, through=through, ids=ids or (), expected=expected)
@@ -278,9 +281,10 @@ class Coordination:
         """A worker's report on its current task attempt, to its own supervisor."""
         validate_terminal_id(terminal_id)
         who, _ = self.inbox.actor(by)
-        if TERMINAL_ID_RE.fullmatch(who) and who != terminal_id:
+        if who != terminal_id:  # not even the operator: a result is the worker's own word
             raise Forbidden(
-                f"terminal {who} can't report a result for terminal {terminal_id}; a worker reports its own"
+                f"{who} can't report a result for terminal {terminal_id}: a worker reports its own (by = "
+                "its terminal id; its report_result tool does); tell its supervisor with send_message instead"
             )
         if status not in set(ResultStatus):
             raise InvalidInput(f"status {status!r} is not one of {', '.join(ResultStatus)}")
@@ -468,7 +472,12 @@ class Coordination:
         didn't show, a task's grace over), fail those unknown for long, create wake-up slots."""
         now = self.clock() if now is None else now
         with self._lock:
-            stale = [t for t in self.attending if now - self._read_at.get(t, 0.0) >= LOOK_AFTER]
+            stale = [
+                t
+                for t in self.attending
+                if now - self._read_at.get(t, 0.0)
+                >= (LOOK_AFTER_BLOCKED if self._states.get(t) == WorkState.BLOCKED else LOOK_AFTER)
+            ]
             unknown = [
                 t
                 for t, since in self._unknown_since.items()
@@ -651,15 +660,16 @@ class Webhook:
         self._wake.set()
 
     def _loop(self) -> None:
-        import httpx
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                wait = self.step()
+            except Exception:  # never let one bad notification or URL end the webhook for good
+                logger.exception("webhook step failed")
+                wait = 5.0
+            self._wake.wait(wait)
 
-        with httpx.Client(timeout=self.settings.notify_timeout, follow_redirects=False) as http:
-            while not self._stop.is_set():
-                self._wake.clear()
-                wait = self.step(http)
-                self._wake.wait(wait)
-
-    def step(self, http: Any) -> float:
+    def step(self) -> float:
         """POST what is due; returns how long to sleep (until the next retry, or a poke)."""
         try:
             pending = self.store.webhook_pending()
@@ -675,7 +685,7 @@ class Webhook:
             if due > now:
                 sleep = min(sleep, due - now)
                 continue
-            error = self._post(http, n)
+            error = self._post(n)
             final = error is not None and n.webhook_attempts + 1 > self.settings.notify_retries
             try:
                 self.store.webhook_tried(n.id or 0, sent=error is None, final=final, error=error)
@@ -693,16 +703,32 @@ class Webhook:
             now = time.monotonic()
         return sleep
 
-    def _post(self, http: Any, n: Notification) -> str | None:
+    def _post(self, n: Notification) -> str | None:
+        """One POST, bounded as a whole by ``notify_timeout`` (httpx's timeouts are per read: a
+        receiver trickling its answer byte by byte would hold it for ever): a timer closes the
+        client under it. Any failure is the error text, never an exception."""
         import httpx
 
         payload = {**notification_view(n), "source": "cao"}
         for key in ("webhook", "webhook_attempts", "webhook_error"):
             payload.pop(key, None)
+        limit = self.settings.notify_timeout
+        late = f"no answer within {limit:g} s (CAO_NOTIFY_TIMEOUT)"
+        http = httpx.Client(timeout=limit, follow_redirects=False)
+        timer = threading.Timer(limit, http.close)
+        timer.daemon = True
+        started = time.monotonic()
         try:
-            resp = http.post(self.settings.notify_url, json=payload)
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"[:500]
+            timer.start()
+            resp = http.post(str(self.settings.notify_url), json=payload)
+            resp.read()
+        except Exception as exc:  # httpx's errors, an InvalidURL, the client closed by the timer
+            return late if time.monotonic() - started >= limit else f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            timer.cancel()
+            http.close()
+        if time.monotonic() - started > limit:
+            return late
         if resp.status_code >= 300:
             return f"HTTP {resp.status_code}"
         return None

@@ -62,6 +62,8 @@ from cao.worktrees import Git, Workspaces
 
 logger = logging.getLogger(__name__)
 
+SCHEDULE_SENDER = "schedule-"  # the sender name of a wake-up's slots (cao/store/coordination.py)
+WORKER_TOPIC = "worker."  # the topics of cao's notices about a worker (cao/coordination.py)
 SENDER_RE_HINT = "a terminal id (8 hex digits) or a name like 'cli' or 'operator'"
 
 # The reference orchestrator's provider names (cli-agent-orchestrator 2.1-2.5). Three of them are
@@ -270,6 +272,15 @@ class Cao:
             raise InvalidInput(
                 f"kind {options['kind']} is cao's own: a result comes from its worker's report_result "
                 "(POST /terminals/{id}/result), a wake-up from a schedule (POST /terminals/{id}/schedules)"
+            )
+        if sender_id.startswith(SCHEDULE_SENDER):
+            raise InvalidInput(
+                f"sender_id {sender_id!r} is a wake-up schedule's name (cao sends as it); send as yourself"
+            )
+        if str(options.get("topic") or "").startswith(WORKER_TOPIC):
+            raise InvalidInput(
+                f"topic {options['topic']!r} is cao's own (a worker's notices); pick a topic not starting "
+                f"with {WORKER_TOPIC!r}"
             )
         wants = attention.resolve(
             now=self.clock(), sender_is_terminal=bool(TERMINAL_ID_RE.fullmatch(sender_id)), **options

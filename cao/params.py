@@ -111,7 +111,7 @@ class Param:
         if self.kind == "count":
             if value is None or value == "":
                 return self.default
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
                 return value
             if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
                 return int(value)

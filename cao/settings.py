@@ -51,11 +51,16 @@ def _url(environ: Mapping[str, str], name: str) -> str | None:
     raw = (environ.get(name) or "").strip()
     if not raw:
         return None
-    parts = urlsplit(raw)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    example = "e.g. http://127.0.0.1:8000/cao"
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - a port that isn't a number raises here
+    except ValueError as exc:
         raise InvalidInput(
-            f"{name} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/cao"
-        )
+            f"{name} is not a URL ({exc}); give an http:// or https:// URL, {example}"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInput(f"{name} must be an http:// or https:// URL with a host, {example}")
     return raw
 
 

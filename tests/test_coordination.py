@@ -81,8 +81,8 @@ def test_acks_move_a_forward_only_cursor_and_reads_never_do(team_core: Cao, api:
 
     stale = api.post(f"/terminals/{tid}/ack", json={"by": tid, "through_message_id": ids[1], "expected": 9})
     assert stale.status_code == 409 and stale.json()["current"] == 0, stale.text
-    early = api.post(f"/terminals/{tid}/ack", json={"by": tid, "through_message_id": deferred})
-    assert early.status_code == 409 and "not delivered yet" in early.json()["detail"]
+    early = api.post(f"/terminals/{tid}/ack", json={"by": tid, "message_ids": [deferred]})
+    assert early.status_code == 409 and "not delivered" in early.json()["detail"], early.text
     forged = api.post(
         f"/terminals/{tid}/ack", json={"by": new_terminal(core, "boss"), "through_message_id": ids[2]}
     )

@@ -298,3 +298,23 @@ def test_one_time_wake_ups_are_done_at_once_and_a_receiver_has_a_limit(store: St
     with pytest.raises(Conflict) as full:
         _schedule(store, clock)
     assert "the most it may have (3)" in full.value.message
+
+
+def test_a_message_deferred_until_later_doesnt_hold_the_cursor_and_is_acked_once_delivered(
+    store: Store, clock: Clock
+):
+    later = send(store, clock, "later", deliver_at=_iso(clock() + 600))
+    now = send(store, clock, "now")
+    deliver(store, now)
+    assert store.ack(RID, actor=RID, through=now, expected=0)["acked"] == [now]  # past the deferred one
+    clock.t += 601
+    deliver(store, later)  # it reached the agent after the cursor passed its id
+    assert [m.id for m in store.unacked(RID)] == [later]
+    out = store.ack(RID, actor=RID, through=now, expected=now)
+    assert out["acked"] == [later] and not out["replay"] and out["ack_cursor"] == now
+
+
+def _iso(t: float) -> str:
+    from cao.timefmt import iso
+
+    return str(iso(t))

@@ -32,7 +32,7 @@ UNDELIVERED = (MessageStatus.PENDING.value, MessageStatus.DELIVERING.value)
 
 def slot_sender(schedule_id: int) -> str:
     """The sender name of a schedule's wake-ups (its header reads ``from schedule-<id>``)."""
-    return f"schedule-{schedule_id}"
+    return f"schedule-{schedule_id}"  # (core.SCHEDULE_SENDER: refused as a sender of a plain send)
 
 
 def slot_body(s: Schedule, slot: int) -> str:
@@ -71,9 +71,7 @@ class CoordinationRows(MessageRows):
             cursor = int(row[0])
             acked: list[int] = []
             if through is not None:
-                if through <= cursor:
-                    return {"terminal_id": receiver_id, "ack_cursor": cursor, "acked": [], "replay": True}
-                if expected is not None and expected != cursor:
+                if expected is not None and expected != cursor and through > cursor:
                     raise Conflict(
                         f"stale ack: terminal {receiver_id}'s cursor is at {cursor}, not {expected}; nothing "
                         f"was acknowledged. Ack again with expected={cursor} (check_inbox shows the cursor)",
@@ -85,28 +83,33 @@ class CoordinationRows(MessageRows):
                         f"message {through} is not a message to terminal {receiver_id}; ack the id of one "
                         "of your own messages (check_inbox lists them)"
                     )
+                # what is due (or being pasted) but has not reached it blocks the cursor; a message
+                # deferred until later (a wake-up's next slot) has not come its way yet: it doesn't
                 early = conn.execute(
-                    "SELECT id, status FROM message WHERE receiver_id = ? AND id > ? AND id <= ? "
-                    f"AND status IN ({','.join('?' * len(UNDELIVERED))}) ORDER BY id LIMIT 1",
-                    (receiver_id, cursor, through, *UNDELIVERED),
+                    "SELECT id, status FROM message WHERE receiver_id = ? AND id <= ? "
+                    "AND (status = 'delivering' OR (status = 'pending' AND "
+                    "(not_before IS NULL OR not_before <= ?))) ORDER BY id LIMIT 1",
+                    (receiver_id, through, now),
                 ).fetchone()
-                if early is not None:
+                if early is not None and early[0] > cursor:
                     raise Conflict(
                         f"message {early[0]} to terminal {receiver_id} is {early[1]}, not delivered yet: "
                         f"nothing was acknowledged. Ack only what reached you (through a lower id, or "
                         "by ids)",
                         current=cursor,
                     )
+                # every delivered message up to it (one delivered late, below the cursor, too)
                 acked = [
                     int(r[0])
                     for r in conn.execute(
-                        "UPDATE message SET acked_at = ? WHERE receiver_id = ? AND id > ? AND id <= ? "
+                        "UPDATE message SET acked_at = ? WHERE receiver_id = ? AND id <= ? "
                         "AND status = 'delivered' AND acked_at IS NULL RETURNING id",
-                        (now, receiver_id, cursor, through),
+                        (now, receiver_id, through),
                     ).fetchall()
                 ]
-                conn.execute("UPDATE terminal SET ack_cursor = ? WHERE id = ?", (through, receiver_id))
-                cursor = through
+                if through > cursor:
+                    conn.execute("UPDATE terminal SET ack_cursor = ? WHERE id = ?", (through, receiver_id))
+                    cursor = through
             else:
                 if not ids:
                     raise InvalidInput("say what to acknowledge: through_message_id, or message_ids")
@@ -144,13 +147,15 @@ class CoordinationRows(MessageRows):
         self._told(told)
         return {"terminal_id": receiver_id, "ack_cursor": cursor, "acked": acked, "replay": not acked}
 
+    # (``unacked`` below lists every delivered message without an ack, below the cursor too: one
+    # delivered after the cursor passed it, a deferred one, is acked through or by its id)
+
     def unacked(self, receiver_id: str, *, limit: int = 50) -> list[Message]:
-        """Delivered to ``receiver_id`` and not acknowledged (past its cursor), oldest first."""
+        """Delivered to ``receiver_id`` and not acknowledged, oldest first (the newest ``limit``)."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT * FROM (SELECT m.* FROM message m JOIN terminal t ON t.id = m.receiver_id "
-                "WHERE m.receiver_id = ? AND m.status = 'delivered' AND m.acked_at IS NULL "
-                "AND m.id > t.ack_cursor ORDER BY m.id DESC LIMIT ?) ORDER BY id",
+                "SELECT * FROM (SELECT * FROM message WHERE receiver_id = ? AND status = 'delivered' "
+                "AND acked_at IS NULL ORDER BY id DESC LIMIT ?) ORDER BY id",
                 (receiver_id, limit),
             ).fetchall()
         return [_row(Message, r) for r in rows]

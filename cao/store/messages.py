@@ -17,6 +17,7 @@ from cao.errors import (
     PayloadTooLarge,
     ReceiverGone,
 )
+from cao.names import TERMINAL_ID_RE
 from cao.states import (
     PRIORITY_RANK,
     Channel,
@@ -601,22 +602,31 @@ class MessageRows(Database):
         return len(rows)
 
     def _note_tasked(self, conn: Any, rows: Sequence[Any], now: float) -> str | None:
-        """A delivered task (or a message from the receiver's own supervisor) gives it work: its
-        work state becomes ``tasked`` (coordination follows its turn from there); a task is a new
-        attempt (``task_id``). Returns the receiver when that happened."""
-        tasks = [int(r[0]) for r in rows if r[2] == Kind.TASK]
-        senders = sorted({str(r[3]) for r in rows if r[2] != Kind.NOTICE})
-        if not tasks and not senders:
+        """A delivery that gives the receiver work starts a new task attempt (``task_id`` = the
+        message) and makes its work state ``tasked`` (coordination follows its turn from there):
+        any message but a notice from its own supervisor, or a task from a person (a name, not a
+        terminal). A peer terminal's message is not its task. Returns the receiver when it was."""
+        senders = {str(r[3]) for r in rows if r[2] != Kind.NOTICE}
+        if not senders:
             return None
         rid = str(rows[0][1])
-        task = f"m{max(tasks)}" if tasks else None
-        hit = conn.execute(
-            "UPDATE terminal SET work_state = ?, task_at = ?, task_id = coalesce(?, task_id) "
-            f"WHERE id = ? AND state = 'live' AND (? OR supervisor_id IN ({','.join('?' * len(senders))})) "
-            "RETURNING id",
-            (WorkState.TASKED.value, now, task, rid, bool(tasks), *senders),
-        ).fetchone()
-        return rid if hit is not None else None
+        term = conn.execute("SELECT supervisor_id, state FROM terminal WHERE id = ?", (rid,)).fetchone()
+        if term is None or term[1] != TerminalState.LIVE:
+            return None
+        supervisor = term[0]
+        given = [
+            int(r[0])
+            for r in rows
+            if r[2] != Kind.NOTICE
+            and (r[3] == supervisor or (r[2] == Kind.TASK and not TERMINAL_ID_RE.fullmatch(str(r[3]))))
+        ]
+        if not given:
+            return None
+        conn.execute(
+            "UPDATE terminal SET work_state = ?, task_at = ?, task_id = ? WHERE id = ?",
+            (WorkState.TASKED.value, now, f"m{max(given)}", rid),
+        )
+        return rid
 
     def release(
         self,
