@@ -64,11 +64,11 @@ def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path: Path):
     Store(tmp_path / "x.db")  # reopening is a no-op
 
 
-@pytest.mark.parametrize("table", ["terminal", "message", "handoff_job", "worktree"])
+@pytest.mark.parametrize("table", ["terminal", "message", "handoff_job", "worktree", "board_fact"])
 def test_migrations_build_exactly_the_sqlmodel_tables(tmp_path: Path, table: str):
     """One source of truth: the sqlmodel table classes. The numbered migrations (which existing
     databases run) must end at the same columns, nullability and primary key."""
-    from cao.store.schema import HandoffJobTable, MessageTable, TerminalTable, WorktreeTable
+    from cao.store.schema import BoardFactTable, HandoffJobTable, MessageTable, TerminalTable, WorktreeTable
 
     Store(tmp_path / "x.db").close()
     with sqlite3.connect(tmp_path / "x.db") as conn:
@@ -78,6 +78,7 @@ def test_migrations_build_exactly_the_sqlmodel_tables(tmp_path: Path, table: str
         "message": MessageTable,
         "handoff_job": HandoffJobTable,
         "worktree": WorktreeTable,
+        "board_fact": BoardFactTable,
     }
     meta = tables[table].__table__  # type: ignore[attr-defined]
     want = {c.name: (bool(c.nullable) and not c.primary_key, bool(c.primary_key)) for c in meta.columns}

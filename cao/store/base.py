@@ -43,6 +43,7 @@ from cao.store.schema import (
     POOL_SIZE,
     SCHEMA_VERSION,
     WAL_SUFFIX,
+    BoardFact,
     HandoffJob,
     Message,
     MessageEvent,
@@ -52,7 +53,7 @@ from cao.store.schema import (
 
 logger = logging.getLogger("cao.store")
 
-M = TypeVar("M", Terminal, Message, MessageEvent, HandoffJob, Worktree)
+M = TypeVar("M", Terminal, Message, MessageEvent, HandoffJob, Worktree, BoardFact)
 T = TypeVar("T")
 
 
