@@ -364,6 +364,8 @@ DECLARED = {
     ("post", "/messages/{message_id}/prioritize"),
     ("post", "/messages/{message_id}/read"),
     ("post", "/messages/{message_id}/cancel"),
+    ("put", "/sessions/{name}/board/{key}"),
+    ("delete", "/sessions/{name}/board/{key}"),
 }
 
 

@@ -45,6 +45,10 @@ MAX_KEY_CHARS = 200
 KEY_CHARS = "A-Za-z0-9._:/-"
 KEY_RE = re.compile(rf"[{KEY_CHARS}]{{1,{MAX_KEY_CHARS}}}")
 PREFIX_RE = re.compile(rf"[{KEY_CHARS}]{{0,{MAX_KEY_CHARS}}}")
+# what check_key lets through, as one regular expression (no lookaround: schema fuzzers generate
+# from it), for the API's schema: names between slashes, none empty, none "." or ".."
+_NAME = r"(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]*|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]*|\.\.[A-Za-z0-9._:-]+)"
+KEY_PATTERN = rf"^{_NAME}(?:/{_NAME})*$"
 MAX_VALUE_BYTES = 64 * 1024  # one value, as compact JSON in UTF-8
 MAX_KEYS = 1000  # live keys per session
 MAX_DELETED_KEYS = 1000  # deleted keys whose history is kept per session (the oldest go first)
