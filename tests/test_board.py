@@ -5,6 +5,7 @@ is ATTENTION.md scenario 15 in tests/test_board_live.py."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,3 +273,53 @@ def test_the_schemas_key_pattern_agrees_with_the_check(key: str):
     except InvalidInput:
         by_check = False
     assert by_schema == by_check
+
+
+def test_the_cli_reads_writes_and_shows_a_conflict_with_the_current_version(team: Team):
+    from click.testing import CliRunner
+
+    from cao.cli import board, cli
+    from cao.client import Client
+
+    client = Client("http://testserver", http=team.api)
+
+    def cao(*args: str) -> Any:
+        return CliRunner().invoke(cli, ["board", *args], obj={"client": client})
+
+    for name in board.commands:
+        res = CliRunner().invoke(cli, ["board", name, "--help"])
+        assert res.exit_code == 0 and "Example" in res.output, name
+    assert cao("list", "team", "--json").output.strip() == "[]"
+    assert "no facts" in cao("list", "team").output
+    res = cao("set", "team", "build/status", "green", "--expected-version", "0")
+    assert res.exit_code == 0, res.output
+    assert "build/status is at version 1 on cao-team's board" in res.output
+    again = cao("set", "team", "build/status", "red", "--expected-version", "0")
+    assert again.exit_code == 1
+    assert "already exists at version 1" in again.output and 'current: version 1: "green"' in again.output
+    res = cao("set", "team", "plan", '{"step": 2, "owner": "bob"}', "--json-value", "--expected-version", "0")
+    assert res.exit_code == 0, res.output
+    got = json.loads(cao("get", "team", "plan", "--json").output)
+    assert (got["value"], got["writer"], got["version"]) == ({"step": 2, "owner": "bob"}, "cli", 1)
+    shown = cao("get", "team", "plan").output
+    assert '"step": 2' in shown and "version" in shown and "cli" in shown
+    listed = cao("list", "team").output
+    assert "build/status" in listed and '"green"' in listed and "plan" in listed
+    assert [f["key"] for f in json.loads(cao("list", "team", "--prefix", "build/", "--json").output)] == [
+        "build/status"
+    ]
+    bad = cao("set", "team", "plan", "{not json", "--json-value", "--expected-version", "1")
+    assert bad.exit_code == 2 and "not JSON" in bad.output
+    assert cao("set", "team", "plan", "x", "--expected-version", "-1").exit_code == 2
+    stale = cao("rm", "team", "plan", "--expected-version", "2")
+    assert stale.exit_code == 1 and "is at version 1" in stale.output
+    res = cao("rm", "team", "plan", "--expected-version", "1", "--by", "ana")
+    assert res.exit_code == 0 and "plan deleted (version 2)" in res.output
+    missing = cao("get", "team", "plan")
+    assert missing.exit_code == 1 and "deleted at version 2 by ana" in missing.output
+    history = json.loads(cao("get", "team", "plan", "--history", "--json").output)
+    assert [(h["version"], h["deleted"]) for h in history] == [(2, True), (1, False)]
+    assert "(deleted)" in cao("get", "team", "plan", "--history").output
+    dots = cao("set", "team", "a/../b", "x", "--expected-version", "0")  # reaches the server as typed
+    assert dots.exit_code == 1 and "'.' or '..'" in dots.output
+    assert cao("get", "nope", "k").exit_code == 1
