@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from cao.api import create_app
 from cao.errors import Forbidden, InvalidInput
 from cao.store.board import KEY_PATTERN, MAX_KEY_CHARS, check_key
+from cao.watch import event_line
 from tests.test_fast_delivery import World
 
 pytestmark = pytest.mark.fast
@@ -232,6 +233,7 @@ def test_a_write_is_one_board_set_event_and_types_nothing_wakes_nothing(team: Te
         },
     ]
     assert all("value" not in e for e in events)  # up to 64 KiB: read it from the board
+    assert event_line(events[1]).endswith(f"board.set cao-team k v2 (deleted) by {t.bob}")  # cao watch
     assert w.core.store.counts_by_status() == before  # no message
     assert panes() == screens
     assert w.core.engine.stats["kicks"] == 0  # no delivery woken
