@@ -75,6 +75,7 @@ TEXT_CHECKS: dict[Kind, inputs.TextKind] = {
     "free_text": "free_text",
     "json": "free_text",
 }
+TEXT_KINDS: frozenset[Kind] = frozenset({"name", "path", "message", "free_text"})  # "" is not given
 WHOLE_NUMBER = re.compile(r"-?[0-9]{1,20}")
 FLAG_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -149,7 +150,7 @@ class Param:
     def schema(self) -> dict[str, Any]:
         """This parameter's JSON schema (the same in the query string and in the body)."""
         schema = dict(SCHEMAS[self.kind])
-        if self.required and self.kind in ("name", "path", "message", "free_text"):  # "" counts as missing
+        if self.required and self.kind in TEXT_KINDS:  # "" counts as missing
             schema["minLength"] = 1
         if self.doc:
             schema["description"] = self.doc
