@@ -400,6 +400,9 @@ def test_board_tools_write_the_callers_session_and_a_lost_race_returns_the_versi
             )
             assert (won["written"], won["version"], won["writer"]) == (True, 1, team.boss)
             assert "nobody was interrupted" in won["note"]
+            args = {"key": "owner/parser", "value": team.boss, "expected_version": 0}
+            again = data(await boss.call_tool("board_set", args))  # an MCP retry of the same call
+            assert (again["written"], again["version"]) == (True, 1) and "a retry" in again["note"]
             lost = data(
                 await other.call_tool(
                     "board_set", {"key": "owner/parser", "value": peer, "expected_version": 0}

@@ -599,6 +599,21 @@ class AgentTools:
         body = resp.json()
         if resp.status_code == 409 and "current_version" in body:  # lost the race: say what won
             current = body["current_version"]
+            if (current, body.get("current_writer"), body.get("current_value")) == (
+                expected_version + 1,
+                self.caller(),
+                value,
+            ):  # exactly what this write would have made: an MCP retry of a write that got through
+                return {
+                    "written": True,
+                    "key": key,
+                    "version": current,
+                    "value": value,
+                    "writer": self.caller(),
+                    "at": body.get("current_at"),
+                    "note": f"version {current}, written by this same call before (a retry); nobody was "
+                    "interrupted",
+                }
             return {
                 "written": False,
                 "key": key,
