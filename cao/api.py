@@ -29,6 +29,7 @@ from cao.names import TERMINAL_ID_RE
 from cao.params import NAME_SCHEMA, Param, Params, Values, path, query
 from cao.states import IfBusy, Kind, Priority, ResultStatus
 from cao.store import MESSAGE_STATUSES
+from cao.store.board import KEY_PATTERN, MAX_KEY_CHARS, MAX_VERSION, MAX_VERSIONS
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -176,10 +177,34 @@ SCHEDULE = Params(
     _BY,
 )
 ATTENTION = ("priority", "kind", "if_busy", "ttl_seconds", "expires_at", "deliver_at", "topic")
+_EXPECTED = Param(
+    "expected_version",
+    "integer",
+    required=True,
+    missing="expected_version is required: 0 for a key that must not exist yet, else the version you read",
+    doc="the version this write replaces: 0 = the key must not exist yet; stale: 409 with current_version",
+    constraints={"minimum": 0, "maximum": MAX_VERSION},
+)
+_WRITER = Param(
+    "by", doc="who writes: a terminal of this session (its own board only), or an operator's name"
+)
+BOARD_SET = Params(
+    Param(
+        "value",
+        "json",
+        required=True,
+        missing="value is required: any JSON value but null (to remove a key, DELETE it)",
+        doc="the fact: any JSON value but null, at most 64 KiB as JSON",
+    ),
+    _EXPECTED,
+    _WRITER,
+)
+BOARD_DELETE = Params(_EXPECTED, _WRITER)
 # path and query parameters FastAPI reads from the signature, with what core checks in their schema
 TerminalId = Annotated[str, path(pattern=TERMINAL_ID_RE.pattern)]
 MessageId = Annotated[str, path(pattern="^[0-9]{1,18}$")]
 Status = Annotated[str | None, query(enum=list(MESSAGE_STATUSES))]
+BoardKey = Annotated[str, path(pattern=KEY_PATTERN, maxLength=MAX_KEY_CHARS)]
 
 HOOK_TEXT = ("source", "last_message", "notification_type", "message", "title", "reason", "transcript_path")
 
@@ -272,6 +297,39 @@ def create_app(core: Cao) -> FastAPI:
     @app.get("/sessions/{name}/terminals")
     async def session_terminals(name: str) -> list[dict[str, Any]]:
         return await _off_loop(core.list_terminals, name)
+
+    # -- a session's coordination board (cao/board.py): facts that wake no one --------------------
+    @app.get("/sessions/{name}/board")
+    async def board_list(
+        name: str,
+        prefix: Annotated[str | None, query(pattern="^[A-Za-z0-9._:/-]*$", maxLength=MAX_KEY_CHARS)] = None,
+    ) -> list[dict[str, Any]]:
+        """The live facts (current versions), sorted by key; only those starting with ``prefix``."""
+        return await _off_loop(core.board_list, name, prefix=prefix)
+
+    @app.get("/sessions/{name}/board/{key:path}")
+    async def board_get(
+        name: str,
+        key: BoardKey,
+        history: bool = False,
+        limit: Annotated[int, query(minimum=1, maximum=MAX_VERSIONS)] = MAX_VERSIONS,
+    ) -> Any:
+        """One fact's current version; ``history=true``: its kept versions, newest first."""
+        if history:
+            return await _off_loop(core.board_history, name, key, limit=limit)
+        return await _off_loop(core.board_get, name, key)
+
+    @app.put("/sessions/{name}/board/{key:path}")
+    async def board_set(name: str, key: BoardKey, p: Annotated[Values, Depends(BOARD_SET)]) -> dict[str, Any]:
+        """Write a fact over ``expected_version``; pastes nothing, wakes no one."""
+        return await _off_loop(core.board_set, name, key, **p)
+
+    @app.delete("/sessions/{name}/board/{key:path}")
+    async def board_delete(
+        name: str, key: BoardKey, p: Annotated[Values, Depends(BOARD_DELETE)]
+    ) -> dict[str, Any]:
+        """Delete a fact at its current version: a tombstone version, the history stays."""
+        return await _off_loop(core.board_delete, name, key, **p)
 
     # -- terminals ------------------------------------------------------------------------------
     @app.get("/terminals")

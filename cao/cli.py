@@ -22,6 +22,7 @@ from rich.table import Table
 import cao
 from cao import apitoken
 from cao import client as server
+from cao.names import board_path
 from cao.states import MessageStatus
 from cao.timefmt import epoch
 
@@ -671,6 +672,176 @@ def cancel(ctx: click.Context, message_id: str) -> None:
     """Cancel a pending message (it will not be delivered)."""
     data = server.for_context(ctx).post(f"/messages/{message_id}/cancel")
     console.print(f"message #{data['id']} {data['status']}")
+
+
+# -- a session's coordination board ------------------------------------------------------------
+@cli.group(
+    epilog="\b\nExamples:\n  cao board list demo\n  cao board get demo build/status\n"
+    "  cao board set demo build/status green --expected-version 0\n"
+    "  cao board set demo plan '{\"step\": 2}' --json-value --expected-version 3\n"
+    "  cao board rm demo build/status --expected-version 1",
+)
+def board() -> None:
+    """A session's coordination board: versioned facts its agents share, that wake no one.
+
+    A write names the version it replaces (--expected-version: 0 for a key that must not exist
+    yet); if someone wrote the key since, nothing is written and the current version is shown
+    (exit 1). Writing never types anything into any agent's pane.
+    """
+
+
+def _value_text(value: Any, width: int | None = None) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+
+def _facts_table(title: str, facts: list[dict[str, Any]], *, history: bool = False) -> Table:
+    table = Table(title=title)
+    for col in (
+        ("version", "key", "value", "writer", "age") if not history else ("version", "value", "writer", "age")
+    ):
+        table.add_column(col, overflow="fold", no_wrap=col in ("version", "age"))
+    for f in facts:
+        value = "[dim](deleted)[/dim]" if f["deleted"] else escape(_value_text(f["value"], 60))
+        cells = [str(f["version"]), *([] if history else [escape(f["key"])]), value]
+        table.add_row(*cells, escape(f["writer"]), f"{_age(f['at'])} ago")
+    return table
+
+
+def _board_write(ctx: click.Context, method: str, path: str, **kwargs: Any) -> Any:
+    """The write's answer, or exit 1 with the server's words; a conflict also shows the current one."""
+    client = server.for_context(ctx)
+    resp = client.response(method, path, **kwargs)
+    if resp.status_code == 409 and "current_version" in resp.json():
+        body = resp.json()
+        now = "deleted" if body.get("current_deleted") else _value_text(body.get("current_value"), 200)
+        raise click.ClickException(
+            f"{body['detail']} (HTTP 409)\ncurrent: version {body['current_version']}: {now}"
+        )
+    return client.answer(resp)
+
+
+@board.command(
+    "list", epilog="\b\nExamples:\n  cao board list demo\n  cao board list demo --prefix build/ --json"
+)
+@click.argument("session")
+@click.option("--prefix", default=None, help="Only keys that start with this.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of facts.")
+@click.pass_context
+def board_list(ctx: click.Context, session: str, prefix: str | None, as_json: bool) -> None:
+    """List a session's facts (current versions), sorted by key."""
+    facts = server.for_context(ctx).get(board_path(session), params={"prefix": prefix} if prefix else None)
+    if as_json:
+        _print_json(facts)
+        return
+    if not facts:
+        console.print(
+            f"no facts{f' starting with {escape(prefix)}' if prefix else ''} on {escape(session)}'s board"
+        )
+        return
+    console.print(_facts_table(f"board of {facts[0]['session_name']}", facts))
+
+
+@board.command(
+    "get",
+    epilog="\b\nExamples:\n  cao board get demo build/status\n  cao board get demo build/status --history\n"
+    "  cao board get demo build/status --json | jq .value",
+)
+@click.argument("session")
+@click.argument("key")
+@click.option("--history", is_flag=True, help="Every kept version, newest first (deletions too).")
+@click.option("--json", "as_json", is_flag=True, help="Print the fact (or its versions) as JSON.")
+@click.pass_context
+def board_get(ctx: click.Context, session: str, key: str, history: bool, as_json: bool) -> None:
+    """Show one fact: its value, version, writer and age."""
+    params = {"history": "true"} if history else None
+    data = server.for_context(ctx).get(board_path(session, key), params=params)
+    if as_json:
+        _print_json(data)
+    elif history:
+        console.print(_facts_table(f"{escape(key)} on {data[0]['session_name']}'s board", data, history=True))
+    else:
+        table = Table(show_header=False, title=f"{escape(key)} on {data['session_name']}'s board")
+        table.add_row("version", str(data["version"]))
+        table.add_row("writer", escape(data["writer"]))
+        table.add_row("written", f"{data['at']} ({_age(data['at'])} ago)")
+        table.add_row("value", escape(json.dumps(data["value"], ensure_ascii=False, indent=2)))
+        console.print(table)
+
+
+_EXPECTED = click.option(
+    "--expected-version",
+    "expected_version",
+    type=click.IntRange(0),
+    required=True,
+    help="The version this replaces (`cao board get` shows it); 0: the key must not exist yet.",
+)
+_WRITER = click.option("--by", default="cli", show_default=True, help="Who writes (shown as the writer).")
+
+
+@board.command(
+    "set",
+    epilog="\b\nExamples:\n  cao board set demo build/status green --expected-version 0\n"
+    '  cao board set demo plan \'{"step": 2, "owner": "1a2b3c4d"}\' --json-value --expected-version 3',
+)
+@click.argument("session")
+@click.argument("key")
+@click.argument("value")
+@_EXPECTED
+@click.option(
+    "--json-value", is_flag=True, help="VALUE is JSON (a number, a list, an object…), not a string."
+)
+@_WRITER
+@click.option("--json", "as_json", is_flag=True, help="Print the new version as JSON.")
+@click.pass_context
+def board_set(
+    ctx: click.Context,
+    session: str,
+    key: str,
+    value: str,
+    expected_version: int,
+    json_value: bool,
+    by: str,
+    as_json: bool,
+) -> None:
+    """Write VALUE to KEY over --expected-version. Types nothing into any pane."""
+    parsed: Any = value
+    if json_value:
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise click.BadParameter(
+                f"not JSON ({exc}); quote a JSON value, or leave out --json-value", param_hint="VALUE"
+            ) from None
+    body = {"value": parsed, "expected_version": expected_version, "by": by}
+    fact = _board_write(ctx, "PUT", board_path(session, key), json=body)
+    if as_json:
+        _print_json(fact)
+    else:
+        console.print(
+            f"{escape(fact['key'])} is at version {fact['version']} on {fact['session_name']}'s board"
+        )
+
+
+@board.command("rm", epilog="\b\nExample:\n  cao board rm demo build/status --expected-version 4")
+@click.argument("session")
+@click.argument("key")
+@_EXPECTED
+@_WRITER
+@click.option("--json", "as_json", is_flag=True, help="Print the deletion (a version of its own) as JSON.")
+@click.pass_context
+def board_rm(
+    ctx: click.Context, session: str, key: str, expected_version: int, by: str, as_json: bool
+) -> None:
+    """Delete KEY at --expected-version; its history stays (`cao board get --history`)."""
+    params = {"expected_version": expected_version, "by": by}
+    fact = _board_write(ctx, "DELETE", board_path(session, key), params=params)
+    if as_json:
+        _print_json(fact)
+    else:
+        console.print(
+            f"{escape(fact['key'])} deleted (version {fact['version']}) from {fact['session_name']}'s board"
+        )
 
 
 @cli.command(epilog="\b\nExamples:\n  cao dashboard\n  cao dashboard --open")

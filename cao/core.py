@@ -17,6 +17,7 @@ from typing import Any
 
 import providers
 from cao import attention, profiles
+from cao.board import Board
 from cao.clock import SYSTEM, Clock
 from cao.coordination import Coordination
 from cao.delivery import Delivery, Faults
@@ -193,6 +194,7 @@ class Cao:
         self.inbox = Inbox(self.store, now)
         self.coordination = Coordination(settings, self.store, self.inbox, events=self.events, clock=now)
         self._follow_work()
+        self.board = Board(self.store, self.events, self.inbox.actor)
         self.store.on_event = self._told
         self.engine.lifecycle = self.lifecycle
         self.engine.keepers.append(self.status.keep_secret)
@@ -700,6 +702,35 @@ class Cao:
 
     def delete_session(self, name: str) -> list[str]:
         return self.lifecycle.delete_session(name)
+
+    # -- a session's coordination board (cao/board.py): facts that wake no one -------------------
+    # A session some terminal of this server ever ran in has a board (404 otherwise), also once its
+    # terminals are gone. A write never pastes anything and never wakes delivery: it is published
+    # as ``board.set`` and read when an agent asks.
+    def board_list(self, session_name: str, *, prefix: str | None = None) -> list[dict[str, object]]:
+        """The live facts (their current versions), sorted by key; those starting with ``prefix``."""
+        return self.board.listing(session_name, prefix=prefix)
+
+    def board_get(self, session_name: str, key: str) -> dict[str, object]:
+        """A fact's current version (404 with ``current_version`` when missing or deleted)."""
+        return self.board.get(session_name, key)
+
+    def board_history(self, session_name: str, key: str, *, limit: int = 100) -> list[dict[str, object]]:
+        """A fact's kept versions, newest first, deletions included."""
+        return self.board.history(session_name, key, limit=limit)
+
+    def board_set(
+        self, session_name: str, key: str, value: Any, *, expected_version: int, by: str | None = None
+    ) -> dict[str, object]:
+        """Write ``value`` over version ``expected_version`` (0: the key must not exist yet); a stale
+        one is a 409 with the current version. ``by``: a terminal of that session, or an operator."""
+        return self.board.write(session_name, key, value, expected_version=expected_version, by=by)
+
+    def board_delete(
+        self, session_name: str, key: str, *, expected_version: int, by: str | None = None
+    ) -> dict[str, object]:
+        """Delete a fact at its current version: a tombstone version (the history stays)."""
+        return self.board.delete(session_name, key, expected_version=expected_version, by=by)
 
     # -- one agent step (the reference's handoff: POST /terminals/run-step; cao/handoff.py) --------
     def run_step(self, **kwargs: Any) -> dict[str, object]:

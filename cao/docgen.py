@@ -33,7 +33,11 @@ def _help(command: click.Command, args: list[str], prog: str) -> str:
 def render() -> str:
     parts = [HEADER]
     entries: list[tuple[str, click.Command, list[str]]] = [("cao", cli_module.cli, [])]
-    entries += [(f"cao {name}", cli_module.cli, [name]) for name in sorted(cli_module.cli.commands)]
+    for name in sorted(cli_module.cli.commands):
+        entries.append((f"cao {name}", cli_module.cli, [name]))
+        group = cli_module.cli.commands[name]
+        if isinstance(group, click.Group):  # its subcommands too: their options are the reference
+            entries += [(f"cao {name} {sub}", cli_module.cli, [name, sub]) for sub in sorted(group.commands)]
     entries += [("cao-server", server.main, []), ("cao-mcp-server", mcp.main, [])]
     for title, command, args in entries:
         parts.append(f"## `{title}`\n\n```text\n{_help(command, args, title.split()[0])}\n```\n\n")

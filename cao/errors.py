@@ -3,9 +3,14 @@
     CaoError                     base; ``status_code`` is the HTTP code the API answers with
     ├── InvalidInput             400/422: a value the caller sent is wrong (names the field and the fix)
     ├── NotFound                 404: terminal, session or message unknown
-    │   └── ReceiverGone         404: the receiver was deleted
+    │   ├── ReceiverGone         404: the receiver was deleted
+    │   └── FactMissing          404: no such fact on a session's board (current_version: where
+    │                            a write goes on from: 0, or the version that deleted it)
     ├── Forbidden                403: the caller may not do this (a hook report without its terminal's key)
     ├── Conflict                 409: idempotency key reused with another intent, bad state change
+    │   ├── VersionConflict      409: a board write's expected_version is not the fact's current
+    │   │                        one (nothing written; current_version, current_value go along)
+    │   └── BoardFull            409: a session's board holds as many keys as it may (delete some)
     ├── PayloadTooLarge          413: message body over the limit (nothing stored)
     ├── StoreBusy                503: SQLite stayed locked past the busy timeout (nothing written, retry)
     │   └── StoreUnwritable      503: the database file could not be written (an I/O error; retry)
@@ -76,6 +81,32 @@ class ReceiverBusy(Conflict):
     def __init__(self, message: str, *, status: str) -> None:
         super().__init__(message)
         self.fields = {"receiver_status": status}
+
+
+class FactMissing(NotFound):
+    """No such fact on a session's board: never written, or deleted (``current_version`` is where a
+    write goes on from: 0, or the version of the deletion)."""
+
+    def __init__(self, message: str, *, current_version: int) -> None:
+        super().__init__(message)
+        self.fields = {"current_version": current_version}
+
+
+class VersionConflict(Conflict):
+    """A board write whose ``expected_version`` is not the fact's current one: nothing was written.
+    The current version, value, writer and time go along, so the writer can look and retry."""
+
+    def __init__(self, message: str, *, current: dict[str, object]) -> None:
+        super().__init__(message)
+        self.fields = {f"current_{k}": v for k, v in current.items()}
+
+
+class BoardFull(Conflict):
+    """A write would put one key too many on a session's board: nothing was written."""
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.fields = {"limit": limit}
 
 
 class PayloadTooLarge(CaoError):

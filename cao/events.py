@@ -27,6 +27,7 @@ Event types (fields besides id/type/t):
     message.retried      receiver_id, message_ids, error, attempts
     message.failed       receiver_id, message_ids, error
     message.cancelled    message_id, receiver_id
+    board.set            session_name, key, version, writer, deleted   (a fact written; never its value)
     stream.reset         reason                              (re-read the state; events were missed)
 """
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import unicodedata
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from cao.paste import is_blank as blank
 logger = logging.getLogger(__name__)
 
 MAX_FIELD_CHARS = 4096  # everything but the message itself (which the store limits to 256 KiB)
+MAX_JSON_DEPTH = 64  # a JSON value a route takes as it is (a board fact's)
 PATH_MAX, NAME_MAX = 4095, 255
 HTTP_ERROR_NAMES = {
     404: "NotFound",
@@ -98,6 +100,28 @@ def check_free_text(name: str, value: str) -> str:
         raise InvalidInput(f"{name} is not valid text (it has a lone UTF-16 surrogate)") from None
     if "\x00" in value:
         raise InvalidInput(f"{name} contains a NUL character; remove it")
+    return value
+
+
+def check_json(name: str, value: Any) -> Any:
+    """A JSON value taken as it is (a board fact's): every text in it, object keys too, is free
+    text (no NUL, no lone surrogate), every number finite, nested at most ``MAX_JSON_DEPTH`` deep.
+    Walked without recursion: a deep value is refused by its depth, never by a crash."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidInput(f"{name} is nested more than {MAX_JSON_DEPTH} levels deep; flatten it")
+        if isinstance(item, str):
+            check_free_text(name, item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise InvalidInput(f"{name} holds NaN or Infinity, which JSON can't carry; send a finite number")
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                check_free_text(name, str(key))
+                stack.append((inner, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((inner, depth + 1) for inner in item)
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 from cao.errors import InvalidInput
 
@@ -32,3 +33,13 @@ def validate_session_name(value: str) -> str:
             "use letters, digits, '_' or '-'"
         )
     return validate_name(value, "session_name")
+
+
+def board_path(session: str, key: str | None = None) -> str:
+    """The URL path of a session's board, or of one key on it, quoted so that no client rewrites
+    it: '.' is escaped too (an HTTP client resolves a "." or ".." between slashes away, so a bad
+    key would reach another route instead of its 422)."""
+    base = f"/sessions/{quote(session, safe='')}/board"
+    if key is None:
+        return base
+    return f"{base}/{quote(key, safe='/').replace('.', '%2E')}"

@@ -33,7 +33,7 @@ ERRORS = {
     "400": "Host header is not one of this server's names (DNS rebinding guard)",
     "404": "unknown terminal, session, message or route",
     "410": "the terminal's tmux pane is gone",
-    "413": "request body over 1 MiB, or a message over 256 KiB",
+    "413": "request body over 1 MiB, a message over 256 KiB, or a board value over 64 KiB",
     "414": "URL over 64 KiB",
     "415": "a request body that is not application/json",
     "422": "a malformed value (the detail names the field and the fix)",
@@ -41,8 +41,10 @@ ERRORS = {
     "503": "SQLite stayed locked, or the tmux server is down: nothing was written, retry",
 }
 STATE_CHANGING_ERRORS = {
-    "403": "cross-origin request from an origin not in CAO_ALLOWED_ORIGINS",
-    "409": "idempotency key reused with another intent, or a state change that isn't possible now",
+    "403": "cross-origin request from an origin not in CAO_ALLOWED_ORIGINS, or an agent acting for "
+    "another (another's queue, another session's board)",
+    "409": "idempotency key reused with another intent, a state change that isn't possible now, or a "
+    "board write with a stale expected_version (current_version is the one to retry with)",
 }
 UNAUTHORIZED = {"401": "missing or wrong bearer token (CAO_API_TOKEN)"}
 

@@ -27,8 +27,11 @@ take a parameter its schema doesn't show.
                 surrogate (a task, a prompt)
     flag        a name                                bool: true/1/yes, false/0/no, JSON booleans
     seconds     a name                                float: a JSON number or its text
-    count       a name                                int >= 0: a JSON integer or its digits
-    json        (texts inside: by the route)          as given: an object or list in a JSON body
+    count       a name                                int >= 0 (below 2**63): a JSON integer or its digits
+    integer     a name                                int: a JSON whole number or its digits
+    json        free_text, and so is every text in    the value as given (in a query string:
+                it, object keys too; numbers finite;  a string); only null is "not given"
+                nested at most 64 deep
 
 What needs the library (a known provider, a terminal id's shape, a job id, a timeout's bounds) is
 checked in core, with its words and in its order; a ``Param`` states it for the schema
@@ -39,6 +42,7 @@ and ``query`` add what core checks to their schema.
 
 from __future__ import annotations
 
+import re
 from collections.abc import KeysView, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -48,7 +52,7 @@ from fastapi import Path, Query, Request
 from cao import inputs
 from cao.errors import InvalidInput
 
-Kind = Literal["name", "path", "message", "free_text", "flag", "seconds", "count", "json"]
+Kind = Literal["name", "path", "message", "free_text", "flag", "seconds", "count", "integer", "json"]
 
 # what inputs.check_text lets through as a name: the schema of every name, id and path
 NAME_SCHEMA: dict[str, Any] = {
@@ -64,9 +68,17 @@ SCHEMAS: dict[Kind, dict[str, Any]] = {
     "flag": {"type": "boolean"},
     "seconds": {"type": "number"},
     "count": {"type": "integer", "minimum": 0},
-    "json": {},
+    "integer": {"type": "integer"},
+    "json": {"description": "any JSON value"},
 }
-TEXT_CHECKS: dict[Kind, inputs.TextKind] = {"path": "path", "message": "message", "free_text": "free_text"}
+TEXT_CHECKS: dict[Kind, inputs.TextKind] = {
+    "path": "path",
+    "message": "message",
+    "free_text": "free_text",
+    "json": "free_text",
+}
+TEXT_KINDS: frozenset[Kind] = frozenset({"name", "path", "message", "free_text"})  # "" is not given
+WHOLE_NUMBER = re.compile(r"-?[0-9]{1,20}")
 FLAG_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -116,12 +128,14 @@ class Param:
             if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
                 return int(value)
             raise InvalidInput(f"{self.name} must be a whole number (0 or more)")
+        if self.kind == "integer":
+            return self._integer(value)
         if self.kind == "json":
             if value is None:
                 if self.required:
                     raise InvalidInput(self.missing or f"{self.name} is required")
                 return self.default
-            return value
+            return inputs.check_json(self.name, value)
         if value is None or value == "":
             if self.required:
                 raise InvalidInput(self.missing or f"{self.name} is required")
@@ -130,10 +144,23 @@ class Param:
             raise InvalidInput(self.missing or f"{self.name} must be a string, got {type(value).__name__}")
         return value
 
+    def _integer(self, value: object) -> Any:
+        if value is None or value == "":
+            if self.required:
+                raise InvalidInput(self.missing or f"{self.name} is required")
+            return self.default
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and WHOLE_NUMBER.fullmatch(value):
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise InvalidInput(f"{self.name} must be a whole number")
+
     def schema(self) -> dict[str, Any]:
         """This parameter's JSON schema (the same in the query string and in the body)."""
         schema = dict(SCHEMAS[self.kind])
-        if self.required and self.kind != "flag":  # "" counts as missing
+        if self.required and self.kind in TEXT_KINDS:  # "" counts as missing
             schema["minLength"] = 1
         if self.doc:
             schema["description"] = self.doc

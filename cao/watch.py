@@ -207,6 +207,10 @@ def event_line(event: dict[str, Any]) -> str:
         parts.append(" ".join(f"#{i}" for i in ids))
     if who:
         parts.append(f"→ {who}" if ids else str(who))
+    if event.get("key"):  # board.set: which fact, which version, by whom
+        gone = " (deleted)" if event.get("deleted") else ""
+        version = f"v{event.get('version')}{gone}"
+        parts.append(f"{event.get('session_name')} {event['key']} {version} by {event.get('writer')}")
     for key in ("status", "reason", "error"):
         if event.get(key):
             parts.append(f"{key}={event[key]}")

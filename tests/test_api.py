@@ -368,6 +368,8 @@ DECLARED = {
     ("post", "/terminals/{terminal_id}/result"),
     ("post", "/terminals/{terminal_id}/schedules"),
     ("post", "/schedules/{schedule_id}/cancel"),
+    ("put", "/sessions/{name}/board/{key}"),
+    ("delete", "/sessions/{name}/board/{key}"),
 }
 
 

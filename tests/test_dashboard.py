@@ -300,3 +300,45 @@ def test_the_attention_panel_shows_and_manages_a_busy_agents_queue(browser, make
         )
         assert message(low)["status"] == "cancelled"
         assert errors == []
+
+
+def test_the_session_view_shows_its_board_and_follows_writes_live(browser, team, tmp_path: Path):
+    srv, c, boss, worker = team
+
+    def put(key: str, value: Any, expected: int, by: str) -> None:
+        r = c.put(
+            f"/sessions/dash/board/{key}", json={"value": value, "expected_version": expected, "by": by}
+        )
+        assert r.status_code == 200, r.text
+
+    put("build/status", {"green": False, "failing": ["test_parser"]}, 0, worker)
+    page = browser.new_page(viewport={"width": 1400, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(srv.url + "/")
+    page.wait_for_selector("#live.on")
+    page.locator(f"tr[data-terminal='{boss}'] a[href='#/s/cao-dash']").click()  # the fleet links it
+    row = page.locator("#board-facts tr[data-board-key='build/status']")
+    row.wait_for(timeout=5000)
+    cells = [td.inner_text() for td in row.locator("td").all()]
+    assert cells[:4] == ["build/status", '{"green":false,"failing":["test_parser"]}', "1", worker]
+    assert cells[4].endswith("ago")
+    assert page.locator(f"#session-terminals tr[data-terminal='{boss}']").count() == 1
+    assert page.locator(f"#session-terminals tr[data-terminal='{worker}']").count() == 1
+
+    # written elsewhere (an agent, the CLI): on screen without a reload, on the board.set event
+    put("build/status", {"green": True}, 1, boss)
+    page.wait_for_selector("tr[data-board-key='build/status'][data-version='2']", timeout=5000)
+    assert boss in row.inner_text() and '{"green":true}' in row.inner_text()
+    put("notes/long", "x" * 500, 0, "ana")
+    long = page.locator("tr[data-board-key='notes/long'] td.value")
+    long.wait_for(timeout=5000)
+    assert long.inner_text() == '"' + "x" * 118 + "…"  # cut at 120 characters on screen
+    keys = [r.get_attribute("data-board-key") for r in page.locator("#board-facts tr").all()]
+    assert keys == ["build/status", "notes/long"]  # sorted by key
+    _shot(page, "board", tmp_path)
+    assert c.request("DELETE", "/sessions/dash/board/notes/long", params={"expected_version": 1}).is_success
+    page.wait_for_selector("tr[data-board-key='notes/long']", state="detached", timeout=5000)
+    # writing told the page, and nobody else: neither agent was handed anything
+    assert read_records(srv.home, boss) == [] and read_records(srv.home, worker) == []
+    assert errors == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -25,6 +26,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_EXAMPLES = 50
 
 
+# every operation of the schema in one test (42 of them, about 3 s each on a 2-core machine):
+# past the suite's 120 s per-test default once the board's four routes came
+@pytest.mark.timeout(300)
 def test_cao_server_matches_its_schema_and_never_fails(
     make_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:

@@ -45,6 +45,9 @@ TOOLS = {
     "my_inbox",
     "my_workers",
     "whoami",
+    "board_get",
+    "board_list",
+    "board_set",
 }
 RULES: dict[str, dict[str, Any]] = {
     "boss": {"record": True},
@@ -383,6 +386,71 @@ def test_tool_errors_name_the_problem_and_the_fix(team: Team):
             assert fragment in text(result), f"{name}: {text(result)}"
     assert inbox(team, team.boss) == []
     assert [t["id"] for t in team.http.get("/terminals").json()] == [team.boss]
+
+
+# -- the board ---------------------------------------------------------------------------------------
+def test_board_tools_write_the_callers_session_and_a_lost_race_returns_the_version_to_retry(team: Team):
+    peer = team.http.post("/sessions/team/terminals", json={"agent_profile": "boss"}).json()["id"]
+    outsider = team.http.post("/sessions", json={"agent_profile": "boss", "session_name": "else"}).json()[
+        "id"
+    ]
+
+    async def scenario() -> None:
+        async with mcp_as(team.srv, team.boss) as boss, mcp_as(team.srv, peer) as other:
+            missing = data(await boss.call_tool("board_get", {"key": "owner/parser"}))
+            assert (missing["exists"], missing["version"]) == (False, 0)
+            assert "expected_version 0" in missing["note"]
+            won = data(
+                await boss.call_tool(
+                    "board_set", {"key": "owner/parser", "value": team.boss, "expected_version": 0}
+                )
+            )
+            assert (won["written"], won["version"], won["writer"]) == (True, 1, team.boss)
+            assert "nobody was interrupted" in won["note"]
+            args = {"key": "owner/parser", "value": team.boss, "expected_version": 0}
+            again = data(await boss.call_tool("board_set", args))  # an MCP retry of the same call
+            assert (again["written"], again["version"]) == (True, 1) and "a retry" in again["note"]
+            lost = data(
+                await other.call_tool(
+                    "board_set", {"key": "owner/parser", "value": peer, "expected_version": 0}
+                )
+            )
+            assert lost["written"] is False
+            assert (lost["current_version"], lost["current_value"], lost["current_writer"]) == (
+                1,
+                team.boss,
+                team.boss,
+            )
+            assert "board_set again with expected_version 1" in lost["note"]
+            got = data(await other.call_tool("board_get", {"key": "owner/parser"}))
+            assert (got["exists"], got["version"], got["value"]) == (True, 1, team.boss)
+            data(
+                await other.call_tool(
+                    "board_set", {"key": "build", "value": {"green": True}, "expected_version": 0}
+                )
+            )
+            listed = data(await boss.call_tool("board_list", {}))
+            assert listed["session_name"] == "cao-team" and listed["count"] == 2
+            assert [(f["key"], f["value"]) for f in listed["facts"]] == [
+                ("build", {"green": True}),
+                ("owner/parser", team.boss),
+            ]
+            assert [
+                f["key"] for f in data(await boss.call_tool("board_list", {"prefix": "owner/"}))["facts"]
+            ] == ["owner/parser"]
+            bad = await boss.call_tool("board_set", {"key": "a b", "value": 1, "expected_version": 0})
+            assert bad.is_error and "not a board key" in text(bad) and "build/status" in text(bad)
+            null = await boss.call_tool("board_set", {"key": "k", "value": None, "expected_version": 0})
+            assert null.is_error and "any JSON value but null" in text(null)
+            negative = await boss.call_tool("board_set", {"key": "k", "value": 1, "expected_version": -1})
+            assert negative.is_error
+            async with mcp_as(team.srv, outsider) as elsewhere:  # its own session's board: empty
+                assert data(await elsewhere.call_tool("board_list", {}))["facts"] == []
+
+    anyio.run(scenario)
+    # on the board, written by the agents themselves; nobody got a message about it
+    assert team.http.get("/sessions/team/board/owner/parser").json()["writer"] == team.boss
+    assert team.http.get("/messages").json() == []
 
 
 # -- the idempotency key, without a server -----------------------------------------------------------

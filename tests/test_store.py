@@ -65,12 +65,23 @@ def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    "table", ["terminal", "message", "handoff_job", "worktree", "task_result", "notification", "schedule"]
+    "table",
+    [
+        "terminal",
+        "message",
+        "handoff_job",
+        "worktree",
+        "task_result",
+        "notification",
+        "schedule",
+        "board_fact",
+    ],
 )
 def test_migrations_build_exactly_the_sqlmodel_tables(tmp_path: Path, table: str):
     """One source of truth: the sqlmodel table classes. The numbered migrations (which existing
     databases run) must end at the same columns, nullability and primary key."""
     from cao.store.schema import (
+        BoardFactTable,
         HandoffJobTable,
         MessageTable,
         NotificationTable,
@@ -91,6 +102,7 @@ def test_migrations_build_exactly_the_sqlmodel_tables(tmp_path: Path, table: str
         "task_result": TaskResultTable,
         "notification": NotificationTable,
         "schedule": ScheduleTable,
+        "board_fact": BoardFactTable,
     }
     meta = tables[table].__table__  # type: ignore[attr-defined]
     want = {c.name: (bool(c.nullable) and not c.primary_key, bool(c.primary_key)) for c in meta.columns}

@@ -22,6 +22,10 @@ from cao.settings import Settings
 logger = logging.getLogger("cao.mcp")
 
 TerminalId = Annotated[str, Field(description="A terminal id: 8 hex digits, e.g. 1a2b3c4d.")]
+BoardKey = Annotated[
+    str,
+    Field(description="A fact's key: 1-200 of A-Z a-z 0-9 . _ : / - , e.g. build/status or owner:parser."),
+]
 ProfileName = Annotated[
     str,
     Field(description="Agent profile of the worker, e.g. developer or reviewer (`cao profiles` lists them)."),
@@ -286,6 +290,39 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
         return await tools.my_workers()
 
     @server.tool()
+    async def board_get(key: BoardKey) -> dict[str, Any]:
+        """Read one fact from your session's shared board: its value, version, writer and time.
+
+        A key that isn't there says exists=false and the version to write it with (0)."""
+        return await tools.board_get(key)
+
+    @server.tool()
+    async def board_list(
+        prefix: Annotated[str, Field(description="Only keys starting with this, e.g. 'build/'.")] = "",
+    ) -> dict[str, Any]:
+        """List the facts on your session's shared board (current versions), sorted by key."""
+        return await tools.board_list(prefix)
+
+    @server.tool()
+    async def board_set(
+        key: BoardKey,
+        value: Annotated[
+            Any,
+            Field(description="Any JSON value but null (a string, number, list, object), at most 64 KiB."),
+        ],
+        expected_version: Annotated[
+            int,
+            Field(description="The version you read (board_get); 0 means the key must not exist yet.", ge=0),
+        ],
+    ) -> dict[str, Any]:
+        """Write a fact to your session's shared board, if it is still at expected_version.
+
+        If someone wrote it since you read it, nothing is written: you get written=false with the
+        current version and value; retry with current_version if your change still applies. Writing
+        never interrupts anyone: no agent is sent anything, they see it when they read the board."""
+        return await tools.board_set(key, value, expected_version)
+
+    @server.tool()
     async def whoami() -> dict[str, Any]:
         """Your terminal id, session, profile, provider, status and supervisor (if any)."""
         return await tools.whoami()
@@ -339,7 +376,7 @@ def main(terminal_id: str | None, server_url: str | None, log_level: str) -> Non
 
     Tools: send_message, check_inbox, read_message, ack, defer_message, drop_message,
     prioritize_message, report_result, schedule_wakeup, cancel_wakeup, my_wakeups, assign, handoff,
-    worker_diff, merge_worker, my_inbox, my_workers, whoami.
+    worker_diff, merge_worker, my_inbox, my_workers, whoami, board_get, board_list, board_set.
     Each agent CLI started by cao runs one; it acts as that agent (CAO_TERMINAL_ID) against
     cao-server (CAO_SERVER_URL), sending the server's API token if it has one (CAO_API_TOKEN,
     else $CAO_HOME/api-token).

@@ -9,6 +9,8 @@ Every agent CLI that cao launches starts one of these over stdio. It speaks for 
     handoff(agent_profile, message, timeout)   start a worker, run one task, return its answer, remove it
     worker_diff(worker_id, full), merge_worker(worker_id, into)   review and merge a worker's branch
     my_inbox(status=None), my_workers(), whoami()
+    board_get(key), board_list(prefix=""), board_set(key, value, expected_version)
+                                               the caller's session's board: facts that wake no one
 
 **Idempotency of send_message.** An MCP retry is a *new* ``tools/call`` request (a new JSON-RPC id)
 with the same tool name and arguments, sent after the first one failed or timed out, possibly after
@@ -44,6 +46,7 @@ import anyio
 import httpx
 from mcp.server.mcpserver.exceptions import ToolError
 
+from cao.names import board_path
 from cao.states import AnswerSource, Kind, Status
 
 logger = logging.getLogger(__name__)
@@ -69,6 +72,8 @@ You are one of several coding agents, each in its own terminal, coordinated by c
 - schedule_wakeup: a message to yourself later (once or every N minutes).
 - use_worktree=true on assign/handoff gives a worker its own git worktree and branch; review its
   work with worker_diff and merge it into your branch with merge_worker.
+- board_get, board_list, board_set: your session's shared board of facts (who owns what, build
+  status, decisions). Writing one interrupts no one; the others read it when they look.
 Messages to you arrive as your input, headed `[cao message #N from <terminal id>]`; answer with
 send_message. my_inbox, my_workers and whoami show your messages, your workers and who you are."""
 
@@ -133,10 +138,20 @@ class AgentTools:
         self.process_tag = secrets.token_hex(4)
         self._sent: dict[str, _Sent] = {}
         self._count = 0
+        self._session: str | None = None  # the caller's session (a terminal never changes it)
 
     # -- plumbing ----------------------------------------------------------------------------------
     async def _call(self, method: str, path: str, *, what: str, busy_retries: int = 0, **kw: Any) -> Any:
         """One request; failures become ToolError naming ``what`` was being done and the fix."""
+        resp = await self._response(method, path, what=what, busy_retries=busy_retries, **kw)
+        if resp.status_code >= 400:
+            raise ToolError(f"{what}: {_detail(resp)} (HTTP {resp.status_code})")
+        return resp.json()
+
+    async def _response(
+        self, method: str, path: str, *, what: str, busy_retries: int = 0, **kw: Any
+    ) -> httpx.Response:
+        """The answer, whatever its status, but for an unreachable or busy server (Unreachable)."""
         for attempt in range(busy_retries + 1):
             try:
                 resp = await self.http.request(method, path, **kw)
@@ -150,9 +165,7 @@ class AgentTools:
                 continue
             if resp.status_code == 503:
                 raise Unreachable(f"{what}: {_detail(resp)} (HTTP 503)")
-            if resp.status_code >= 400:
-                raise ToolError(f"{what}: {_detail(resp)} (HTTP {resp.status_code})")
-            return resp.json()
+            return resp
         raise AssertionError("unreachable")  # pragma: no cover
 
     def caller(self) -> str:
@@ -635,6 +648,88 @@ class AgentTools:
         )
         keys = ("id", "status", "priority", "deliver_at", "closed_reason")
         return {k: m.get(k) for k in keys}
+
+    # -- the session's coordination board (cao/board.py) --------------------------------------------
+    async def my_session(self) -> str:
+        if self._session is None:
+            self._session = str((await self.me())["session_name"])
+        return self._session
+
+    async def board_get(self, key: str) -> dict[str, Any]:
+        session = await self.my_session()
+        resp = await self._response("GET", board_path(session, key), what=f"reading {key!r}", busy_retries=2)
+        if resp.status_code == 404 and "current_version" in resp.json():
+            version = resp.json()["current_version"]
+            return {
+                "key": key,
+                "exists": False,
+                "version": version,
+                "note": f"not on the board ({_detail(resp)}); board_set with expected_version 0 creates it",
+            }
+        if resp.status_code >= 400:
+            raise ToolError(f"reading {key!r}: {_detail(resp)} (HTTP {resp.status_code})")
+        return {"exists": True, **_fact(resp.json())}
+
+    async def board_list(self, prefix: str = "") -> dict[str, Any]:
+        session = await self.my_session()
+        facts = await self._call(
+            "GET",
+            board_path(session),
+            params={"prefix": prefix} if prefix else None,
+            what="listing your session's board",
+            busy_retries=2,
+        )
+        return {"session_name": session, "facts": [_fact(f) for f in facts], "count": len(facts)}
+
+    async def board_set(self, key: str, value: Any, expected_version: int) -> dict[str, Any]:
+        session = await self.my_session()
+        resp = await self._response(
+            "PUT",
+            board_path(session, key),
+            json={"value": value, "expected_version": expected_version, "by": self.caller()},
+            what=f"writing {key!r}",
+            busy_retries=2,
+        )
+        body = resp.json()
+        if resp.status_code == 409 and "current_version" in body:  # lost the race: say what won
+            current = body["current_version"]
+            if (current, body.get("current_writer"), body.get("current_value")) == (
+                expected_version + 1,
+                self.caller(),
+                value,
+            ):  # exactly what this write would have made: an MCP retry of a write that got through
+                return {
+                    "written": True,
+                    "key": key,
+                    "version": current,
+                    "value": value,
+                    "writer": self.caller(),
+                    "at": body.get("current_at"),
+                    "note": f"version {current}, written by this same call before (a retry); nobody was "
+                    "interrupted",
+                }
+            return {
+                "written": False,
+                "key": key,
+                "current_version": current,
+                "current_value": body.get("current_value"),
+                "current_writer": body.get("current_writer"),
+                "current_deleted": body.get("current_deleted", False),
+                "note": f"not written: {body['detail']}. If your change still applies to what is there "
+                f"now, call board_set again with expected_version {current}",
+            }
+        if resp.status_code >= 400:
+            raise ToolError(f"writing {key!r}: {_detail(resp)} (HTTP {resp.status_code})")
+        return {
+            "written": True,
+            **_fact(body),
+            "note": f"version {body['version']}; nobody was interrupted (the others see it when they read "
+            "the board)",
+        }
+
+
+def _fact(f: dict[str, Any]) -> dict[str, Any]:
+    return {k: f.get(k) for k in ("key", "version", "value", "writer", "at")}
 
 
 # -- the MCP server ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""SQLite persistence: terminals and inbox messages. The only module that writes SQL.
+"""SQLite persistence: terminals, inbox messages, the sessions' boards. The only module that writes SQL.
 
 Rows are sqlmodel classes (typed, cheap to build); the schema itself is created by explicit,
 numbered migrations so an existing database can move forward (``PRAGMA user_version`` holds the
@@ -18,6 +18,7 @@ Concurrency model (see docs/inbox-delivery.md):
 from __future__ import annotations
 
 from cao.store.base import Database, body_digest, disk_error
+from cao.store.board import BoardRows
 from cao.store.coordination import CoordinationRows
 from cao.store.messages import MessageRows  # noqa: F401 - CoordinationRows builds on it
 from cao.store.records import RecordRows
@@ -28,6 +29,7 @@ from cao.store.schema import (
     POOL_SIZE,
     SCHEMA_VERSION,
     WAL_SUFFIX,
+    BoardFact,
     Claim,
     HandoffJob,
     Message,
@@ -41,7 +43,7 @@ from cao.store.schema import (
 from cao.store.terminals import TerminalRows
 
 
-class Store(TerminalRows, RecordRows, CoordinationRows):
+class Store(TerminalRows, RecordRows, CoordinationRows, BoardRows):
     """All reads and writes of the cao database. Thread-safe; many processes may share the file."""
 
 
@@ -52,6 +54,7 @@ __all__ = [
     "POOL_SIZE",
     "SCHEMA_VERSION",
     "WAL_SUFFIX",
+    "BoardFact",
     "Claim",
     "Database",
     "HandoffJob",

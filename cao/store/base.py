@@ -43,6 +43,7 @@ from cao.store.schema import (
     POOL_SIZE,
     SCHEMA_VERSION,
     WAL_SUFFIX,
+    BoardFact,
     HandoffJob,
     Message,
     MessageEvent,
@@ -55,7 +56,9 @@ from cao.store.schema import (
 
 logger = logging.getLogger("cao.store")
 
-M = TypeVar("M", Terminal, Message, MessageEvent, HandoffJob, Worktree, TaskResult, Notification, Schedule)
+M = TypeVar(
+    "M", Terminal, Message, MessageEvent, HandoffJob, Worktree, TaskResult, Notification, Schedule, BoardFact
+)
 T = TypeVar("T")
 
 

@@ -9,7 +9,7 @@ from sqlmodel import Field, SQLModel
 
 from cao.states import MessageStatus, TerminalState
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -205,6 +205,23 @@ class Worktree(SQLModel):
     removed_at: float | None = None
 
 
+class BoardFact(SQLModel):
+    """One version of one fact on a session's coordination board (schema 11; docs/orchestration.md).
+
+    ``value`` is the fact as JSON text; None marks a tombstone (the key was deleted at this
+    version: its history stays, its versions go on from there). ``head`` is 1 on the key's newest
+    version only, so a listing and the key count read one partial index instead of every version.
+    """
+
+    session_name: str = Field(primary_key=True)
+    key: str = Field(primary_key=True)
+    version: int = Field(primary_key=True)
+    value: str | None = None
+    writer: str
+    at: float
+    head: int = 1
+
+
 class TerminalTable(Terminal, table=True):
     """The ``terminal`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
@@ -251,6 +268,12 @@ class WorktreeTable(Worktree, table=True):
     """The ``worktree`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
 
     __tablename__ = "worktree"
+
+
+class BoardFactTable(BoardFact, table=True):
+    """The ``board_fact`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+
+    __tablename__ = "board_fact"
 
 
 @dataclass(frozen=True)
@@ -468,5 +491,20 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # the delivered-but-unacknowledged messages of one receiver (check_inbox, the attention view)
         "CREATE INDEX ix_message_unacked ON message (receiver_id, id) "
         "WHERE status = 'delivered' AND acked_at IS NULL",
+    ),
+    # 11: a coordination board per session: versioned facts that wake no one (cao/store/board.py)
+    11: (
+        """CREATE TABLE board_fact (
+            session_name TEXT NOT NULL,
+            key TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            value TEXT,
+            writer TEXT NOT NULL,
+            at REAL NOT NULL,
+            head INTEGER NOT NULL DEFAULT 1,
+            PRIMARY KEY (session_name, key, version)
+        )""",
+        # each key's newest version: a listing, the key count, the oldest tombstone to purge
+        "CREATE INDEX ix_board_head ON board_fact (session_name, key) WHERE head = 1",
     ),
 }

@@ -13,6 +13,7 @@ const state = {
   route: "",
   attention: null, // GET /terminals/{id}/attention of the terminal view's agent
   notifications: [], // GET /notifications: worker events (finished, blocked, failed, exited), oldest first
+  board: null, // GET /sessions/{name}/board of the session view's session
 };
 const ME = "dashboard"; // who the dashboard acts as (a person, never an agent): on the timeline
 const PRIORITIES = ["urgent", "high", "normal", "low"];
@@ -121,6 +122,21 @@ const coalesced = (fn, wait) => {
 };
 const refreshAttention = coalesced(() => loadAttention().catch(() => {}), 200);
 
+// The session view's board: the facts its agents share (read once, then again on each board.set).
+const sessionOf = (route) => (route.startsWith("#/s/") ? route.slice(4) : null);
+const sameSession = (a, b) => a != null && b != null && (a === b || `cao-${a}` === b || a === `cao-${b}`);
+let boardSeq = 0;
+async function loadBoard() {
+  const name = sessionOf(state.route);
+  if (name == null) return;
+  const seq = ++boardSeq;
+  const facts = await api(`/sessions/${encodeURIComponent(name)}/board`);
+  if (seq !== boardSeq || sessionOf(state.route) !== name) return; // a newer answer, or another view
+  state.board = facts;
+  renderBoard();
+}
+const refreshBoard = coalesced(() => loadBoard().catch((err) => toast(err.message)), 200);
+
 // -- the event stream ---------------------------------------------------------------------------
 function connectEvents() {
   const live = $("#live");
@@ -165,17 +181,23 @@ function connectEvents() {
   }
   // a worker finished, waits at a prompt, failed or exited (cao/coordination.py): the attention list
   source.addEventListener("notification", () => refreshNotifications());
+  // a fact written (or deleted) on a board: the session view showing it re-reads it
+  source.addEventListener("board.set", (e) => {
+    if (sameSession(sessionOf(state.route), JSON.parse(e.data).session_name)) refreshBoard();
+  });
   source.addEventListener("stream.reset", () => {
     refreshTerminals();
     refreshMessages();
     refreshNotifications();
     refreshAttention();
+    refreshBoard();
   });
 }
 
 // -- views ------------------------------------------------------------------------------------------
 function render() {
   if (state.route.startsWith("#/t/")) return renderTerminalSide();
+  if (state.route.startsWith("#/s/")) return renderSession();
   if (state.route === "#/messages") return renderMessages();
   return renderFleet();
 }
@@ -246,7 +268,7 @@ function renderFleet() {
     ${rows.map(([t, depth]) => `
       <tr class="${depth ? "worker" : ""}" data-terminal="${esc(t.id)}">
         <td class="mono"><a href="#/t/${esc(t.id)}">${esc(t.id)}</a> <span class="dim">${esc(t.name)}</span></td>
-        <td class="mono">${esc(t.session_name)}</td>
+        <td class="mono"><a href="#/s/${esc(t.session_name)}">${esc(t.session_name)}</a></td>
         <td>${esc(t.provider)}</td>
         <td>${esc(t.agent_profile)}</td>
         <td>${badge(t.status, `status-${t.id}`)}${t.status_reason ? `<div class="why">${esc(t.status_reason)}</div>` : ""}</td>
@@ -356,7 +378,7 @@ function renderTerminalSide() {
   const id = state.route.slice(4);
   const t = state.terminals.get(id);
   const head = $("#term-head");
-  if (head) head.innerHTML = t ? `<span class="mono">${esc(t.id)}</span> ${esc(t.name)} · ${esc(t.provider)} · ${badge(t.status, `status-${t.id}`)} <span class="dim">for ${ago(state.since.get(t.id))}</span>` : "gone";
+  if (head) head.innerHTML = t ? `<span class="mono">${esc(t.id)}</span> ${esc(t.name)} · ${esc(t.provider)} · ${badge(t.status, `status-${t.id}`)} <span class="dim">for ${ago(state.since.get(t.id))}</span> · <a class="mono" href="#/s/${esc(t.session_name)}">${esc(t.session_name)}</a>` : "gone";
   const inbox = $("#inbox");
   if (inbox) {
     const list = [...state.messages.values()].filter((m) => m.receiver_id === id || m.sender_id === id).sort((a, b) => b.id - a.id);
@@ -466,6 +488,60 @@ function bindAttention(root) {
   }
 }
 
+// -- the session view: its agents and its board ---------------------------------------------------------
+function renderSession() {
+  const name = sessionOf(state.route);
+  const box = $("#session-terminals");
+  if (!box) return;
+  const list = [...state.terminals.values()].filter((t) => sameSession(name, t.session_name));
+  box.innerHTML = list.length === 0 ? `<div class="empty">No live terminals in this session.</div>` : `
+    <table><thead><tr><th>terminal</th><th>profile</th><th>provider</th><th>status</th><th>for</th></tr></thead><tbody>
+    ${list.map((t) => `<tr data-terminal="${esc(t.id)}">
+      <td class="mono"><a href="#/t/${esc(t.id)}">${esc(t.id)}</a> <span class="dim">${esc(t.name)}</span></td>
+      <td>${esc(t.agent_profile)}</td><td>${esc(t.provider)}</td>
+      <td>${badge(t.status, `status-${t.id}`)}</td>
+      <td class="dim" data-since="${esc(t.id)}">${ago(state.since.get(t.id))}</td></tr>`).join("")}
+    </tbody></table>`;
+}
+
+const BOARD_VALUE_CHARS = 120; // a value longer than this is cut on screen (the API has it whole)
+function boardValue(value) {
+  const text = JSON.stringify(value);
+  return text.length <= BOARD_VALUE_CHARS ? text : `${text.slice(0, BOARD_VALUE_CHARS - 1)}…`;
+}
+
+function boardRow(f) {
+  const at = ms(f.at);
+  const writer = /^[0-9a-f]{8}$/.test(f.writer) ? `<a href="#/t/${esc(f.writer)}">${esc(f.writer)}</a>` : esc(f.writer);
+  return `<tr data-board-key="${esc(f.key)}" data-version="${esc(f.version)}">
+    <td class="mono">${esc(f.key)}</td>
+    <td class="mono value" title="${esc(JSON.stringify(f.value).slice(0, 2000))}">${esc(boardValue(f.value))}</td>
+    <td class="n">${esc(f.version)}</td>
+    <td class="mono">${writer}</td>
+    <td class="dim"><span data-ago="${esc(at)}">${ago(at)}</span> ago</td>
+  </tr>`;
+}
+
+function renderBoard() {
+  const box = $("#board");
+  if (!box || !state.board) return;
+  box.innerHTML = state.board.length === 0
+    ? `<div class="empty">No facts yet. Agents write them with their <code class="mono">board_set</code> tool; people with <code class="mono">cao board set</code>.</div>`
+    : `<table class="board"><thead><tr><th>key</th><th>value</th><th>version</th><th>writer</th><th>age</th></tr></thead>
+      <tbody id="board-facts">${state.board.map(boardRow).join("")}</tbody></table>`;
+}
+
+function openSession(name) {
+  main.innerHTML = `
+    <h2 id="session-head">Session <span class="mono">${esc(name)}</span></h2>
+    <div id="session-terminals"></div>
+    <h2>Board <span class="dim">· facts its agents share; writing one wakes no one</span></h2>
+    <div id="board"><div class="empty">Loading…</div></div>`;
+  loadBoard().catch((err) => {
+    $("#board").innerHTML = `<div class="empty">${esc(err.message)}</div>`;
+  });
+}
+
 function openTerminal(id) {
   main.innerHTML = `
     <h2 id="term-head"></h2>
@@ -517,18 +593,22 @@ function openTerminal(id) {
 
 // -- routing ---------------------------------------------------------------------------------------
 const TERMINAL_ROUTE = /^#\/t\/[0-9a-f]{8}$/; // an id goes into request paths: nothing else may
+const SESSION_ROUTE = /^#\/s\/[A-Za-z0-9][A-Za-z0-9_.-]{0,70}$/; // a session name, likewise
 
 function route() {
   if (view) view();
   view = null;
   state.attention = null;
+  state.board = null;
   state.route = location.hash || "#/";
   if (state.route.startsWith("#/t/") && !TERMINAL_ROUTE.test(state.route)) state.route = "#/";
+  if (state.route.startsWith("#/s/") && !SESSION_ROUTE.test(state.route)) state.route = "#/";
   for (const a of document.querySelectorAll("nav a")) {
-    a.classList.toggle("active", (a.dataset.nav === "messages") === (state.route === "#/messages") && !state.route.startsWith("#/t/"));
+    a.classList.toggle("active", (a.dataset.nav === "messages") === (state.route === "#/messages") && !/^#\/[ts]\//.test(state.route));
   }
   main.innerHTML = "";
   if (state.route.startsWith("#/t/")) view = openTerminal(state.route.slice(4));
+  if (state.route.startsWith("#/s/")) openSession(sessionOf(state.route));
   render();
 }
 
