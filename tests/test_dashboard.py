@@ -62,7 +62,7 @@ def team(make_server) -> Iterator[tuple[ServerProcess, httpx.Client, str, str]]:
     with srv.client() as c:
         boss = c.post("/sessions", json={"session_name": "dash", "agent_profile": "slow"}).json()["id"]
         worker = c.post(
-            "/sessions/dash/terminals", json={"agent_profile": "slow", "supervisor_id": boss}
+            "/sessions/dash/terminals", json={"agent_profile": "slow", "supervisor_id": boss, "notify": False}
         ).json()["id"]
         for tid in (boss, worker):
             wait_until(lambda t=tid: c.get(f"/terminals/{t}").json()["status"] == "idle", what="idle")
