@@ -607,8 +607,8 @@ class MessageRows(Database):
         any message but a notice from its own supervisor, or a task from a person (a name, not a
         terminal). A peer terminal's message is not its task. Returns the receiver when it was."""
         senders = {str(r[3]) for r in rows if r[2] != Kind.NOTICE}
-        if not senders:
-            return None
+        if not any(r[2] == Kind.TASK for r in rows) and not any(TERMINAL_ID_RE.fullmatch(x) for x in senders):
+            return None  # (the hot path: a person's or a tool's mail is no task; no read for it)
         rid = str(rows[0][1])
         term = conn.execute("SELECT supervisor_id, state FROM terminal WHERE id = ?", (rid,)).fetchone()
         if term is None or term[1] != TerminalState.LIVE:
