@@ -299,7 +299,7 @@ def create_app(core: Cao) -> FastAPI:
         return await _off_loop(core.list_terminals, name)
 
     # -- a session's coordination board (cao/board.py): facts that wake no one --------------------
-    @app.get("/sessions/{name}/board")
+    @app.get("/sessions/{name}/board", dependencies=[Depends(_one_segment_session)])
     async def board_list(
         name: str,
         prefix: Annotated[str | None, query(pattern="^[A-Za-z0-9._:/-]*$", maxLength=MAX_KEY_CHARS)] = None,
@@ -307,7 +307,7 @@ def create_app(core: Cao) -> FastAPI:
         """The live facts (current versions), sorted by key; only those starting with ``prefix``."""
         return await _off_loop(core.board_list, name, prefix=prefix)
 
-    @app.get("/sessions/{name}/board/{key:path}")
+    @app.get("/sessions/{name}/board/{key:path}", dependencies=[Depends(_one_segment_session)])
     async def board_get(
         name: str,
         key: BoardKey,
@@ -319,12 +319,12 @@ def create_app(core: Cao) -> FastAPI:
             return await _off_loop(core.board_history, name, key, limit=limit)
         return await _off_loop(core.board_get, name, key)
 
-    @app.put("/sessions/{name}/board/{key:path}")
+    @app.put("/sessions/{name}/board/{key:path}", dependencies=[Depends(_one_segment_session)])
     async def board_set(name: str, key: BoardKey, p: Annotated[Values, Depends(BOARD_SET)]) -> dict[str, Any]:
         """Write a fact over ``expected_version``; pastes nothing, wakes no one."""
         return await _off_loop(core.board_set, name, key, **p)
 
-    @app.delete("/sessions/{name}/board/{key:path}")
+    @app.delete("/sessions/{name}/board/{key:path}", dependencies=[Depends(_one_segment_session)])
     async def board_delete(
         name: str, key: BoardKey, p: Annotated[Values, Depends(BOARD_DELETE)]
     ) -> dict[str, Any]:
@@ -580,6 +580,15 @@ def create_app(core: Cao) -> FastAPI:
         return await _off_loop(core.read_message, _message_id(message_id), **p)
 
     return app
+
+
+def _one_segment_session(request: Request) -> None:
+    """A session name is one path segment: an encoded '/' in it (``/sessions/a%2Fb/board/x``) is
+    decoded before routing and would name another session's key; refused instead."""
+    raw = bytes(request.scope.get("raw_path") or b"").split(b"?", 1)[0]
+    parts = raw.split(b"/")
+    if len(parts) > 2 and b"%2f" in parts[2].lower():
+        raise InvalidInput("a session name can't contain '/'; use letters, digits, '_' or '-'")
 
 
 def _message_id(raw: str) -> int:

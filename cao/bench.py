@@ -262,6 +262,44 @@ class Bench:
         self.wait_status([tid], {"idle", "completed"})
         return summary(lat)
 
+    def notice_latency(self, rounds: int) -> dict[str, Any]:
+        """A supervisor hears about its worker without polling: the supervisor sends its worker a 3 s
+        task; measure the worker's turn end -> the supervisor's agent has its "finished" notice."""
+        sup = self.spawn(1)[0]
+        t = self.http.post(
+            "/sessions/bench/terminals", json={"agent_profile": "worker", "supervisor_id": sup}
+        )
+        t.raise_for_status()
+        wid = t.json()["id"]
+        self.wait_status([wid], {"idle", "completed"})
+        lat: list[float] = []
+        seen = 0
+        for _ in range(rounds):
+            self.http.post(
+                f"/terminals/{wid}/inbox/messages", json={"sender_id": sup, "message": "work 3"}
+            ).raise_for_status()
+            deadline = time.monotonic() + 30
+            while True:
+                got = [
+                    x["t"]
+                    for x in self.records(sup)
+                    if x["kind"] == "received"
+                    and any(m["body"].startswith(f"Worker {wid} ") for m in x["messages"])
+                ]
+                if len(got) > seen or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            if len(got) <= seen:
+                raise RuntimeError(f"supervisor {sup} never got worker {wid}'s notice")
+            seen = len(got)
+            done = max(x["t"] for x in self.records(wid) if x["kind"] == TURN_DONE and x["t"] < got[-1])
+            lat.append(got[-1] - done)
+            self.wait_status([sup, wid], {"idle", "completed"})
+        for tid in (wid, sup):  # the later rows count their own terminals only
+            self.http.delete(f"/terminals/{tid}").raise_for_status()
+        self.terminals.remove(sup)
+        return summary(lat)
+
     def throughput(self, ids: list[str], total: int, senders: int = 10) -> dict[str, Any]:
         tag = f"tp{total}x{len(ids)}-{time.time_ns()}"
         tokens = [f"{tag}-{i}" for i in range(total)]
@@ -335,6 +373,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
         one = bench.spawn(1)
         results.update(bench.send_and_visible(one[0], 30 if quick else 100))
         results["urgent_interrupt_key"] = bench.urgent_interrupt(one[0], 5 if quick else 20)
+        results["notice_latency"] = bench.notice_latency(3 if quick else 10)
         ten = one + bench.spawn(9)
         results["idle_to_visible"] = bench.idle_to_visible(ten, 1 if quick else 3)
         results["throughput_500_10"] = bench.throughput(ten, 500)
@@ -371,6 +410,8 @@ def render(results: dict[str, Any]) -> None:
     lat("send -> visible, idle receiver", results["send_to_visible_idle"])
     if "urgent_interrupt_key" in results:
         lat("urgent interrupt -> in the agent (key)", results["urgent_interrupt_key"], "busy in a 60 s turn")
+    if "notice_latency" in results:
+        lat("worker turn end -> supervisor's notice", results["notice_latency"], "no polling")
     lat("receiver idle -> visible (10 rcv)", results["idle_to_visible"])
     lat("burst: 50 turn idle together", results["burst_50_idle_together"])
     for key in ("throughput_500_10", "throughput_10000_10", "throughput_500_50", "throughput_10000_50"):

@@ -106,6 +106,10 @@ class Inbox:
             raise InvalidInput(
                 f"by {who!r} is not a name; use a terminal id or your name (letters, digits, -_.)"
             )
+        if TERMINAL_ID_RE.fullmatch(who.lower()) and who != who.lower():
+            raise InvalidInput(
+                f"by {who!r} looks like a terminal id; terminal ids are lowercase: {who.lower()}"
+            )
         if TERMINAL_ID_RE.fullmatch(who):
             try:
                 self.store.get_terminal(who, include_deleted=True)

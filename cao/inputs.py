@@ -110,7 +110,7 @@ def check_json(name: str, value: Any) -> Any:
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
+        if isinstance(item, (list, dict)) and depth >= MAX_JSON_DEPTH:  # levels of lists and objects
             raise InvalidInput(f"{name} is nested more than {MAX_JSON_DEPTH} levels deep; flatten it")
         if isinstance(item, str):
             check_free_text(name, item)

@@ -39,6 +39,7 @@ def board_path(session: str, key: str | None = None) -> str:
     """The URL path of a session's board, or of one key on it, quoted so that no client rewrites
     it: '.' is escaped too (an HTTP client resolves a "." or ".." between slashes away, so a bad
     key would reach another route instead of its 422)."""
+    validate_session_name(session.removeprefix("cao-"))  # a '/' in it would reach another route
     base = f"/sessions/{quote(session, safe='')}/board"
     if key is None:
         return base

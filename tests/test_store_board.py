@@ -219,10 +219,12 @@ def test_past_the_deleted_keys_limit_the_oldest_deletion_is_forgotten_whole(
         now[0] += 1
         store.board_delete(S, key, expected_version=1, writer="cli")
         now[0] += 1
-    assert {r[1] for r in rows(store)} == {"d2", "d3"}
+    assert {r[1] for r in rows(store)} == {"d2", "d3", ""}  # "": the floor its versions reached
     with pytest.raises(FactMissing, match="never written"):
         store.board_history(S, "d1")
     assert [f.version for f in store.board_history(S, "d2")] == [2, 1]
+    # written again, d1 starts above the versions it had (a stale version of it can't match again)
+    assert store.board_set(S, "d1", "again", expected_version=0, writer="cli").version == 3
 
 
 def test_a_board_needs_a_session_some_terminal_ran_in_and_outlives_its_terminals(store: Store):

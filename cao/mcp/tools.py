@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import secrets
 import time
@@ -83,6 +84,11 @@ ASSIGN_NOTE = """\
 supervisor. When you finish, or if you can't go on, report with the report_result tool: \
 status done, failed or blocked, a summary, and details (branch, files, tests) if any; it reaches \
 {supervisor} as your result. For questions on the way, use send_message without a receiver_id."""
+
+
+def _canonical(value: Any) -> str:
+    """A JSON value as one text: 1, 1.0 and true are three different values."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 class Unreachable(ToolError):
@@ -137,6 +143,7 @@ class AgentTools:
         self.clock = clock
         self.process_tag = secrets.token_hex(4)
         self._sent: dict[str, _Sent] = {}
+        self._board_sent: dict[tuple[str, str, int], float] = {}  # board writes sent lately (retries)
         self._count = 0
         self._session: str | None = None  # the caller's session (a terminal never changes it)
 
@@ -683,6 +690,15 @@ class AgentTools:
 
     async def board_set(self, key: str, value: Any, expected_version: int) -> dict[str, Any]:
         session = await self.my_session()
+        # An MCP retry of a write that got through finds its own value there, one version on: it
+        # counts as written only if this process sent this very write (same key, same value as
+        # canonical JSON, same expected version) within the retry window, before this call.
+        now = self.clock()
+        self._board_sent = {k: t for k, t in self._board_sent.items() if now - t < self.retry_window}
+        canon = _canonical(value)
+        attempt = (key, canon, int(expected_version))
+        again = attempt in self._board_sent
+        self._board_sent[attempt] = now
         resp = await self._response(
             "PUT",
             board_path(session, key),
@@ -693,10 +709,11 @@ class AgentTools:
         body = resp.json()
         if resp.status_code == 409 and "current_version" in body:  # lost the race: say what won
             current = body["current_version"]
-            if (current, body.get("current_writer"), body.get("current_value")) == (
-                expected_version + 1,
-                self.caller(),
-                value,
+            if (
+                again
+                and body.get("current_writer") == self.caller()
+                and not body.get("current_deleted")
+                and _canonical(body.get("current_value")) == canon
             ):  # exactly what this write would have made: an MCP retry of a write that got through
                 return {
                     "written": True,

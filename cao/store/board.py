@@ -182,8 +182,11 @@ class BoardRows(Database):
                     "UPDATE board_fact SET head = 0 WHERE session_name = ? AND key = ? AND version = ?",
                     (session, key, current),
                 )
+            # a key nobody remembers (never written, or its history forgotten) starts above every
+            # version a forgotten key reached: a stale expected version can't match it again (ABA)
+            version = current + 1 if head is not None else _floor(conn, session) + 1
             fact = BoardFact(
-                session_name=session, key=key, version=current + 1, value=text, writer=writer, at=now
+                session_name=session, key=key, version=version, value=text, writer=writer, at=now
             )
             conn.execute(
                 "INSERT INTO board_fact (session_name, key, version, value, writer, at, head) "
@@ -278,9 +281,31 @@ def _forget_deleted(conn: sqlite3.Connection, session: str) -> None:
         "ORDER BY at, key LIMIT ?",
         (session, count - MAX_DELETED_KEYS),
     ).fetchall()
+    top = conn.execute(
+        f"SELECT max(version) FROM board_fact WHERE session_name = ? AND head = 1 "
+        f"AND key IN ({','.join('?' * len(oldest))})",
+        (session, *[r[0] for r in oldest]),
+    ).fetchone()[0]
     conn.executemany(
         "DELETE FROM board_fact WHERE session_name = ? AND key = ?", [(session, r[0]) for r in oldest]
     )
+    floor = max(_floor(conn, session), int(top or 0))
+    conn.execute("DELETE FROM board_fact WHERE session_name = ? AND key = ?", (session, FLOOR_KEY))
+    conn.execute(
+        "INSERT INTO board_fact (session_name, key, version, value, writer, at, head) "
+        "VALUES (?, ?, ?, NULL, 'cao', 0, 0)",
+        (session, FLOOR_KEY, floor),
+    )
+
+
+FLOOR_KEY = ""  # no key can be empty: this row keeps the highest version a forgotten key reached
+
+
+def _floor(conn: sqlite3.Connection, session: str) -> int:
+    row = conn.execute(
+        "SELECT version FROM board_fact WHERE session_name = ? AND key = ?", (session, FLOOR_KEY)
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _current(head: sqlite3.Row | None, version: int) -> dict[str, object]:
