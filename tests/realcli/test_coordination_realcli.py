@@ -6,7 +6,6 @@ without polling; each is proven by its own message header in the model's request
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -116,7 +115,20 @@ def test_a_real_supervisor_gets_a_workers_result_and_anothers_blocked_notice_onc
             server,
             supervisor.id,
         )
-    time.sleep(2)  # nothing comes twice later
+    # settled: the supervisor's turns ended and nothing waits for it (a second paste of either
+    # message would need one of them pending again: delivered is final)
+    until(
+        lambda: (
+            supervisor.status() == "completed"
+            and not server.call(
+                "GET", "/messages", params={"receiver_id": supervisor.id, "status": "pending"}
+            )
+        ),
+        60,
+        "the supervisor settled",
+        server,
+        supervisor.id,
+    )
     for mid in (rid, nid):
         assert len(user_turns(bed, CLAUDE, f"[cao message #{mid} from ")) == 1
         assert server.message(mid)["status"] == "delivered"
