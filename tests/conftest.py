@@ -17,7 +17,7 @@ import pytest
 from cao.core import Cao
 from cao.settings import Settings
 from cao.tmux import Tmux
-from tests.helpers import REPO, ServerProcess
+from tests.helpers import REPO, Clock, ServerProcess
 
 # -- tiers: every test is in exactly one (tests/prepare.py installs what each needs) ----------------
 #   fast         no tmux, no server process          integration  real tmux, cao-server, scripted agents
@@ -194,3 +194,9 @@ def make_server(tmp_path: Path, tmux_socket: str) -> Iterator[Callable[..., Serv
     yield make
     for srv in made:
         srv.stop()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """A hand-moved clock for a store under test (tests/helpers.py ``Clock``)."""
+    return Clock()

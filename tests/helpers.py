@@ -183,3 +183,13 @@ print('locked', flush=True)
 time.sleep(float(sys.argv[2]))
 conn.execute('ROLLBACK')
 """
+
+
+class Clock:
+    """A store's clock that a test moves by hand (``clock.t += 60``); the ``clock`` fixture."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t

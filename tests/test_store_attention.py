@@ -3,7 +3,6 @@ own transaction, coalescing, the queue view agreeing with the claim, recheck bat
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -14,22 +13,10 @@ from cao.inbox import Inbox
 from cao.states import Event
 from cao.store import Store
 from cao.store.messages import EXPIRED_REASON
+from tests.helpers import Clock
 from tests.test_store import RID, _terminal
 
 pytestmark = pytest.mark.fast
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture

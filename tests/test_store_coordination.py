@@ -16,23 +16,11 @@ from cao.coordination import TASK_GRACE, check_details, next_state
 from cao.errors import Conflict, InvalidInput, NotFound
 from cao.states import ScheduleState, WorkState
 from cao.store import Schedule, Store, TaskResult
+from tests.helpers import Clock
 from tests.test_store import RID, _terminal
 
 pytestmark = pytest.mark.fast
 SUP = "bbbb0002"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture
