@@ -51,6 +51,19 @@ class Reading(NamedTuple):
     final: bool = False
 
 
+class UsageEntry(NamedTuple):
+    """One model response as the CLI itself recorded it (its transcript, session file or hook
+    payload): cao sums these per terminal and per task (cao/usage.py) and prices them."""
+
+    at: float  # when the response was recorded (epoch seconds, from the CLI's own record)
+    model: str  # the model the CLI named ("" when it named none)
+    input_tokens: int  # prompt tokens, not counting cache reads/writes listed below
+    output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    key: str = ""  # the CLI's own id for the response: a record written twice is counted once
+
+
 @dataclass(frozen=True)
 class LaunchContext:
     """Everything a provider may use to build its launch command."""
@@ -189,6 +202,15 @@ class Provider:
         default looks the event up in ``hook_phases``; providers whose events need their payload
         read override this."""
         return self.hook_phases.get(event)
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Every model response this terminal's CLI has recorded so far, read from its own files
+        under ``home`` (the terminal's throwaway HOME, ``LaunchContext.terminal_home``), oldest
+        first. ``None``: this CLI records nothing cao can read, so its usage is *unknown* (shown
+        so, never as 0); ``[]``: it records usage and has made no request yet. Pure file reading:
+        no tmux, no network, never raises on a half-written or foreign file (skip what can't be
+        parsed)."""
+        return None
 
     def detect_status(self, screen: str) -> TerminalStatus:
         raise NotImplementedError
