@@ -22,6 +22,7 @@ from cao.states import HookPhase
 
 if TYPE_CHECKING:
     from cao.profiles import Profile
+    from providers.rules import Rule
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -177,7 +178,7 @@ class Provider:
     # Cheap check on the last line of the raw pane log: could the agent be idle now? It only saves
     # screen captures, so it must pass every ready screen (the contract test checks the saved
     # ones). None: no such check; delivery then looks at most every 250 ms while the log changes.
-    idle_tail_pattern: ClassVar[re.Pattern[str] | None] = None
+    idle_tail_pattern: ClassVar[Rule | None] = None
     # The CAO_* variables the launch reads (through ``ctx.knob``), each declared once: cao/knobs.py.
     # ``providers.all_knobs()`` lists every provider's; docs/providers.md's table is made from them.
     knobs: ClassVar[tuple[Knob[Any], ...]] = ()

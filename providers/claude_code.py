@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 
 from cao import knobs
@@ -36,6 +35,7 @@ from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.rules import rule
 from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks, exited
 
 BIN, MODEL, BYPASS = cli.cli_knobs(
@@ -46,17 +46,19 @@ OAUTH_TOKEN = knobs.text(
     "a subscription token from `claude setup-token`, passed as `CLAUDE_CODE_OAUTH_TOKEN`",
 )
 FAKE_KEY = "sk-ant-api03-cao-local-model-server-key-0123456789abcdef"
-RULE_RE = re.compile(r"^─{10,}$")
-BOX_RE = re.compile(r"^[❯>]\u00a0")  # the input box: ❯ (">" before 2.0) + NO-BREAK SPACE
-ECHO_RE = re.compile(r"^[❯>] (?!\d+\. )")  # a user turn; "❯ 1. Yes" is a menu option
+RULE_RE = rule("rule", r"^─{10,}$")
+BOX_RE = rule("box", r"^[❯>]\u00a0")  # the input box: ❯ (">" before 2.0) + NO-BREAK SPACE
+ECHO_RE = rule("echo", r"^[❯>] (?!\d+\. )")  # a user turn; "❯ 1. Yes" is a menu option
 # A menu's cursor line (framed, "│ ❯ 1. Yes │", before 2.0), or the key hint under a prompt or dialog
 # whose cursor line isn't a numbered option.
-ASKING_RE = re.compile(r"^[│\s]*❯ \d+\. |^\s*(?:Enter to (?:confirm|select)|Esc to cancel) · ")
-QUEUED_RE = re.compile(r"^  ❯ ")  # a message typed while busy, waiting for its turn
-SPINNER_RE = re.compile(r"^[·✢✳✶✻✽*] \S.*…")
-ERROR_RE = re.compile(r"^(API Error|Invalid API key|Credit balance is too low|OAuth token|Request timed out)")
+ASKING_RE = rule("asking", r"^[│\s]*❯ \d+\. |^\s*(?:Enter to (?:confirm|select)|Esc to cancel) · ")
+QUEUED_RE = rule("queued", r"^  ❯ ")  # a message typed while busy, waiting for its turn
+SPINNER_RE = rule("spinner", r"^[·✢✳✶✻✽*] \S.*…")
+ERROR_RE = rule(
+    "error", r"^(API Error|Invalid API key|Credit balance is too low|OAuth token|Request timed out)"
+)
 # The empty box: with a message queued, or 1.0.x's example prompt.
-PLACEHOLDER_RE = re.compile(r'Press up to edit queued messages|Try "[^"]*"')
+PLACEHOLDER_RE = rule("placeholder", r'Press up to edit queued messages|Try "[^"]*"')
 # A ``projects`` entry of ~/.claude.json in the full shape 1.0.x needs (with only the trust flag it
 # crashes at start: "allowedTools is not iterable"); later releases read it as well.
 PROJECT = {
@@ -107,7 +109,7 @@ class ClaudeCodeProvider(BoxedTUI):
     description = "Claude Code (Anthropic), `claude`"
     accepts_input_while_processing = True
     submit_timeout = 3.0
-    idle_tail_pattern = re.compile(r"^(?!.*esc to interrupt)")
+    idle_tail_pattern = rule("idle_tail", r"^(?!.*esc to interrupt)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.ANTHROPIC_API_KEY, OAUTH_TOKEN)
     hook_phases = cli.CLAUDE_HOOK_PHASES
     interrupt_key = "Escape"  # "esc to interrupt"; used only where the hook channel can't be

@@ -32,7 +32,8 @@ from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
-from providers.tui import Box, BoxedTUI, bullet_blocks, literal
+from providers.rules import literal, rule
+from providers.tui import Box, BoxedTUI, bullet_blocks
 
 BIN, MODEL, BYPASS = cli.cli_knobs(
     "CODEX",
@@ -42,7 +43,7 @@ BIN, MODEL, BYPASS = cli.cli_knobs(
     fake_model=True,
 )
 PROMPT = "› "  # the box's prompt, and an echoed user turn's
-ECHO_RE = re.compile(PROMPT)
+ECHO_RE = rule("echo", PROMPT)
 PLACEHOLDERS = ("Ask Codex to do anything", "Ask a follow-up question")
 # Releases before 0.171 show one of these example prompts in the empty box instead.
 EXAMPLES = (
@@ -58,11 +59,12 @@ EXAMPLES = (
     "How many files have been modified?",
     "Will this algorithm scale well?",
 )
-BANNER_RE = re.compile(r">_ OpenAI Codex \(v(\d+)\.(\d+)\.")
-OLD_FOOTER_RE = re.compile(r"^\s+(?:\d+% context left|\d+ used) · ")  # 0.77's footer
+BANNER_RE = rule("banner", r">_ OpenAI Codex \(v(\d+)\.(\d+)\.")
+OLD_FOOTER_RE = rule("old_footer", r"^\s+(?:\d+% context left|\d+ used) · ")  # 0.77's footer
 # "• Working (3s • esc to interrupt)": 0.171 shows it until the first token, older ones all turn long.
-WORKING_RE = re.compile(r"\(\d+[ms]?[^)]*esc to interrupt\)")
-WAITING_RE = re.compile(
+WORKING_RE = rule("working", r"\(\d+[ms]?[^)]*esc to interrupt\)")
+WAITING_RE = rule(
+    "waiting",
     r"Would you like to (?:run|make|apply)|Allow the \S+ MCP server to run tool|"
     r"enter to (?:confirm|submit)\b.*esc to cancel",
     re.IGNORECASE,
@@ -70,13 +72,15 @@ WAITING_RE = re.compile(
 # The last line of a start-up dialog (update available, trust this folder, sign in, hooks need
 # review): "enter continue · esc skip", "enter continue · esc back", "enter confirm · esc skip",
 # "Press enter to continue". Its options start "› 1." like the box.
-DIALOG_HINT_RE = re.compile(
-    r"^\s*(?:press enter to continue|enter (?:continue|confirm)(?: · esc \w+)?)$", re.IGNORECASE
+DIALOG_HINT_RE = rule(
+    "dialog_hint",
+    r"^\s*(?:press enter to continue|enter (?:continue|confirm)(?: · esc \w+)?)$",
+    re.IGNORECASE,
 )
 # "  Worked for 6s • 08:04" closes a turn (0.171); "─ Worked for 0s ───" (before 0.171) only
 # separates a turn's tool calls from its final answer.
-WORKED_RE = re.compile(r"^\s*(?:─+ )?Worked for \S")
-CLOSED_RE = re.compile(r"^\s*Worked for \S")
+WORKED_RE = rule("worked", r"^\s*(?:─+ )?Worked for \S")
+CLOSED_RE = rule("closed", r"^\s*Worked for \S")
 # Lifecycle hooks: $CODEX_HOME/hooks.json (0.171), else `notify` (agent-turn-complete) only.
 HOOK_PHASES = {
     "SessionStart": HookPhase.SESSION_START,
@@ -178,12 +182,12 @@ class CodexProvider(BoxedTUI):
     accepts_input_while_processing = False  # a paste mid-turn cancels the turn
     submit_timeout = 3.0
     exit_command = "/quit"
-    idle_tail_pattern = re.compile(r"^(?!.*esc to interrupt)")
+    idle_tail_pattern = rule("idle_tail", r"^(?!.*esc to interrupt)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY)
     hook_phases = HOOK_PHASES
     interrupt_key = "Escape"
     turn_channel = "PostToolUse"  # hooks.json (0.171): a developer message before the tool's output
-    placeholder = literal(*PLACEHOLDERS, *EXAMPLES)
+    placeholder = literal("placeholder", *PLACEHOLDERS, *EXAMPLES)
     echo = ECHO_RE  # Codex has no queue: input only goes in when idle
     asking_reason = "an approval prompt or a start-up dialog"
     starting_reason = "starting: nothing drawn yet"

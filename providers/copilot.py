@@ -37,6 +37,7 @@ from cao import knobs
 from cao.errors import ProviderError
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.rules import rule
 from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks
 
 BIN, MODEL, BYPASS = cli.cli_knobs(
@@ -50,17 +51,17 @@ PROVIDER_BASE_URL = knobs.text(
     "an OpenAI-compatible endpoint for Copilot's own-key mode (no GitHub sign-in), with `CAO_OPENAI_API_KEY`",
     shown="`$CAO_MODEL_BASE_URL/v1`",
 )
-RULE_RE = re.compile(r"^─{10,}$")
-BOX_RE = re.compile(r"❯")
-ECHO_RE = re.compile(r"^ ❯ (?!\d+\. )")
-BUSY_RE = re.compile(r"^\s*\S\s+(?:Working|Thinking)\b|\besc to (?:cancel|interrupt)\b", re.I)
-ASKING_RE = re.compile(r"^[│ ]*❯ \d+\. |\benter to (?:select|confirm)\b", re.I)  # a menu, its key hint
+RULE_RE = rule("rule", r"^─{10,}$")
+BOX_RE = rule("box", r"❯")
+ECHO_RE = rule("echo", r"^ ❯ (?!\d+\. )")
+BUSY_RE = rule("busy", r"^\s*\S\s+(?:Working|Thinking)\b|\besc to (?:cancel|interrupt)\b", re.I)
+ASKING_RE = rule("asking", r"^[│ ]*❯ \d+\. |\benter to (?:select|confirm)\b", re.I)  # a menu, its key hint
 
 
 class CopilotProvider(BoxedTUI):
     name = "copilot"
     description = "GitHub Copilot CLI, `copilot`"
-    idle_tail_pattern = re.compile(r"^(?!.*Working)")
+    idle_tail_pattern = rule("idle_tail", r"^(?!.*Working)")
     prompt_width = 1
     echo = ECHO_RE
     continuation = "   "

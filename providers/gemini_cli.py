@@ -27,7 +27,6 @@ must kill the pane's process group (cao's tmux layer does).
 from __future__ import annotations
 
 import json
-import re
 from itertools import takewhile
 
 from cao import knobs
@@ -35,7 +34,8 @@ from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
-from providers.tui import Box, BoxedTUI, bullet_blocks, literal
+from providers.rules import literal, rule
+from providers.tui import Box, BoxedTUI, bullet_blocks
 
 BIN, MODEL, BYPASS = cli.cli_knobs("GEMINI", "gemini", "Gemini CLI", "`--yolo`")
 API_KEY = knobs.text("CAO_GEMINI_API_KEY", "a Gemini API key, passed as `GEMINI_API_KEY`")
@@ -47,17 +47,17 @@ HOOK_PHASES = {
     "Notification": HookPhase.ASKING,
     "SessionEnd": HookPhase.SESSION_END,
 }
-TOP_RE = re.compile(r"^▄{10,}$")
-BOTTOM_RE = re.compile(r"^▀{10,}$")
-RULE_RE = re.compile(r"^─{10,}$")
-BUSY_RE = re.compile(r"\(esc to cancel, \d+[ms]")
-PROMPT_RE = re.compile(r"^ [>*!] ")  # " > " (" * " under --yolo, " ! " in shell mode)
+TOP_RE = rule("top", r"^▄{10,}$")
+BOTTOM_RE = rule("bottom", r"^▀{10,}$")
+RULE_RE = rule("rule", r"^─{10,}$")
+BUSY_RE = rule("busy", r"\(esc to cancel, \d+[ms]")
+PROMPT_RE = rule("prompt", r"^ [>*!] ")  # " > " (" * " under --yolo, " ! " in shell mode)
 # A menu's cursor line, or a framed dialog's key hint (with a menu, or without: the API-key entry box).
-ASKING_RE = re.compile(r"^[│ ]*● \d+\. |^[│ ]*\((?:Press|Use) Enter to (?:submit|select)\b")
-FRAME_TOP_RE = re.compile(r"^╭─{10,}╮$")  # before 0.30: the box is a rounded frame
-FRAME_BOTTOM_RE = re.compile(r"^╰─{10,}╯$")
-FRAMED_PROMPT_RE = re.compile(r"^│ [>*!] ")
-ECHO_LINE_RE = re.compile(r"^> \S")  # before 0.30: an echoed user turn is a plain "> text" line
+ASKING_RE = rule("asking", r"^[│ ]*● \d+\. |^[│ ]*\((?:Press|Use) Enter to (?:submit|select)\b")
+FRAME_TOP_RE = rule("frame_top", r"^╭─{10,}╮$")  # before 0.30: the box is a rounded frame
+FRAME_BOTTOM_RE = rule("frame_bottom", r"^╰─{10,}╯$")
+FRAMED_PROMPT_RE = rule("framed_prompt", r"^│ [>*!] ")
+ECHO_LINE_RE = rule("echo_line", r"^> \S")  # before 0.30: an echoed user turn is a plain "> text" line
 QUEUED = "Queued (press ↑ to edit):"  # then one line per input typed while busy, indented 4
 
 
@@ -147,12 +147,12 @@ class GeminiCliProvider(BoxedTUI):
     accepts_input_while_processing = True
     paste_enter_delay = 0.2  # < 50 ms and Gemini drops the Enter
     exit_command = "/quit"
-    idle_tail_pattern = re.compile(r"^(?!.*esc to cancel)")
+    idle_tail_pattern = rule("idle_tail", r"^(?!.*esc to cancel)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY)
     hook_phases = HOOK_PHASES
     interrupt_key = "Escape"
     turn_channel = "AfterTool"  # additionalContext: <hook_context> in the tool's response (0.61.0)
-    placeholder = literal("Type your message or @path/to/file")
+    placeholder = literal("placeholder", "Type your message or @path/to/file")
     asking = ASKING_RE  # a permission prompt, a question or a dialog
     asking_reason = "a menu or a dialog's key hint"
     starting_reason = "starting: nothing drawn yet"

@@ -38,7 +38,6 @@ turn runs interrupts it (``display.busy_input_mode: interrupt``), so cao never d
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import textwrap
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ from typing import Any
 from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.rules import rule
 from providers.tui import Box, BoxedTUI
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
@@ -62,33 +62,33 @@ BIN, MODEL, BYPASS = cli.cli_knobs(
 API_KEY, BASE_URL = cli.vendor_knobs("HERMES", "an OpenRouter (or OpenAI-compatible) API key", OPENROUTER_URL)
 PASTE_FOLD_NEVER = 100_000_000
 
-RULE_RE = re.compile(r"^─{3,}$")
+RULE_RE = rule("rule", r"^─{3,}$")
 ECHO_RULE = "─" * 40  # Hermes frames each echoed user turn with exactly this (full-width rules: the box)
 # The status bar right over the box's top rule: " ⚕ fake-model │ 10/256K │ … │ ⚠ YOLO" (under 76
 # columns " ⚕ fake-model · 0% · 17s · ⚠ YOLO").
-STATUS_RE = re.compile(r"^ ⚕ \S.* [│·] ")
+STATUS_RE = rule("status", r"^ ⚕ \S.* [│·] ")
 BOX_ROWS = 8  # the box shows at most this many rows (the latest), the prompt row scrolling away
 # The input line: an optional state icon, then the prompt symbol.
-PROMPT_RE = re.compile(r"^(?:(\S+) )?❯(?: |$)")
+PROMPT_RE = rule("prompt", r"^(?:(\S+) )?❯(?: |$)")
 RUNNING = "⚕"  # a turn runs
 ASKING = ("⚠", "?", "✎", "🔐", "🔑")  # approval, clarifying question, password, secret
 PLACEHOLDER = "msg=interrupt · "  # in the empty box while a turn runs
 ECHO = "● "
 # The answer: a box while it streams in ("╭─ ⚕ Hermes ─…╮" … "╰─…─╯"), or a panel of two rules
 # when it is printed whole (" ─  ⚕ Hermes  ─…" … " ─…─"; a failed turn's message comes that way).
-ANSWER_RE = re.compile(r"^(?:╭─ | ─  )⚕ Hermes ")
-ANSWER_END_RE = re.compile(r"^(?:╰─+╯| ─+)$")
+ANSWER_RE = rule("answer", r"^(?:╭─ | ─  )⚕ Hermes ")
+ANSWER_END_RE = rule("answer_end", r"^(?:╰─+╯| ─+)$")
 # The live line over the status bar while a turn runs: a kaomoji face and a verb ("(¬_¬) synthesizing...",
 # "(°ロ°) analyzing...").
-SPINNER_RE = re.compile(r"^ {2}\S.* [a-z]+\.\.\.$")
+SPINNER_RE = rule("spinner", r"^ {2}\S.* [a-z]+\.\.\.$")
 # A failed turn: "❌ Non-retryable error (HTTP 400): …" (a retried one shows "⚠️  API call failed
 # (attempt 1/3)" and goes on, busy).
-ERROR_RE = re.compile(r"^❌ ")
-RESUME_RE = re.compile(r"^ {2}hermes --resume \S")
+ERROR_RE = rule("error", r"^❌ ")
+RESUME_RE = rule("resume", r"^ {2}hermes --resume \S")
 # A question Hermes asks on the plain terminal before its box exists: "Allow this hook to run?
 # [y/N]: " (a shell hook not accepted beforehand), "Run setup now? [Y/n]" (no provider configured).
 EXITED = "Hermes has exited (its resume hint or a dead pane shows)"
-YES_NO_RE = re.compile(r"\? \[[yY]/[nN]\]:? ?$")
+YES_NO_RE = rule("yes_no", r"\? \[[yY]/[nN]\]:? ?$")
 
 
 # Lifecycle hooks: shell hooks under ``hooks:`` in config.yaml (agent/shell_hooks.py; a JSON payload on

@@ -34,11 +34,11 @@ and answers share the ``•`` bullet; an approval replaces the box with an ``app
 from __future__ import annotations
 
 import json
-import re
 import shlex
 
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.rules import rule
 from providers.tui import Box, BoxedTUI, bullet_blocks
 
 MOONSHOT_URL = "https://api.moonshot.ai/v1"
@@ -49,26 +49,30 @@ API_KEY, BASE_URL = cli.vendor_knobs("KIMI", "a Moonshot (or compatible) API key
 CONTEXT_SIZE = 131072  # tokens; Kimi needs one per model (it decides when to compact)
 PASTE_FOLD_NEVER = "100000000"
 
-INPUT_RE = re.compile(r"^ ?[─╌]{1,2} input(?: · [^─╌]*)? [─╌]+$")  # the rule over the box ("╌" in plan mode)
-QUEUED_RE = re.compile(r" input(?: · plan)? · \d+ queued ")
-SEPARATOR_RE = re.compile(r"^─{20,}$")  # the toolbar's rule under the box
-ECHO_RE = re.compile(r"✨ ")
+INPUT_RE = rule(
+    "input", r"^ ?[─╌]{1,2} input(?: · [^─╌]*)? [─╌]+$"
+)  # the rule over the box ("╌" in plan mode)
+QUEUED_RE = rule("queued", r" input(?: · plan)? · \d+ queued ")
+SEPARATOR_RE = rule("separator", r"^─{20,}$")  # the toolbar's rule under the box
+ECHO_RE = rule("echo", r"✨ ")
 BULLET = "• "
-TOOL_RE = re.compile(r"^• (?:Used|Using) [A-Za-z_][\w.-]*(?: \(|$)")
+TOOL_RE = rule("tool", r"^• (?:Used|Using) [A-Za-z_][\w.-]*(?: \(|$)")
 # The live area while a turn runs: a moon phase (waiting for the model), or a braille spinner on the
 # answer being streamed ("Composing... 2s · 11 tokens"), a tool call, thinking, MCP servers
 # connecting or context compaction.
 MOONS = ("🌑", "🌒", "🌓", "🌔", "🌕", "🌖", "🌗", "🌘")
-BUSY_RE = re.compile(
+BUSY_RE = rule(
+    "busy",
     rf"^(?:[{''.join(MOONS)}]|[⠀-⣿] "
-    r"(?:Composing|Using|Thinking|Connecting to MCP servers|Compacting|Side question))"
+    r"(?:Composing|Using|Thinking|Connecting to MCP servers|Compacting|Side question))",
 )
-ERROR_RE = re.compile(
+ERROR_RE = rule(
+    "error",
     r"^(?:LLM provider error:|Server: |Authorization failed\.|Membership expired|Network connection failed:|"
-    r"Request timed out:|The server returned an empty response\.|Unexpected error:|LLM not set)"
+    r"Request timed out:|The server returned an empty response\.|Unexpected error:|LLM not set)",
 )
-LOADING_RE = re.compile(r"^[⠀-⣿] Loading ")  # start-up, before the box
-APPROVAL_RE = re.compile(r"^╭─ (?:approval|question)\b|^│ +(?:→ )?\[\d\] |↵ (?:confirm|submit)")
+LOADING_RE = rule("loading", r"^[⠀-⣿] Loading ")  # start-up, before the box
+APPROVAL_RE = rule("approval", r"^╭─ (?:approval|question)\b|^│ +(?:→ )?\[\d\] |↵ (?:confirm|submit)")
 
 
 # Lifecycle hooks ([[hooks]] in ~/.kimi/config.toml; Claude-style payloads on stdin). Kimi asks for

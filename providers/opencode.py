@@ -32,12 +32,12 @@ placeholder question in the box instead of a transcript.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from cao.errors import ProviderError
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers.rules import rule
 from providers.tui import Box, BoxedTUI
 
 BIN, MODEL, BYPASS = cli.cli_knobs(
@@ -48,17 +48,18 @@ BIN, MODEL, BYPASS = cli.cli_knobs(
     tools=True,
     model_form="`provider/model`, e.g. `anthropic/claude-sonnet-4-5`",
 )
-BOTTOM_RE = re.compile(r"^\s*╹▀{10,}")
+BOTTOM_RE = rule("bottom", r"^\s*╹▀{10,}")
 BAR = "┃"
-TURN_RE = re.compile(r"^\s+▣  \S")  # the turn's agent/model line; " · 2.1s" once it closed
-CLOSED_RE = re.compile(r"▣  .* · \d+(?:\.\d+)?(?:ms|s|m)\b")
+TURN_RE = rule("turn", r"^\s+▣  \S")  # the turn's agent/model line; " · 2.1s" once it closed
+CLOSED_RE = rule("closed", r"▣  .* · \d+(?:\.\d+)?(?:ms|s|m)\b")
 BUSY = "esc interrupt"
-PERMISSION_RE = re.compile(r"(?:Permission required|Allow once|Allow always|△ )")
+PERMISSION_RE = rule("permission", r"(?:Permission required|Allow once|Allow always|△ )")
 # With no box: a permission prompt, or a dialog's key hint.
-ASKING_RE = re.compile(
-    PERMISSION_RE.pattern + r"|(?i:\b(?:enter|↵)\b.*\b(?:select|confirm)\b|\besc\b.*\b(?:close|cancel)\b)"
+ASKING_RE = rule(
+    "asking",
+    PERMISSION_RE.pattern + r"|(?i:\b(?:enter|↵)\b.*\b(?:select|confirm)\b|\besc\b.*\b(?:close|cancel)\b)",
 )
-TOOL_RE = re.compile(r"^[⚙→←✱◇$] ")
+TOOL_RE = rule("tool", r"^[⚙→←✱◇$] ")
 
 
 def _bottom(lines: list[str]) -> int | None:
@@ -207,8 +208,8 @@ class OpenCodeProvider(BoxedTUI):
     name = "opencode"
     description = "OpenCode, `opencode`"
     paste_enter_delay = 0.3
-    idle_tail_pattern = re.compile(r"^(?!.*esc interrupt)")
-    placeholder = re.compile(r'Ask anything… ".*"')
+    idle_tail_pattern = rule("idle_tail", r"^(?!.*esc interrupt)")
+    placeholder = rule("placeholder", r'Ask anything… ".*"')
     asking = ASKING_RE
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.ANTHROPIC_API_KEY, cli.OPENAI_API_KEY)
 

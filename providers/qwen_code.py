@@ -34,7 +34,8 @@ from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
-from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks, literal
+from providers.rules import literal, rule
+from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks
 
 BIN, MODEL, BYPASS = cli.cli_knobs("QWEN", "qwen", "Qwen Code", "`--yolo`", fake_model=True)
 BASE_URL = knobs.text(
@@ -42,14 +43,14 @@ BASE_URL = knobs.text(
     "an OpenAI-compatible endpoint (e.g. DashScope's) for `CAO_OPENAI_API_KEY`, as `OPENAI_BASE_URL`",
     shown="`$CAO_MODEL_BASE_URL/v1`, else OpenAI's",
 )
-RULE_RE = re.compile(r"^─{10,}$")
-PROMPT_RE = re.compile(r"^[>*!] {1,3}")
-BUSY_RE = re.compile(r"\((?:\d+[hms] ?)+ · esc to cancel\)|esc to cancel\)")
-ECHO_RE = re.compile(r"  > ")
+RULE_RE = rule("rule", r"^─{10,}$")
+PROMPT_RE = rule("prompt", r"^[>*!] {1,3}")
+BUSY_RE = rule("busy", r"\((?:\d+[hms] ?)+ · esc to cancel\)|esc to cancel\)")
+ECHO_RE = rule("echo", r"  > ")
 MARKS = ("  ✦ ", "  ✕ ")
 # A menu's cursor line, or a dialog's key hint.
-ASKING_RE = re.compile(
-    r"^[│ ]*[●❯›] \d+\. |\((?:Press|Use) Enter to (?:submit|select|confirm)\b|Enter to select", re.I
+ASKING_RE = rule(
+    "asking", r"^[│ ]*[●❯›] \d+\. |\((?:Press|Use) Enter to (?:submit|select|confirm)\b|Enter to select", re.I
 )
 QUEUED = "Press ↑ to edit queued messages"
 CURSOR = "\u200b"  # drawn after the typed text
@@ -64,12 +65,12 @@ class QwenCodeProvider(BoxedTUI):
     name = "qwen_code"
     description = "Qwen Code, `qwen`"
     exit_command = "/quit"
-    idle_tail_pattern = re.compile(r"^(?!.*esc to cancel)")
+    idle_tail_pattern = rule("idle_tail", r"^(?!.*esc to cancel)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, BASE_URL)
     hook_phases = HOOK_PHASES
     interrupt_key = "Escape"
     turn_channel = "PostToolUse"  # additionalContext: appended to the tool's message (0.15.10)
-    placeholder = literal("Type your message or @path/to/file")
+    placeholder = literal("placeholder", "Type your message or @path/to/file")
     echo = ECHO_RE
     continuation = "    "
     asking = ASKING_RE

@@ -8,7 +8,6 @@ while it is busy (it queues such input as its own turn, as Claude Code and Gemin
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from cao import knobs
 from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers.rules import rule
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
 RULES = knobs.path(
@@ -32,9 +32,9 @@ RECORD = knobs.flag(
 
 # It speaks Claude Code's hook protocol when its rules say "hooks": true; a Notification is its question.
 HOOK_PHASES = {**cli.CLAUDE_HOOK_PHASES, "Notification": HookPhase.ASKING}
-SPINNER_RE = re.compile(r"^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] thinking… \(")
-QUEUED_RE = re.compile(r" · (\d+) queued")
-QUESTION_RE = re.compile(r"^\? .* \(y/n\)")
+SPINNER_RE = rule("spinner", r"^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] thinking… \(")
+QUEUED_RE = rule("queued", r" · (\d+) queued")
+QUESTION_RE = rule("question", r"^\? .* \(y/n\)")
 PROMPT = "❯ "
 USER = "› "
 REPLY = "● "
@@ -83,7 +83,7 @@ class ScriptedProvider(Provider):
     submit_timeout = 2.0
     exit_command = "/exit"
     takes_rule_files = True
-    idle_tail_pattern = re.compile(r"^❯")
+    idle_tail_pattern = rule("idle_tail", r"^❯")
     knobs = (RULES, RECORD)
     hook_phases = HOOK_PHASES
 

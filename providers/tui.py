@@ -19,20 +19,20 @@ template writes the contract once over those:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import ClassVar, NamedTuple
 
 from providers.base import Provider, Reading, TerminalStatus
+from providers.rules import Rule, rule
 
 BUSY = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
 
 # What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini,
 # Kimi; Hermes has its own check), always after the CLI's own lead-in, on the same line or the one
 # above (so a resume command typed into an input box drawn near the bottom is no exit).
-RESUME_RE = re.compile(r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r) \S")
-RESUME_LEAD_RE = re.compile(
-    r"Resume this session with:|To continue this session, run|To resume this session:"
+RESUME_RE = rule("resume", r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r) \S")
+RESUME_LEAD_RE = rule(
+    "resume_lead", r"Resume this session with:|To continue this session, run|To resume this session:"
 )
 
 
@@ -72,9 +72,7 @@ def head(screen: str, end: int) -> str:
     return "\n".join(screen.split("\n")[:end])
 
 
-def bullet_blocks(
-    lines: list[str], marks: tuple[str, ...], *, stop: re.Pattern[str] | None = None
-) -> list[str]:
+def bullet_blocks(lines: list[str], marks: tuple[str, ...], *, stop: Rule | None = None) -> list[str]:
     """The blocks that start with one of ``marks`` (e.g. ``"● "``) and go on with indented or blank
     lines, each without its mark or indent; reading ends at the first line matching ``stop``."""
     blocks: list[list[str]] = []
@@ -92,11 +90,6 @@ def bullet_blocks(
     return ["\n".join(block).strip() for block in blocks]
 
 
-def literal(*texts: str) -> re.Pattern[str]:
-    """A pattern that fully matches exactly one of ``texts`` (placeholders, example prompts)."""
-    return re.compile("|".join(map(re.escape, texts)))
-
-
 class Box(NamedTuple):
     """Where the input box sits in a screen's lines: ``top`` is its first line (a rule, a band's
     edge, or the prompt row itself): the transcript is everything above it. Its text is in rows
@@ -107,7 +100,7 @@ class Box(NamedTuple):
     end: int
 
 
-def box_between_rules(lines: list[str], rule: re.Pattern[str], opens: re.Pattern[str]) -> Box | None:
+def box_between_rules(lines: list[str], rule: Rule, opens: Rule) -> Box | None:
     """The rows between the last two ``rule`` lines when the first of them matches ``opens`` (the
     prompt): Claude Code's, Qwen Code's and Copilot CLI's box."""
     rules = [i for i, line in enumerate(lines) if rule.match(line)]
@@ -135,13 +128,13 @@ class BoxedTUI(Provider):
     prompt_width: ClassVar[int] = 2
     indent: ClassVar[int] = 2
     # What an empty box shows instead of nothing: a hint, an example prompt (fully matched).
-    placeholder: ClassVar[re.Pattern[str] | None] = None
+    placeholder: ClassVar[Rule | None] = None
     # An echoed user turn's first line, and how its further lines start.
-    echo: ClassVar[re.Pattern[str]] = re.compile(r"(?!)")
+    echo: ClassVar[Rule] = rule("no_echo", r"(?!)", doc="a CLI that echoes no user turn")
     continuation: ClassVar[str] = "  "
     # With no box on screen: a line of a menu, a prompt or a dialog (its key hint), and what the
     # reading says then.
-    asking: ClassVar[re.Pattern[str] | None] = None
+    asking: ClassVar[Rule | None] = None
     asking_reason: ClassVar[str] = ""
     # With no box, menu or dialog: the reading while the CLI starts (see ``starting``), and why
     # anything else drawn can't be read ("": it is all start-up drawing, so processing).
