@@ -45,7 +45,8 @@ BASE_URL = knobs.text(
 )
 RULE_RE = rule("rule", r"^─{10,}$")
 PROMPT_RE = rule("prompt", r"^[>*!] {1,3}")
-BUSY_RE = rule("busy", r"\((?:\d+[hms] ?)+ · esc to cancel\)|esc to cancel\)")
+# The spinner's timer: "(6s · esc to cancel)" (0.15), "(esc to cancel, 6s)" (0.12).
+BUSY_RE = rule("busy", r"\((?:\d+[hms] ?)+ · esc to cancel\)|\(esc to cancel, [\dhms ]+\)|esc to cancel\)")
 ECHO_RE = rule("echo", r"  > ")
 MARKS = ("  ✦ ", "  ✕ ")
 # A menu's cursor line, or a dialog's key hint.
