@@ -472,6 +472,14 @@ def create_app(core: Cao) -> FastAPI:
         """What the agent attends to: its state, its queue in serving order, its timeline."""
         return await _off_loop(core.attention, terminal_id, limit=limit)
 
+    @app.get("/terminals/{terminal_id}/explain")
+    async def explain(terminal_id: TerminalId, report: bool = False) -> dict[str, Any]:
+        """Why the terminal reads the status it does: what decided (pane, screen or hook), the
+        provider's rules that matched and on which lines, the input box, the latest hook event and
+        its age, what the other signal said, the rules that came closest when nothing matched;
+        ``report=true`` adds ``bug_report`` (that and the redacted screen, as text)."""
+        return await _off_loop(core.explain, terminal_id, report=report)
+
     @app.get("/terminals/{terminal_id}/inbox/messages")
     async def list_inbox(
         terminal_id: TerminalId,

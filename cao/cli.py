@@ -978,6 +978,7 @@ def main() -> NoReturn:
 
 
 from cao import clicoord  # noqa: E402, F401 - registers its commands on the group above
+from cao import cliexplain  # noqa: E402, F401 - registers its commands on the group above
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import providers
-from cao import attention, profiles
+from cao import attention, profiles, screenrules
 from cao.board import Board
 from cao.clock import SYSTEM, Clock
 from cao.coordination import Coordination
@@ -151,6 +151,8 @@ class Cao:
         """``pane_io``: the pane backend (default: tmux on ``settings.tmux_socket``; the fast test
         tier passes cao/testing/panes.py's in-memory one). ``clock``: the library's time."""
         settings.ensure_dirs()
+        # the user's screen-rule fixes ($CAO_HOME/providers/*.rules): checked before anything starts
+        self.rule_overrides = screenrules.install(settings.home)
         self.settings = settings
         self.time = clock
         self.clock = clock.now
@@ -369,6 +371,25 @@ class Cao:
         view["work_state"] = terminal.work_state
         view["task_id"] = terminal.task_id
         return view
+
+    def explain(self, terminal_id: str, *, report: bool = False) -> dict[str, Any]:
+        """Why the terminal reads its status (cao/explain.py); ``report``: with a bug report (the
+        explanation and the screen, redacted) ready to paste into an issue."""
+        from cao import explain
+
+        validate_terminal_id(terminal_id)
+        terminal = self.store.get_terminal(terminal_id, include_deleted=True)
+        out, screen = self.status.explain(terminal)
+        out["terminal"] = {
+            "id": terminal.id,
+            "name": terminal.name,
+            "session_name": terminal.session_name,
+            "state": terminal.state,
+        }
+        if report:
+            homes = (str(self.settings.home.resolve()), str(self.settings.home), os.path.expanduser("~"))
+            out["bug_report"] = explain.bug_report(out, screen, homes=homes)
+        return out
 
     # -- coordination: acks, results, notifications, wake-ups (cao/coordination.py) ---------------
     def check_inbox(self, terminal_id: str) -> dict[str, Any]:

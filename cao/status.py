@@ -141,6 +141,32 @@ class StatusReader:
         self._reasons[terminal.id] = reading.reason if unknown or by_hooks else ""
         return reading
 
+    def explain(self, terminal: Terminal) -> tuple[dict[str, object], str]:
+        """Why ``terminal`` reads the status it does (cao/explain.py), made the way ``status``
+        makes a reading, from one fresh look at its pane; and the screen it was made from. Read
+        only: nothing is recorded or published."""
+        from cao import explain  # the tracing module: only for this
+
+        pane = explain.Pane(pane_id=terminal.pane_id, state=terminal.state, gone_reason=terminal.gone_reason)
+        screen, mode = "", ""
+        if terminal.state not in ENDED and terminal.state != TerminalState.STARTING:
+            try:
+                screen, mode = self.panes.look(terminal)
+            except (PaneGone, TmuxServerDown) as exc:
+                pane = explain.Pane(terminal.pane_id, state=Status.GONE, gone_reason=str(exc))
+            else:
+                pane = explain.Pane(terminal.pane_id, mode=mode, state=terminal.state)
+        out = explain.explain_screen(
+            self.panes.provider(terminal),
+            screen,
+            hook=self.hooks.state(terminal.id),
+            now=self.clock(),
+            settle=self.settings.hook_settle,
+            pane=pane,
+            never_ready=terminal.ready_at is None,
+        )
+        return out, screen
+
     def note_status(self, terminal_id: str, status: str) -> None:
         """Publish a status change (the screen is the state; this is where it is read)."""
         previous = self._seen_status.get(terminal_id)

@@ -36,7 +36,7 @@ from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import rule
-from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks, exited
+from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, box_between_rules, bullet_blocks, exited
 
 BIN, MODEL, BYPASS = cli.cli_knobs(
     "CLAUDE", "claude", "Claude Code", "`--dangerously-skip-permissions`", tools=True
@@ -46,13 +46,14 @@ OAUTH_TOKEN = knobs.text(
     "a subscription token from `claude setup-token`, passed as `CLAUDE_CODE_OAUTH_TOKEN`",
 )
 FAKE_KEY = "sk-ant-api03-cao-local-model-server-key-0123456789abcdef"
-RULE_RE = rule("rule", r"^─{10,}$")
+RULE_RE = rule("box_rule", r"^─{10,}$")
 BOX_RE = rule("box", r"^[❯>]\u00a0")  # the input box: ❯ (">" before 2.0) + NO-BREAK SPACE
 ECHO_RE = rule("echo", r"^[❯>] (?!\d+\. )")  # a user turn; "❯ 1. Yes" is a menu option
 # A menu's cursor line (framed, "│ ❯ 1. Yes │", before 2.0), or the key hint under a prompt or dialog
 # whose cursor line isn't a numbered option.
 ASKING_RE = rule("asking", r"^[│\s]*❯ \d+\. |^\s*(?:Enter to (?:confirm|select)|Esc to cancel) · ")
 QUEUED_RE = rule("queued", r"^  ❯ ")  # a message typed while busy, waiting for its turn
+BUSY_FOOTER_RE = rule("busy_footer", r"esc to interrupt")  # under the box while a turn runs
 SPINNER_RE = rule("spinner", r"^[·✢✳✶✻✽*] \S.*…")
 ERROR_RE = rule(
     "error", r"^(API Error|Invalid API key|Credit balance is too low|OAuth token|Request timed out)"
@@ -106,6 +107,7 @@ def _env(ctx: LaunchContext, bypass: bool) -> tuple[dict[str, str], str]:
 
 class ClaudeCodeProvider(BoxedTUI):
     name = "claude_code"
+    ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "Claude Code (Anthropic), `claude`"
     accepts_input_while_processing = True
     submit_timeout = 3.0
@@ -218,7 +220,7 @@ class ClaudeCodeProvider(BoxedTUI):
         return sum(1 for line in transcript if QUEUED_RE.match(line))
 
     def with_box(self, lines: list[str], box: Box) -> Reading:
-        if any("esc to interrupt" in line for line in lines[box.end + 1 :]):
+        if any(BUSY_FOOTER_RE.search(line) for line in lines[box.end + 1 :]):
             return Reading(TerminalStatus.PROCESSING, "footer: esc to interrupt")
         transcript = lines[: box.top]
         turn = self.turn(transcript)

@@ -33,7 +33,7 @@ from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import literal, rule
-from providers.tui import Box, BoxedTUI, bullet_blocks
+from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, bullet_blocks
 
 BIN, MODEL, BYPASS = cli.cli_knobs(
     "CODEX",
@@ -178,6 +178,7 @@ show_tooltips = false
 
 class CodexProvider(BoxedTUI):
     name = "codex"
+    ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "OpenAI Codex CLI, `codex` (input only when idle)"
     accepts_input_while_processing = False  # a paste mid-turn cancels the turn
     submit_timeout = 3.0

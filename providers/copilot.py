@@ -38,7 +38,7 @@ from cao.errors import ProviderError
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import rule
-from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks
+from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, box_between_rules, bullet_blocks
 
 BIN, MODEL, BYPASS = cli.cli_knobs(
     "COPILOT", "copilot", "Copilot CLI", "`--allow-all`", tools=True, fake_model=True
@@ -51,7 +51,7 @@ PROVIDER_BASE_URL = knobs.text(
     "an OpenAI-compatible endpoint for Copilot's own-key mode (no GitHub sign-in), with `CAO_OPENAI_API_KEY`",
     shown="`$CAO_MODEL_BASE_URL/v1`",
 )
-RULE_RE = rule("rule", r"^─{10,}$")
+RULE_RE = rule("box_rule", r"^─{10,}$")
 BOX_RE = rule("box", r"❯")
 ECHO_RE = rule("echo", r"^ ❯ (?!\d+\. )")
 BUSY_RE = rule("busy", r"^\s*\S\s+(?:Working|Thinking)\b|\besc to (?:cancel|interrupt)\b", re.I)
@@ -60,6 +60,7 @@ ASKING_RE = rule("asking", r"^[│ ]*❯ \d+\. |\benter to (?:select|confirm)\b"
 
 class CopilotProvider(BoxedTUI):
     name = "copilot"
+    ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "GitHub Copilot CLI, `copilot`"
     idle_tail_pattern = rule("idle_tail", r"^(?!.*Working)")
     prompt_width = 1

@@ -35,7 +35,7 @@ from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import literal, rule
-from providers.tui import Box, BoxedTUI, bullet_blocks
+from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, bullet_blocks
 
 BIN, MODEL, BYPASS = cli.cli_knobs("GEMINI", "gemini", "Gemini CLI", "`--yolo`")
 API_KEY = knobs.text("CAO_GEMINI_API_KEY", "a Gemini API key, passed as `GEMINI_API_KEY`")
@@ -49,7 +49,7 @@ HOOK_PHASES = {
 }
 TOP_RE = rule("top", r"^▄{10,}$")
 BOTTOM_RE = rule("bottom", r"^▀{10,}$")
-RULE_RE = rule("rule", r"^─{10,}$")
+RULE_RE = rule("box_rule", r"^─{10,}$")
 BUSY_RE = rule("busy", r"\(esc to cancel, \d+[ms]")
 PROMPT_RE = rule("prompt", r"^ [>*!] ")  # " > " (" * " under --yolo, " ! " in shell mode)
 # A menu's cursor line, or a framed dialog's key hint (with a menu, or without: the API-key entry box).
@@ -143,6 +143,7 @@ def _turn(lines: list[str], box: Box | None) -> list[str] | None:
 
 class GeminiCliProvider(BoxedTUI):
     name = "gemini_cli"
+    ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "Gemini CLI (Google), `gemini`"
     accepts_input_while_processing = True
     paste_enter_delay = 0.2  # < 50 ms and Gemini drops the Enter

@@ -47,7 +47,7 @@ from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import rule
-from providers.tui import Box, BoxedTUI
+from providers.tui import IGNORE_DOC, IGNORE_NOTHING, PANE_DEAD_RE, Box, BoxedTUI
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 BIN, MODEL, BYPASS = cli.cli_knobs(
@@ -62,7 +62,7 @@ BIN, MODEL, BYPASS = cli.cli_knobs(
 API_KEY, BASE_URL = cli.vendor_knobs("HERMES", "an OpenRouter (or OpenAI-compatible) API key", OPENROUTER_URL)
 PASTE_FOLD_NEVER = 100_000_000
 
-RULE_RE = rule("rule", r"^─{3,}$")
+RULE_RE = rule("box_rule", r"^─{3,}$")
 ECHO_RULE = "─" * 40  # Hermes frames each echoed user turn with exactly this (full-width rules: the box)
 # The status bar right over the box's top rule: " ⚕ fake-model │ 10/256K │ … │ ⚠ YOLO" (under 76
 # columns " ⚕ fake-model · 0% · 17s · ⚠ YOLO").
@@ -131,6 +131,7 @@ def _config(
 
 class HermesProvider(BoxedTUI):
     name = "hermes"
+    ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "Hermes (Nous Research), `hermes`"
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY, BASE_URL)
     hook_phases = HOOK_PHASES
@@ -193,7 +194,7 @@ class HermesProvider(BoxedTUI):
         session summary (Session:, Title:, Duration:, Messages:) under it and no box after it. (Not
         the shared resume-hint search of the last lines: those are Hermes's input box, where a
         person may type such a command.)"""
-        if any(line.startswith("Pane is dead (") for line in lines[-3:]):
+        if any(PANE_DEAD_RE.match(line) for line in lines[-3:]):
             return EXITED
         hints = [i for i, line in enumerate(lines) if RESUME_RE.match(line)]
         if hints and not any(RULE_RE.match(line) for line in lines[hints[-1] :]):

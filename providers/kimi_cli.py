@@ -39,7 +39,7 @@ import shlex
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import rule
-from providers.tui import Box, BoxedTUI, bullet_blocks
+from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, bullet_blocks
 
 MOONSHOT_URL = "https://api.moonshot.ai/v1"
 BIN, MODEL, BYPASS = cli.cli_knobs(
@@ -101,6 +101,7 @@ def _config(base_url: str, key: str, kind: str, model: str) -> str:
 
 class KimiCliProvider(BoxedTUI):
     name = "kimi_cli"
+    ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "Kimi CLI, `kimi`"
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, API_KEY, BASE_URL)
     hook_phases = HOOK_PHASES

@@ -38,7 +38,7 @@ from cao.errors import ProviderError
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import rule
-from providers.tui import Box, BoxedTUI
+from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI
 
 BIN, MODEL, BYPASS = cli.cli_knobs(
     "OPENCODE",
@@ -52,7 +52,7 @@ BOTTOM_RE = rule("bottom", r"^\s*╹▀{10,}")
 BAR = "┃"
 TURN_RE = rule("turn", r"^\s+▣  \S")  # the turn's agent/model line; " · 2.1s" once it closed
 CLOSED_RE = rule("closed", r"▣  .* · \d+(?:\.\d+)?(?:ms|s|m)\b")
-BUSY = "esc interrupt"
+BUSY_RE = rule("busy_footer", r"esc interrupt")
 PERMISSION_RE = rule("permission", r"(?:Permission required|Allow once|Allow always|△ )")
 # With no box: a permission prompt, or a dialog's key hint.
 ASKING_RE = rule(
@@ -206,6 +206,7 @@ def _mcp_entry(spec: dict[str, Any]) -> dict[str, Any]:
 
 class OpenCodeProvider(BoxedTUI):
     name = "opencode"
+    ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "OpenCode, `opencode`"
     paste_enter_delay = 0.3
     idle_tail_pattern = rule("idle_tail", r"^(?!.*esc interrupt)")
@@ -265,7 +266,7 @@ class OpenCodeProvider(BoxedTUI):
         rows = _transcript_rows(lines, box)
         if any(PERMISSION_RE.search(row) for row in rows[-12:]):
             return Reading(TerminalStatus.WAITING_USER_ANSWER)
-        if any(BUSY in line for line in lines[box.end + 2 :]):  # the footer, under the ╹▀▀▀ edge
+        if any(BUSY_RE.search(line) for line in lines[box.end + 2 :]):  # the footer, under the ╹▀▀▀ edge
             return Reading(TerminalStatus.PROCESSING)
         closing = _closing(rows)
         if closing is None:  # no assistant message yet

@@ -35,7 +35,7 @@ from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import literal, rule
-from providers.tui import Box, BoxedTUI, box_between_rules, bullet_blocks
+from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, box_between_rules, bullet_blocks
 
 BIN, MODEL, BYPASS = cli.cli_knobs("QWEN", "qwen", "Qwen Code", "`--yolo`", fake_model=True)
 BASE_URL = knobs.text(
@@ -43,7 +43,7 @@ BASE_URL = knobs.text(
     "an OpenAI-compatible endpoint (e.g. DashScope's) for `CAO_OPENAI_API_KEY`, as `OPENAI_BASE_URL`",
     shown="`$CAO_MODEL_BASE_URL/v1`, else OpenAI's",
 )
-RULE_RE = rule("rule", r"^─{10,}$")
+RULE_RE = rule("box_rule", r"^─{10,}$")
 PROMPT_RE = rule("prompt", r"^[>*!] {1,3}")
 # The spinner's timer: "(6s · esc to cancel)" (0.15), "(esc to cancel, 6s)" (0.12).
 BUSY_RE = rule("busy", r"\((?:\d+[hms] ?)+ · esc to cancel\)|\(esc to cancel, [\dhms ]+\)|esc to cancel\)")
@@ -64,6 +64,7 @@ HOOK_EVENTS = (*HOOK_PHASES, "Notification", "PostToolUse")
 
 class QwenCodeProvider(BoxedTUI):
     name = "qwen_code"
+    ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "Qwen Code, `qwen`"
     exit_command = "/quit"
     idle_tail_pattern = rule("idle_tail", r"^(?!.*esc to cancel)")

@@ -75,8 +75,11 @@ class Trace:
 
 
 def literal_chars(pattern: str) -> str:
-    """The characters a pattern spells out literally (regex syntax and classes left out)."""
-    text = re.sub(r"\\[dDsSwWbB]|\[[^\]]*\]|\(\?[^)]*\)|[(){}|^$*+?.]|\{\d+(?:,\d*)?\}", "", pattern)
+    """The characters a pattern spells out (a class stands for its first member, escapes for the
+    character they name, the rest of the syntax is left out): what a near-miss line looks like."""
+    text = re.sub(r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})", lambda m: chr(int(m[1] or m[2], 16)), pattern)
+    text = re.sub(r"\[\^?\\?(.)[^\]]*\]", r"\1", text)
+    text = re.sub(r"\\[dDsSwWbBAZ]|\(\?[:!=<]*|\{\d+(?:,\d*)?\}|[(){}|^$*+?]", "", text)
     return text.replace("\\", "")
 
 

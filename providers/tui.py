@@ -26,6 +26,13 @@ from providers.base import Provider, Reading, TerminalStatus
 from providers.rules import Rule, rule
 
 BUSY = (TerminalStatus.PROCESSING, TerminalStatus.WAITING_USER_ANSWER)
+# Each CLI's ``ignore`` rule: lines it matches are read as blank (a notice a CLI release draws
+# where its provider doesn't expect one). Built in, it matches nothing and costs nothing; a user's
+# override file (providers/rules.py) gives it a pattern.
+IGNORE_NOTHING = r"(?!)"
+IGNORE_DOC = (
+    "lines read as blank (e.g. a notice drawn where none is expected); matches nothing unless overridden"
+)
 
 # What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini,
 # Kimi; Hermes has its own check), always after the CLI's own lead-in, on the same line or the one
@@ -36,12 +43,15 @@ RESUME_LEAD_RE = rule(
 )
 
 
+PANE_DEAD_RE = rule("pane_dead", r"Pane is dead \(", doc="tmux's last line of a dead pane (remain-on-exit)")
+
+
 def exited(lines: list[str]) -> bool:
     """The CLI has quit: tmux's own last line for a dead pane (windows with ``remain-on-exit``), or
     the CLI's parting "resume this session" hint at the very bottom (the box is gone or above it)."""
     for i in range(max(0, len(lines) - 3), len(lines)):
         line = lines[i]
-        if line.startswith("Pane is dead ("):
+        if PANE_DEAD_RE.match(line):
             return True
         hint = RESUME_RE.search(line)
         if hint is None:
@@ -104,8 +114,12 @@ def box_between_rules(lines: list[str], rule: Rule, opens: Rule) -> Box | None:
     """The rows between the last two ``rule`` lines when the first of them matches ``opens`` (the
     prompt): Claude Code's, Qwen Code's and Copilot CLI's box."""
     rules = [i for i, line in enumerate(lines) if rule.match(line)]
-    if len(rules) >= 2 and rules[-1] - rules[-2] > 1 and opens.match(lines[rules[-2] + 1]):
-        return Box(rules[-2], rules[-2] + 1, rules[-1])
+    # the bottom-most pair of rules with rows between them, the first row the prompt: rules drawn
+    # right under one another (tmux reflowing full-width rules after a resize, a notice's own
+    # rule) are skipped
+    for top, bottom in zip(reversed(rules[:-1]), reversed(rules[1:]), strict=True):
+        if bottom - top > 1:
+            return Box(top, top + 1, bottom) if opens.match(lines[top + 1]) else None
     return None
 
 
@@ -135,6 +149,7 @@ class BoxedTUI(Provider):
     # With no box on screen: a line of a menu, a prompt or a dialog (its key hint), and what the
     # reading says then.
     asking: ClassVar[Rule | None] = None
+    ignore: ClassVar[Rule | None] = None  # see IGNORE_NOTHING
     asking_reason: ClassVar[str] = ""
     # With no box, menu or dialog: the reading while the CLI starts (see ``starting``), and why
     # anything else drawn can't be read ("": it is all start-up drawing, so processing).
@@ -147,6 +162,8 @@ class BoxedTUI(Provider):
     # -- hooks ----------------------------------------------------------------------------------
     def lines(self, screen: str) -> list[str]:
         lines = [line.rstrip(self.trailing) for line in screen.split("\n")]
+        if self.ignore is not None and self.ignore.regex is not self.ignore.default:  # overridden
+            lines = ["" if self.ignore.search(line) else line for line in lines]
         while lines and not lines[-1].strip():
             lines.pop()
         return lines
