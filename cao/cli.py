@@ -977,8 +977,7 @@ def main() -> NoReturn:
     sys.exit(0)
 
 
-from cao import clicoord  # noqa: E402, F401 - registers its commands on the group above
-from cao import cliexplain  # noqa: E402, F401 - registers its commands on the group above
+from cao import clicoord, cliexplain  # noqa: E402, F401 - they register their commands on the group above
 
 if __name__ == "__main__":
     main()

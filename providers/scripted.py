@@ -35,6 +35,7 @@ HOOK_PHASES = {**cli.CLAUDE_HOOK_PHASES, "Notification": HookPhase.ASKING}
 SPINNER_RE = rule("spinner", r"^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] thinking… \(")
 QUEUED_RE = rule("queued", r" · (\d+) queued")
 QUESTION_RE = rule("question", r"^\? .* \(y/n\)")
+PROMPT_RE = rule("prompt", r"^❯")  # the last line: its prompt
 PROMPT = "❯ "
 USER = "› "
 REPLY = "● "
@@ -112,7 +113,7 @@ class ScriptedProvider(Provider):
             return Reading(TerminalStatus.PROCESSING, "the spinner")
         if QUESTION_RE.match(last):
             return Reading(TerminalStatus.WAITING_USER_ANSWER, "a (y/n) question")
-        if not last.startswith("❯"):
+        if not PROMPT_RE.match(last):
             if last.startswith(DRAWING) or last[:2] in (USER, REPLY, ERROR):
                 return Reading(TerminalStatus.PROCESSING, "starting up, or drawing a turn")
             return Reading(

@@ -135,9 +135,7 @@ def test_an_override_file_changes_a_reading(tmp_path: Path) -> None:
     assert provider.detect_status(screen) == TerminalStatus.COMPLETED
     home = _home(
         tmp_path / "b",
-        {
-            "qwen_code.rules": f"# 0.12: timer after\nbusy = {old}\nbusy += \\(esc to cancel, \\d+s\\)\n"
-        },
+        {"qwen_code.rules": f"# 0.12: timer after\nbusy = {old}\nbusy += \\(esc to cancel, \\d+s\\)\n"},
     )
     found = screenrules.install(home)
     assert [o.origin for o in found["qwen_code"]] == [f"{home}/providers/qwen_code.rules:3"]
