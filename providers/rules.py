@@ -155,13 +155,19 @@ class Rule:
         return self.regex.pattern
 
 
+def _caller_owner() -> str:
+    """The owner of a rule declared by the provider module that called rule()/literal()."""
+    frame = sys._getframe(1)
+    while frame.f_globals.get("__name__") == __name__:  # out of this module's own functions
+        frame = frame.f_back  # type: ignore[assignment]
+    owner = str(frame.f_globals.get("__name__", "")).rsplit(".", 1)[-1]
+    return SHARED if owner in ("tui", "base", "_cli") else owner
+
+
 def rule(name: str, pattern: str, flags: int = 0, *, doc: str = "", owner: str | None = None) -> Rule:
     """Declare a named rule of the calling provider module (its owner: the module's name; the
     shared template's rules are ``shared``)."""
-    if owner is None:
-        module = sys._getframe(1).f_globals.get("__name__", "")
-        owner = module.rsplit(".", 1)[-1]
-        owner = SHARED if owner in ("tui", "base", "_cli") else owner
+    owner = owner or _caller_owner()
     found = Rule(owner, name, pattern, flags, doc)
     declared = _RULES.setdefault(owner, {})
     if name in declared:
@@ -172,9 +178,6 @@ def rule(name: str, pattern: str, flags: int = 0, *, doc: str = "", owner: str |
 
 def literal(name: str, *texts: str, owner: str | None = None) -> Rule:
     """A rule that fully matches exactly one of ``texts`` (placeholders, example prompts)."""
-    if owner is None:
-        module = sys._getframe(1).f_globals.get("__name__", "")
-        owner = module.rsplit(".", 1)[-1]
     return rule(name, "|".join(map(re.escape, texts)), owner=owner)
 
 
