@@ -472,6 +472,22 @@ def create_app(core: Cao) -> FastAPI:
         """What the agent attends to: its state, its queue in serving order, its timeline."""
         return await _off_loop(core.attention, terminal_id, limit=limit)
 
+    @app.get("/terminals/{terminal_id}/usage")
+    async def terminal_usage(terminal_id: TerminalId) -> dict[str, Any]:
+        """Tokens and cost of the terminal's CLI so far, per task attempt and per model, read now
+        from the CLI's own records (``known: false`` with why when it records none: never 0)."""
+        return await _off_loop(core.terminal_usage, terminal_id)
+
+    @app.get("/usage")
+    async def usage_overview() -> dict[str, Any]:
+        """Every terminal's tokens and cost (deleted ones too), the sum, and each budget's use."""
+        return await _off_loop(core.usage_overview)
+
+    @app.get("/sessions/{name}/usage")
+    async def session_usage(name: str) -> dict[str, Any]:
+        """One session's terminals' tokens and cost, the sum, and the budgets."""
+        return await _off_loop(core.usage_overview, name)
+
     @app.get("/terminals/{terminal_id}/explain")
     async def explain(terminal_id: TerminalId, report: bool = False) -> dict[str, Any]:
         """Why the terminal reads the status it does: what decided (pane, screen or hook), the

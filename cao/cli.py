@@ -65,6 +65,18 @@ STATUS_STYLE = {
 }
 
 
+def usage_cell(usage: dict[str, Any] | None) -> str:
+    """``12,345 · $0.04``; ``unknown`` where the CLI records no usage (never 0); a budget hold."""
+    if not usage or usage.get("tokens") is None:
+        cell = "[dim]unknown[/dim]"
+    else:
+        cost = usage.get("cost_usd")
+        cell = f"{usage['tokens']:,} · " + (f"${cost:.2f}" if cost is not None else "$ unknown")
+    if usage and usage.get("budget_hold"):
+        cell += "\n[yellow]budget reached: new tasks wait[/yellow]"
+    return cell
+
+
 def _styled(value: str) -> str:
     style = STATUS_STYLE.get(value)
     return f"[{style}]{value}[/{style}]" if style else value
@@ -174,6 +186,7 @@ def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
     for col in ("session", "terminal", "profile", "provider", "status"):
         table.add_column(col, no_wrap=col == "terminal")
     table.add_column("last active", no_wrap=True)  # an age ("12s ago"); the time itself is in --json
+    table.add_column("tokens · cost", no_wrap=True)  # `cao usage` has the detail
     for t in terms:
         why = f"\n[dim]{escape(t['status_reason'])}[/dim]" if t.get("status_reason") else ""
         table.add_row(
@@ -183,6 +196,7 @@ def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
             t["provider"],
             _styled(t["status"]) + why,
             f"{_age(t['last_active'])} ago" if t.get("last_active") else "-",
+            usage_cell(t.get("usage")),
         )
     console.print(table)
 
@@ -977,7 +991,7 @@ def main() -> NoReturn:
     sys.exit(0)
 
 
-from cao import clicoord, cliexplain  # noqa: E402, F401 - they register their commands on the group above
+from cao import clicoord, cliexplain, cliusage  # noqa: E402, F401 - they register their commands on the group above
 
 if __name__ == "__main__":
     main()

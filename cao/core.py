@@ -52,6 +52,7 @@ from cao.states import (
     Kind,
     MessageStatus,
     Status,
+    TerminalState,
     Trigger,
 )
 from cao.status import StatusReader
@@ -59,6 +60,7 @@ from cao.store import MAX_BODY_BYTES, MESSAGE_STATUSES, Message, MessageEvent, S
 from cao.timefmt import iso
 from cao.tmux import Tmux, session_name_for
 from cao.typist import Typist
+from cao.usage import UsageBook
 from cao.worktrees import Git, Workspaces
 
 logger = logging.getLogger(__name__)
@@ -208,6 +210,16 @@ class Cao:
             self.create_terminal,
             clock=clock,
         )
+        # what each agent costs ($CAO_HOME/prices.toml, budgets.toml: checked here, like the rules)
+        self.usage = UsageBook(
+            settings.home,
+            self.store,
+            events=self.events,
+            clock=now,
+            wake=lambda rid: self.engine.immediate(rid) if self.started else None,
+        )
+        self.engine.ticks.append(self.usage.tick)
+        self.lifecycle.retiring.append(self.usage.read)
         self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.started = False
 
@@ -392,6 +404,43 @@ class Cao:
         return out
 
     # -- coordination: acks, results, notifications, wake-ups (cao/coordination.py) ---------------
+    def terminal_usage(self, terminal_id: str, *, fresh: bool = True) -> dict[str, object]:
+        """Tokens and cost of one terminal, per task and model (``fresh``: its CLI's records are
+        read now, not at the last housekeeping look)."""
+        terminal = self.store.get_terminal(validate_terminal_id(terminal_id), include_deleted=True)
+        if fresh and terminal.state == TerminalState.LIVE:
+            self.usage.refresh([terminal.id])
+            terminal = self.store.get_terminal(terminal.id, include_deleted=True)
+        return {"terminal_id": terminal.id, "provider": terminal.provider, **self.usage.view(terminal)}
+
+    def usage_overview(self, session_name: str | None = None, *, fresh: bool = True) -> dict[str, object]:
+        """Every terminal's tokens and cost (one session's, or all, deleted ones included: money
+        spent stays spent), the sum, and the budgets with what they have used."""
+        if fresh:
+            self.usage.refresh()
+        rows = self.store.list_terminals(include_deleted=True)
+        if session_name:
+            rows = [t for t in rows if t.session_name == session_name_for(session_name)]
+            if not rows:
+                raise NotFound(f"session {session_name} not found; list sessions with `cao status`")
+        total, unknown = self.usage.totals(rows)
+        return {
+            "terminals": [
+                {
+                    "terminal_id": t.id,
+                    "session_name": t.session_name,
+                    "agent_profile": t.agent_profile,
+                    "provider": t.provider,
+                    "state": t.state,
+                    **self.usage.brief(t),
+                }
+                for t in rows
+            ],
+            "total": total.as_dict(),
+            "terminals_unknown": unknown,
+            "budgets": self.usage.budgets_view(),
+        }
+
     def check_inbox(self, terminal_id: str) -> dict[str, Any]:
         return self.coordination.inbox_view(terminal_id)
 
@@ -557,6 +606,7 @@ class Cao:
         out["allowed_tools"] = ["*"]
         out["initial_delivery"] = self._initial_delivery(terminal)
         out["worktree"] = self.workspaces.view(terminal.id)
+        out["usage"] = self.usage.brief(terminal)  # tokens and cost so far (None: unknown)
         return out
 
     def _initial_delivery(self, terminal: Terminal) -> dict[str, object] | None:

@@ -189,6 +189,9 @@ class Delivery:
             return Result(Outcome.FAILED, n, RECEIVER_GONE)
         if outstanding:
             return Result(Outcome.LOST_RACE)  # another deliverer (or a stale claim: the sweep recovers it)
+        # over a budget (cao/usage.py): its tasks wait with the reason; other mail still goes
+        if terminal.budget_hold is not None and not self.store.hold_tasks(receiver_id, terminal.budget_hold):
+            return Result(Outcome.WAITING, reason=terminal.budget_hold)
         if terminal.state == TerminalState.STARTING:
             return self._wait(receiver_id, newest, WaitReason.STARTING)
         provider = self.panes.provider(terminal)
@@ -269,7 +272,9 @@ class Delivery:
             return self._hold(terminal, newest, why)
         # 2. claim
         self.faults.hit("before_claim")
-        claim = self.store.claim(rid, limit=self.settings.batch_max_messages)
+        claim = self.store.claim(
+            rid, limit=self.settings.batch_max_messages, skip_tasks=terminal.budget_hold is not None
+        )
         if claim is None:
             return Result(Outcome.LOST_RACE)
         self._noted.pop(rid, None)
@@ -434,7 +439,10 @@ class Delivery:
         # eager delivery for a CLI where a mid-turn paste would cancel its turn: the hook is safer
         eager = self.settings.eager_delivery and not provider.accepts_input_while_processing
         claim = self.store.claim(
-            terminal.id, limit=self.settings.batch_max_messages, handing="all" if eager else "interrupts"
+            terminal.id,
+            limit=self.settings.batch_max_messages,
+            handing="all" if eager else "interrupts",
+            skip_tasks=terminal.budget_hold is not None,
         )
         if claim is None:
             return None

@@ -60,6 +60,7 @@ class Lifecycle:
         self.events = events
         self.fault = fault  # test-only crash points (see cao.delivery.Faults)
         self.deleted_listeners = []
+        self.retiring: list[Callable[[Terminal], None]] = []  # told before its HOME is removed
         self.found_dead = []
         self.orphans: list[TaggedPane] = []  # panes tagged as ours with no row (found at start)
 
@@ -213,6 +214,11 @@ class Lifecycle:
                 self.io.kill_checked(ref)
         # the agent is stopped: its worktree's work is saved and a tree with nothing else removed
         self.workspaces.retire(terminal.id, label=f"{terminal.agent_profile} {terminal.id}")
+        for listener in self.retiring:  # its CLI's records are read one last time (cao/usage.py)
+            try:
+                listener(terminal)
+            except Exception:
+                logger.exception("a retiring listener failed", extra={"terminal_id": terminal.id})
         self.store.finish_delete(terminal.id)
         shutil.rmtree(self.settings.home / "terminals" / terminal.id, ignore_errors=True)
         self.logs.remove(terminal.id)

@@ -14,10 +14,11 @@ from pathlib import Path
 from cao import knobs
 from cao.states import HookPhase
 from providers import _cli as cli
-from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus
+from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus, UsageEntry
 from providers.rules import rule
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
+USAGE_FILE = "scripted-usage.jsonl"  # in the terminal's HOME folder: what its "usage" rules spent
 RULES = knobs.path(
     "CAO_SCRIPTED_RULES",
     "the rules file of every scripted agent (docs/scripted-agent.md)",
@@ -95,11 +96,38 @@ class ScriptedProvider(Provider):
             env[RULES.name] = str(rules)
         if (record := ctx.knob(RECORD, None)) is not None:  # set either way: it overrides the rules'
             env[RECORD.name] = "1" if record else "0"
+        env["CAO_SCRIPTED_USAGE"] = str(ctx.terminal_home / USAGE_FILE)  # written by "usage" rules
         if ctx.hooks:  # used only when its rules say "hooks": true (it speaks Claude Code's protocol)
             env["CAO_SCRIPTED_HOOK"] = json.dumps(ctx.hook_command("claude"))
         command = [sys.executable, "-I", "-S", str(AGENT_PATH), "--terminal-id", ctx.terminal_id]
         channel = self.turn_channel if ctx.hooks and _rules_say_hooks(env, ctx.agent_profile) else None
         return LaunchSpec(command=command, env=env, turn_channel=channel)
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Its ``"usage"`` rules' records (JSON lines); none written: its script spends nothing
+        cao can count, so unknown."""
+        try:
+            text = (home / USAGE_FILE).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        out = []
+        for line in text.splitlines():
+            try:
+                r = json.loads(line)
+                out.append(
+                    UsageEntry(
+                        at=float(r["at"]),
+                        model=str(r.get("model", "")),
+                        input_tokens=int(r.get("input_tokens", 0)),
+                        output_tokens=int(r.get("output_tokens", 0)),
+                        cache_read_tokens=int(r.get("cache_read_tokens", 0)),
+                        cache_write_tokens=int(r.get("cache_write_tokens", 0)),
+                        key=str(r.get("id", "")),
+                    )
+                )
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # a line being written, or not one of its records
+        return out
 
     def detect_status(self, screen: str) -> TerminalStatus:
         return self.detect(screen).status

@@ -33,6 +33,10 @@ body (and, for long bodies, an ``[end of cao message #ID] (ref NONCE)`` trailer)
 paste are split and answered one by one. ``"swallow_enters": N`` makes the agent ignore the first N
 Enters after each paste (a TUI that drops an Enter while it paints), for delivery tests.
 
+``"usage": {"model": "m", "input_tokens": 120, "output_tokens": 30, "cache_read_tokens": 0,
+"cache_write_tokens": 0}`` in a rule records one model response's tokens per matching message, as
+a JSON line in ``$CAO_SCRIPTED_USAGE`` (the way a real CLI's transcript does; cao counts them).
+
 ``"hooks": true`` makes it run lifecycle hooks the way Claude Code does (the command in
 ``$CAO_SCRIPTED_HOOK``, a JSON list, with a JSON object on stdin, waited for): ``UserPromptSubmit``
 with the ``prompt`` when a turn starts, ``Stop`` with ``last_assistant_message`` when it ends,
@@ -128,11 +132,14 @@ class Agent:
         environ: dict[str, str] | None = None,
         now: Any = time.monotonic,
         out: Any = None,
+        wall: Any = time.time,
     ) -> None:
         self.env = dict(os.environ if environ is None else environ)
         self.now = now  # the monotonic clock
+        self.wall = wall  # the wall clock (its usage records' times)
         self.out = out  # where the screen goes (None: file descriptor 1)
         self.tid = args.terminal_id or self.env.get("CAO_TERMINAL_ID", "local")
+        self.responses = 0  # model responses it recorded usage for (``"usage"`` in a rule)
         self.profile = self.env.get("CAO_AGENT_PROFILE", "developer")
         self.server = (args.server or self.env.get("CAO_SERVER_URL", "http://127.0.0.1:9889")).rstrip("/")
         self.config = self._load_rules(args.rules)
@@ -445,6 +452,8 @@ class Agent:
                 if rule.get("result"):
                     notes.append(self.report(rule["result"], values))
             values = _Defaults({**base, **{k: v or "" for k, v in groups[0].items()}})
+            if rule.get("usage"):
+                self.spend(rule["usage"])
             if rule.get("error"):
                 self.block("✗", str(rule["error"]).format_map(values))
                 continue
@@ -456,6 +465,28 @@ class Agent:
         self.write("\n")
         self.last_reply = "\n".join(replies)
         self.end_turn()
+
+    def spend(self, spec: dict[str, Any]) -> None:
+        """Record one model response's tokens the way a CLI's transcript would
+        (``$CAO_SCRIPTED_USAGE``, JSON lines; cao reads them: providers/scripted.py ``usage``)."""
+        path = self.env.get("CAO_SCRIPTED_USAGE")
+        if not path:
+            return
+        self.responses += 1
+        entry = {
+            "id": f"{self.tid}-{self.responses}",
+            "at": self.wall(),
+            "model": str(spec.get("model", "scripted-1")),
+            **{
+                k: int(spec.get(k, 0))
+                for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+            },
+        }
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(entry) + "\n")
+        except OSError as exc:
+            sys.stderr.write(f"cao scripted agent: could not record usage: {exc}\n")
 
     def end_turn(self) -> None:
         self.busy = False

@@ -41,9 +41,10 @@ from cao.store.schema import (
     Worktree,
 )
 from cao.store.terminals import TerminalRows
+from cao.store.usage import UsageRow, UsageRows
 
 
-class Store(TerminalRows, RecordRows, CoordinationRows, BoardRows):
+class Store(TerminalRows, RecordRows, CoordinationRows, BoardRows, UsageRows):
     """All reads and writes of the cao database. Thread-safe; many processes may share the file."""
 
 
@@ -65,6 +66,7 @@ __all__ = [
     "Store",
     "TaskResult",
     "Terminal",
+    "UsageRow",
     "Worktree",
     "body_digest",
     "disk_error",

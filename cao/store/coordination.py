@@ -164,14 +164,17 @@ class CoordinationRows(MessageRows):
     def set_task(self, terminal_id: str, task_id: str, *, tasked: bool = True) -> None:
         """A task typed into the terminal (a handoff step): a new attempt; ``tasked``: it was
         typed, so it has work now (before the typing: the attempt only, so an early report counts)."""
+        now = self.clock()
         with self._write() as conn:
             if tasked:
                 conn.execute(
                     "UPDATE terminal SET task_id = ?, task_at = ?, work_state = ? WHERE id = ?",
-                    (task_id, self.clock(), WorkState.TASKED.value, terminal_id),
+                    (task_id, now, WorkState.TASKED.value, terminal_id),
                 )
             else:
                 conn.execute("UPDATE terminal SET task_id = ? WHERE id = ?", (task_id, terminal_id))
+            # the attempt's responses from here on are its cost (cao/usage.py; the first call wins)
+            conn.execute("INSERT OR IGNORE INTO task_window VALUES (?, ?, ?)", (terminal_id, task_id, now))
         if tasked and self.on_tasked is not None:
             self.on_tasked(terminal_id)
 

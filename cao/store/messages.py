@@ -326,6 +326,7 @@ class MessageRows(Database):
         limit: int = 20,
         max_bytes: int = MAX_BODY_BYTES,
         handing: Literal["interrupts", "all"] | None = None,
+        skip_tasks: bool = False,
     ) -> Claim | None:
         """Atomically move the oldest pending messages of one receiver to ``delivering``.
 
@@ -335,7 +336,8 @@ class MessageRows(Database):
         the batch stops before ``max_bytes`` of bodies (the first message is always taken). Each
         claim takes the receiver's next pane fence. ``handing``: for a hand-over into the running
         turn (a hook): nothing while a batch is being rechecked, and with ``"interrupts"`` only the
-        messages heading the queue that asked to interrupt (``if_busy=interrupt``).
+        messages heading the queue that asked to interrupt (``if_busy=interrupt``). ``skip_tasks``:
+        the receiver is over a budget (cao/usage.py): its tasks stay pending, other mail goes.
         """
         token = uuid.uuid4().hex
         now = self.clock()
@@ -348,7 +350,7 @@ class MessageRows(Database):
                 return None
             # a deadline passed: expired in the transaction that would otherwise hand it out
             told = self._expire(conn, now, receiver_id)
-            won = self._claim_rows(conn, receiver_id, token, now, limit, max_bytes, handing)
+            won = self._claim_rows(conn, receiver_id, token, now, limit, max_bytes, handing, skip_tasks)
         self._told(told)
         if won is None:
             return None
@@ -357,8 +359,16 @@ class MessageRows(Database):
 
     @staticmethod
     def _claim_rows(
-        conn: Any, receiver_id: str, token: str, now: float, limit: int, max_bytes: int, handing: str | None
+        conn: Any,
+        receiver_id: str,
+        token: str,
+        now: float,
+        limit: int,
+        max_bytes: int,
+        handing: str | None,
+        skip_tasks: bool = False,
     ) -> tuple[int, list[Message], bool] | None:
+        kinds = " AND kind != 'task'" if skip_tasks else ""
         first = (
             conn.execute(
                 "SELECT id, recheck FROM message WHERE receiver_id = ? AND status = 'pending' "
@@ -367,7 +377,7 @@ class MessageRows(Database):
             ).fetchone()
             or conn.execute(
                 "SELECT id, recheck FROM message WHERE receiver_id = ? AND status = 'pending' "
-                f"AND {CLAIMABLE} ORDER BY priority, id LIMIT 1",
+                f"AND {CLAIMABLE}{kinds} ORDER BY priority, id LIMIT 1",
                 (receiver_id, now, now),
             ).fetchone()
         )
@@ -384,7 +394,8 @@ class MessageRows(Database):
         else:
             rows = conn.execute(
                 "SELECT id, length(CAST(body AS BLOB)), if_busy FROM message WHERE receiver_id = ? "
-                f"AND status = 'pending' AND recheck IS NULL AND {CLAIMABLE} ORDER BY priority, id LIMIT ?",
+                f"AND status = 'pending' AND recheck IS NULL AND {CLAIMABLE}{kinds} "
+                "ORDER BY priority, id LIMIT ?",
                 (receiver_id, now, now, limit),
             ).fetchall()
             ids = []
@@ -588,7 +599,9 @@ class MessageRows(Database):
         how = f"{channel}, found in the pane" if found else str(channel)
         tasked = None
         with self._write() as conn:
-            rows = conn.execute(sql + " RETURNING id, receiver_id, kind, sender_id", tuple(args)).fetchall()
+            rows = conn.execute(
+                sql + " RETURNING id, receiver_id, kind, sender_id, claimed_at", tuple(args)
+            ).fetchall()
             if rows:  # one statement for the batch's timeline rows (the hot path)
                 conn.executemany(
                     "INSERT INTO message_event (receiver_id, message_id, at, event, reason) "
@@ -615,17 +628,22 @@ class MessageRows(Database):
             return None
         supervisor = term[0]
         given = [
-            int(r[0])
+            r
             for r in rows
             if r[2] != Kind.NOTICE
             and (r[3] == supervisor or (r[2] == Kind.TASK and not TERMINAL_ID_RE.fullmatch(str(r[3]))))
         ]
         if not given:
             return None
+        task = f"m{max(int(r[0]) for r in given)}"
+        # it began when the paste did (its CLI may answer before the paste is confirmed)
+        began = min((float(r[4]) for r in given if r[4] is not None), default=now)
         conn.execute(
             "UPDATE terminal SET work_state = ?, task_at = ?, task_id = ? WHERE id = ?",
-            (WorkState.TASKED.value, now, f"m{max(given)}", rid),
+            (WorkState.TASKED.value, now, task, rid),
         )
+        # when this attempt began: its CLI's responses from here on are its cost (cao/usage.py)
+        conn.execute("INSERT OR IGNORE INTO task_window VALUES (?, ?, ?)", (rid, task, began))
         return rid
 
     def release(

@@ -9,7 +9,7 @@ from sqlmodel import Field, SQLModel
 
 from cao.states import MessageStatus, TerminalState
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -57,6 +57,10 @@ class Terminal(SQLModel):
     task_id: str | None = None  # its current task attempt: m<message id> (assign), j<job>/s<token> (handoff)
     task_at: float | None = None
     work_state: str | None = None  # states.WorkState: where it is in its work (notices follow it)
+    # schema 12: what it cost (cao/usage.py): NULL not read yet, 0 its CLI records nothing, 1 known
+    usage_known: int | None = None
+    budget_hold: str | None = None  # a budget it is over: new tasks to it wait, with this reason
+    budget_warned: str | None = None  # the budgets it was warned about (once each)
 
 
 class Message(SQLModel):
@@ -506,5 +510,31 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         # each key's newest version: a listing, the key count, the oldest tombstone to purge
         "CREATE INDEX ix_board_head ON board_fact (session_name, key) WHERE head = 1",
+    ),
+    # 12: tokens and cost per terminal, task and model, from what each CLI records (cao/usage.py);
+    # the task attempts' start times, so a response is counted to the task it was made for
+    12: (
+        "ALTER TABLE terminal ADD COLUMN usage_known INTEGER",
+        "ALTER TABLE terminal ADD COLUMN budget_hold TEXT",
+        "ALTER TABLE terminal ADD COLUMN budget_warned TEXT",
+        """CREATE TABLE task_window (
+            terminal_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            PRIMARY KEY (terminal_id, task_id)
+        )""",
+        """CREATE TABLE usage_total (
+            terminal_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            cache_read_tokens INTEGER NOT NULL,
+            cache_write_tokens INTEGER NOT NULL,
+            responses INTEGER NOT NULL,
+            first_at REAL,
+            last_at REAL,
+            PRIMARY KEY (terminal_id, task_id, model)
+        )""",
     ),
 }

@@ -157,7 +157,11 @@ class MemoryPanes:
             log_path.touch()
             holder: list[MemoryPane] = []
             agent = Agent(
-                args, environ=env, now=self.clock.monotonic, out=lambda text: self._draw(holder[0], text)
+                args,
+                environ=env,
+                now=self.clock.monotonic,
+                wall=self.clock.now,
+                out=lambda text: self._draw(holder[0], text),
             )
             pane = MemoryPane(
                 pane_id, 50_000 + n, session_name, window_name, dict(tags or {}), log_path, agent
