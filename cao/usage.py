@@ -306,6 +306,7 @@ class UsageBook:
         self.config = load_config(home)  # a broken file stops cao-server at start
         self._lock = threading.Lock()
         self._last = 0.0
+        self._stored: dict[str, list[UsageRow] | None] = {}  # what this process last wrote per terminal
 
     def terminal_home(self, terminal_id: str) -> Path:
         return self.home / "terminals" / terminal_id  # LaunchContext.terminal_home (cao/launch.py)
@@ -338,7 +339,10 @@ class UsageBook:
         rows = (
             None if entries is None else attribute(terminal.id, entries, self.store.task_windows(terminal.id))
         )
+        if terminal.id in self._stored and self._stored[terminal.id] == rows:
+            return  # nothing new: no write (every live terminal is read every 15 s)
         self.store.put_usage(terminal.id, rows)
+        self._stored[terminal.id] = rows
 
     def refresh(self, terminal_ids: Sequence[str] | None = None) -> None:
         """Read the given terminals (default: every live one) and apply the budgets."""

@@ -67,6 +67,7 @@ class QwenCodeProvider(BoxedTUI):
     ignore = rule("ignore", IGNORE_NOTHING, doc=IGNORE_DOC)
     description = "Qwen Code, `qwen`"
     exit_command = "/quit"
+    resume_hint = True  # 0.12 prints "To continue this session, run qwen --resume <id>" as it quits
     idle_tail_pattern = rule("idle_tail", r"^(?!.*esc to cancel)")
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, BASE_URL)
     hook_phases = HOOK_PHASES

@@ -35,9 +35,9 @@ IGNORE_DOC = (
 )
 
 # What the CLIs print last when they quit: how to resume the session (Claude 2.1, Codex, Gemini,
-# Kimi; Hermes has its own check), always after the CLI's own lead-in, on the same line or the one
+# Qwen 0.12, Kimi; Hermes has its own check), always after the CLI's own lead-in, on the same line or the one
 # above (so a resume command typed into an input box drawn near the bottom is no exit).
-RESUME_RE = rule("resume", r"\b(?:claude --resume|codex resume|gemini --resume|kimi -r) \S")
+RESUME_RE = rule("resume", r"\b(?:claude --resume|codex resume|gemini --resume|qwen --resume|kimi -r) \S")
 RESUME_LEAD_RE = rule(
     "resume_lead", r"Resume this session with:|To continue this session, run|To resume this session:"
 )
