@@ -42,6 +42,7 @@ FILE_LIMIT = 256 * 1024
 REFRESH_EVERY = 15.0  # seconds between re-reads of every live terminal's records (housekeeping)
 DEFAULT_WARN_AT = 0.8
 CATEGORIES = ("input", "output", "cache_read", "cache_write")
+MAX_PER_RESPONSE = 10**12  # tokens: a record claiming more is a broken record, counted at this
 
 # List prices in USD per million tokens as published by the model makers (late 2026; check them,
 # and put yours in $CAO_HOME/prices.toml: its tables come first). The most specific pattern wins.
@@ -275,10 +276,8 @@ def attribute(
             else:
                 break
         s = sums.setdefault((task, e.model), [0, 0, 0, 0, 0, None, None])
-        s[0] += max(0, e.input_tokens)
-        s[1] += max(0, e.output_tokens)
-        s[2] += max(0, e.cache_read_tokens)
-        s[3] += max(0, e.cache_write_tokens)
+        for i, n in enumerate((e.input_tokens, e.output_tokens, e.cache_read_tokens, e.cache_write_tokens)):
+            s[i] += min(max(0, n), MAX_PER_RESPONSE)
         s[4] += 1
         s[5] = e.at if s[5] is None else min(s[5], e.at)
         s[6] = e.at if s[6] is None else max(s[6], e.at)

@@ -29,12 +29,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from cao import knobs
 from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
-from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers import usage_files
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus, UsageEntry
 from providers.rules import rule
 from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, box_between_rules, bullet_blocks, exited
 
@@ -126,6 +128,10 @@ class ClaudeCodeProvider(BoxedTUI):
         "no input box (❯ between two ──── rules), menu or dialog on screen: still starting, or a "
         "screen of a Claude Code release this provider does not know"
     )
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Its transcripts' ``message.usage`` (providers/usage_files.py)."""
+        return usage_files.claude(home)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
-from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers import usage_files
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus, UsageEntry
 from providers.rules import literal, rule
 from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, bullet_blocks
 
@@ -197,6 +199,10 @@ class CodexProvider(BoxedTUI):
         "screen of a Codex release this provider does not know"
     )
     resume_hint = True
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Its rollout files' ``token_count`` events under ``$CODEX_HOME`` (providers/usage_files.py)."""
+        return usage_files.codex(home / ".codex")
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         codex_home = ctx.terminal_home / ".codex"

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import json
 from itertools import takewhile
+from pathlib import Path
 
 from cao import knobs
 from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
-from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers import usage_files
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus, UsageEntry
 from providers.rules import literal, rule
 from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, bullet_blocks
 
@@ -162,6 +164,10 @@ class GeminiCliProvider(BoxedTUI):
         "starting, or a screen of a Gemini CLI release this provider does not know"
     )
     resume_hint = True
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Its chat files' per-message ``tokens`` (providers/usage_files.py)."""
+        return usage_files.gemini(home)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home

@@ -214,3 +214,17 @@ def test_a_broken_edit_while_running_keeps_the_budgets_in_effect(world: World):
     (world.settings.home / BUDGETS_FILE).write_text("[profile.developer]\ntokens = -5\n")
     world.core.usage.refresh()  # refused (logged, on the event stream): the old limit stays
     assert world.core.store.get_terminal(tid).budget_hold
+
+
+def test_records_that_lie_are_bounded_and_a_half_written_line_is_skipped(world: World):
+    tid = spender(world)
+    task(world, tid, "task")
+    world.deliver(tid)
+    path = world.settings.home / "terminals" / tid / "scripted-usage.jsonl"
+    with path.open("a") as fh:
+        fh.write('{"id": "x1", "at": 1, "input_tokens": -50, "output_tokens": 99999999999999999999999}\n')
+        fh.write('{"id": "x2", "at": "soon", "input_tokens": 5}\n')  # not a time: skipped
+        fh.write('{"id": "x3", "at": 2, "input_tok')  # being written
+    u = world.core.terminal_usage(tid)
+    assert u["responses"] == 2
+    assert u["input_tokens"] == 1000 and u["output_tokens"] == 200 + 10**12

@@ -28,7 +28,16 @@ from cao.testing.fakemodel.script import (
     say_question,
     user_texts,
 )
-from cao.testing.fakemodel.wire import SSE_HEADERS, RequestLog, chunks, log_entry, next_id, read_json, sse
+from cao.testing.fakemodel.wire import (
+    SSE_HEADERS,
+    RequestLog,
+    chunks,
+    log_entry,
+    next_id,
+    read_json,
+    sse,
+    usage_of,
+)
 
 ANTHROPIC_ERRORS = {
     400: "invalid_request_error",
@@ -129,7 +138,9 @@ class AnthropicReply:
         self.action = action
         self.delay = delay
         self.chunk_delay = chunked
-        self.id = f"msg_fake_{next_id():06d}"
+        n = next_id()
+        self.id = f"msg_fake_{n:06d}"
+        self.usage = usage_of(n)
 
     def content(self) -> list[JSON]:
         tool = self.action.tool
@@ -150,17 +161,23 @@ class AnthropicReply:
             "content": self.content(),
             "stop_reason": self.stop_reason,
             "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 10},
+            "usage": self.api_usage(),
+        }
+
+    def api_usage(self) -> JSON:
+        u = self.usage
+        return {
+            "input_tokens": u["input"],
+            "output_tokens": u["output"],
+            "cache_creation_input_tokens": u["cache_write"],
+            "cache_read_input_tokens": u["cache_read"],
         }
 
     async def stream(self) -> AsyncIterator[bytes]:
         start = {**self.message(), "content": [], "stop_reason": None}
-        start["usage"] = {
-            "input_tokens": 10,
-            "output_tokens": 1,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-        }
+        start["usage"] = (
+            self.api_usage()
+        )  # (the real API counts output up from 1; a fixed count is traceable)
         yield sse("message_start", {"type": "message_start", "message": start})
         yield sse("ping", {"type": "ping"})
         if self.delay:
@@ -198,7 +215,7 @@ class AnthropicReply:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": self.stop_reason, "stop_sequence": None},
-                "usage": {"output_tokens": 10},
+                "usage": {"output_tokens": self.usage["output"]},
             },
         )
         yield sse("message_stop", {"type": "message_stop"})
@@ -231,6 +248,7 @@ def routes(log: RequestLog) -> list[Route]:
             await asyncio.sleep(delay)
             return JSONResponse(anthropic_error(action.status), status_code=action.status)
         reply = AnthropicReply(body, action, delay, chunk_delay)
+        entry.update(reply_id=reply.id, usage=reply.usage)  # what this reply reports (logged in place)
         if not stream:
             await asyncio.sleep(delay)
             return JSONResponse(reply.message())

@@ -29,7 +29,16 @@ from cao.testing.fakemodel.script import (
     say_question,
     user_texts,
 )
-from cao.testing.fakemodel.wire import SSE_HEADERS, RequestLog, chunks, log_entry, read_json, sse
+from cao.testing.fakemodel.wire import (
+    SSE_HEADERS,
+    RequestLog,
+    chunks,
+    log_entry,
+    next_id,
+    read_json,
+    sse,
+    usage_of,
+)
 
 GEMINI_STATUS = {
     400: "INVALID_ARGUMENT",
@@ -100,12 +109,19 @@ def gemini_json_schema(body: JSON) -> Any:
     return None
 
 
-def gemini_chunk(parts: list[JSON], finish: bool) -> JSON:
+def gemini_chunk(parts: list[JSON], finish: bool, usage: dict[str, int] | None = None) -> JSON:
     candidate: JSON = {"content": {"role": "model", "parts": parts}, "index": 0}
     chunk: JSON = {"candidates": [candidate], "modelVersion": "fake-model"}
     if finish:
         candidate["finishReason"] = "STOP"
-        chunk["usageMetadata"] = {"promptTokenCount": 10, "candidatesTokenCount": 10, "totalTokenCount": 20}
+        u = usage or {"input": 10, "output": 10, "cache_read": 0}
+        # promptTokenCount counts the cached ones too, as Gemini's does
+        chunk["usageMetadata"] = {
+            "promptTokenCount": u["input"] + u["cache_read"],
+            "cachedContentTokenCount": u["cache_read"],
+            "candidatesTokenCount": u["output"],
+            "totalTokenCount": u["input"] + u["cache_read"] + u["output"],
+        }
     return chunk
 
 
@@ -116,17 +132,19 @@ def gemini_parts(action: Action) -> list[JSON]:
     return [{"text": action.text}]
 
 
-async def gemini_stream(action: Action, delay: float, chunk_delay: float) -> AsyncIterator[bytes]:
+async def gemini_stream(
+    action: Action, delay: float, chunk_delay: float, usage: dict[str, int]
+) -> AsyncIterator[bytes]:
     if delay:
         await asyncio.sleep(delay)
     if action.kind == "tool":
-        yield sse(None, gemini_chunk(gemini_parts(action), finish=True))
+        yield sse(None, gemini_chunk(gemini_parts(action), finish=True, usage=usage))
         return
     pieces = chunks(action.text, chunk_delay > 0)
     for i, piece in enumerate(pieces):
         if i and chunk_delay:
             await asyncio.sleep(chunk_delay)
-        yield sse(None, gemini_chunk([{"text": piece}], finish=i == len(pieces) - 1))
+        yield sse(None, gemini_chunk([{"text": piece}], finish=i == len(pieces) - 1, usage=usage))
 
 
 def gemini_error(status: int) -> JSON:
@@ -170,11 +188,18 @@ def routes(log: RequestLog) -> list[Route]:
         if action.kind == "error":
             await asyncio.sleep(delay)
             return JSONResponse(gemini_error(action.status), status_code=action.status)
+        n = next_id()
+        usage = {**usage_of(n), "cache_write": 0}  # (no cache writes in this API)
+        entry.update(
+            reply_id=f"gemini_fake_{n:06d}", usage=usage
+        )  # what this reply reports (logged in place)
         if not stream:
             await asyncio.sleep(delay)
-            return JSONResponse(gemini_chunk(gemini_parts(action), finish=True))
+            return JSONResponse(gemini_chunk(gemini_parts(action), finish=True, usage=usage))
         return StreamingResponse(
-            gemini_stream(action, delay, chunk_delay), media_type="text/event-stream", headers=SSE_HEADERS
+            gemini_stream(action, delay, chunk_delay, usage),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
         )
 
     return [

@@ -28,7 +28,16 @@ from cao.testing.fakemodel.script import (
     say_question,
     user_texts,
 )
-from cao.testing.fakemodel.wire import SSE_HEADERS, RequestLog, chunks, log_entry, next_id, read_json, sse
+from cao.testing.fakemodel.wire import (
+    SSE_HEADERS,
+    RequestLog,
+    chunks,
+    log_entry,
+    next_id,
+    read_json,
+    sse,
+    usage_of,
+)
 
 
 def openai_conversation(body: JSON) -> Conversation:
@@ -115,8 +124,10 @@ class OpenAIReply:
         self.action = action
         self.delay = delay
         self.chunk_delay = chunked
-        stamp = f"{next_id():06d}"
+        n = next_id()
+        stamp = f"{n:06d}"
         self.id = f"resp_fake_{stamp}"
+        self.usage = {**usage_of(n), "cache_write": 0}  # (no cache writes in this API)
         self.item_id = f"item_fake_{stamp}"
         self.seq = 0
 
@@ -152,12 +163,13 @@ class OpenAIReply:
             "output": output,
         }
         if status == "completed":
+            u = self.usage  # input_tokens counts the cached ones too, as OpenAI's do
             out["usage"] = {
-                "input_tokens": 10,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": 10,
+                "input_tokens": u["input"] + u["cache_read"],
+                "input_tokens_details": {"cached_tokens": u["cache_read"]},
+                "output_tokens": u["output"],
                 "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": 20,
+                "total_tokens": u["input"] + u["cache_read"] + u["output"],
             }
         return out
 
@@ -233,6 +245,7 @@ def routes(log: RequestLog) -> list[Route]:
             await asyncio.sleep(delay)
             return JSONResponse(openai_error(action.status), status_code=action.status)
         reply = OpenAIReply(body, action, delay, chunk_delay)
+        entry.update(reply_id=reply.id, usage=reply.usage)  # what this reply reports (logged in place)
         if not stream:
             await asyncio.sleep(delay)
             return JSONResponse(reply.response("completed", [reply.item()]))

@@ -22,6 +22,19 @@ def next_id() -> int:
     return next(_ids)
 
 
+def usage_of(n: int) -> dict[str, int]:
+    """Reply ``n``'s token counts: distinct per reply and deterministic, so a count a CLI records
+    can be traced to the reply that reported it. In cao's terms (``providers.base.UsageEntry``):
+    ``input`` excludes cache reads and writes; each API module reports them in its own dialect and
+    logs these under ``usage`` with ``reply_id``."""
+    return {
+        "input": 100 + 7 * n,
+        "output": 20 + 3 * n,
+        "cache_read": 1000 + 11 * n,
+        "cache_write": 50 + 5 * n,
+    }
+
+
 class RequestLog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
