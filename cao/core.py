@@ -398,6 +398,7 @@ class Cao:
             "session_name": terminal.session_name,
             "state": terminal.state,
         }
+        out["text"] = explain.render(out)  # what `cao explain` prints (the dashboard shows it)
         if report:
             homes = (str(self.settings.home.resolve()), str(self.settings.home), os.path.expanduser("~"))
             out["bug_report"] = explain.bug_report(out, screen, homes=homes)

@@ -555,7 +555,14 @@ function openTerminal(id) {
       </div>
       <div><h2>Inbox and sent</h2><div id="inbox"></div></div>
     </div>
-    <h2>Attention</h2><div id="attention"><div class="empty">Loading…</div></div>`;
+    <h2>Attention</h2><div id="attention"><div class="empty">Loading…</div></div>
+    <h2>Usage <span class="dim">· tokens and cost from its CLI's own records</span></h2>
+    <div id="usage"><div class="empty">Loading…</div></div>
+    <h2>Explain <span class="dim">· what decided its status</span>
+      <button type="button" id="explain-again">Explain again</button>
+      <button type="button" id="explain-copy">Copy as bug report</button></h2>
+    <pre id="explain" class="explain" data-testid="explain">Loading…</pre>
+    <textarea id="bug-report" class="bug-report" readonly hidden aria-label="bug report"></textarea>`;
   const term = new Terminal({ convertEol: false, disableStdin: true, fontSize: 13, scrollback: 5000 });
   term.open($("#term"));
   const proto = location.protocol === "https:" ? "wss" : "ws";
@@ -585,10 +592,74 @@ function openTerminal(id) {
   });
   renderTerminalSide();
   loadAttention().catch((err) => toast(err.message));
+  loadExplain(id);
+  loadUsage(id);
+  $("#explain-again").addEventListener("click", () => loadExplain(id));
+  $("#explain-copy").addEventListener("click", () => copyReport(id));
   return () => {
     ws.close();
     term.dispose();
   };
+}
+
+// -- explain and usage (docs/providers.md, docs/usage.md): read on demand, never polled -------------
+async function loadExplain(id) {
+  const box = $("#explain");
+  if (!box) return;
+  try {
+    const ex = await api(`/terminals/${encodeURIComponent(id)}/explain`);
+    box.textContent = ex.text; // the screen's text is hostile: never markup
+    box.dataset.status = ex.status;
+  } catch (err) {
+    box.textContent = `explain failed: ${err.message}`;
+  }
+}
+
+async function copyReport(id) {
+  let report;
+  try {
+    report = (await api(`/terminals/${encodeURIComponent(id)}/explain?report=true`)).bug_report;
+  } catch (err) {
+    toast(err.message);
+    return;
+  }
+  try {
+    if (!navigator.clipboard) throw new Error("no clipboard here");
+    await navigator.clipboard.writeText(report);
+    toast("bug report copied (home paths, keys and e-mail addresses redacted)");
+  } catch {
+    // no clipboard (an insecure origin, a denied permission): select it for the person to copy
+    const area = $("#bug-report");
+    area.hidden = false;
+    area.value = report;
+    area.focus();
+    area.select();
+    toast("the clipboard is not available: the report is selected below, copy it with Ctrl+C");
+  }
+}
+
+const tokens = (n) => (n == null ? "unknown" : Number(n).toLocaleString("en-US"));
+const dollars = (v) => (v == null ? "unknown" : `$${Number(v).toFixed(4)}`);
+
+async function loadUsage(id) {
+  const box = $("#usage");
+  if (!box) return;
+  try {
+    const u = await api(`/terminals/${encodeURIComponent(id)}/usage`);
+    if (!u.known) {
+      box.innerHTML = `<div class="empty" data-testid="usage-unknown">unknown: ${esc(u.why)}</div>`;
+      return;
+    }
+    const row = (label, t) => `<tr><td class="mono">${esc(label ?? "-")}</td><td>${tokens(t.input_tokens)}</td>
+      <td>${tokens(t.output_tokens)}</td><td>${tokens(t.cache_read_tokens)}</td><td>${tokens(t.cache_write_tokens)}</td>
+      <td>${esc(t.responses)}</td><td>${esc(dollars(t.cost_usd))}</td></tr>`;
+    box.innerHTML = `<div data-testid="usage-total">${tokens(u.tokens)} tokens · ${esc(dollars(u.cost_usd))} · ${esc(u.responses)} responses</div>
+      ${u.budget_hold ? `<div class="warn" data-testid="budget-hold">${esc(u.budget_hold)}</div>` : ""}
+      <table><thead><tr><th>task</th><th>input</th><th>output</th><th>cache read</th><th>cache write</th><th>responses</th><th>cost</th></tr></thead>
+      <tbody>${u.by_task.map((t) => row(t.task_id, t)).join("")}</tbody></table>`;
+  } catch (err) {
+    box.innerHTML = `<div class="empty">${esc(err.message)}</div>`;
+  }
 }
 
 // -- routing ---------------------------------------------------------------------------------------
