@@ -16,6 +16,7 @@ from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus, UsageEntry
 from providers.rules import rule
+from providers.usage_files import read_bounded
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
 USAGE_FILE = "scripted-usage.jsonl"  # in the terminal's HOME folder: what its "usage" rules spent
@@ -106,10 +107,10 @@ class ScriptedProvider(Provider):
     def usage(self, home: Path) -> list[UsageEntry] | None:
         """Its ``"usage"`` rules' records (JSON lines); none written: its script spends nothing
         cao can count, so unknown."""
-        try:
-            text = (home / USAGE_FILE).read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        data = read_bounded(home / USAGE_FILE)
+        if data is None:
             return None
+        text = data.decode("utf-8", errors="replace")
         out = []
         for line in text.splitlines():
             try:

@@ -24,7 +24,10 @@ calls, Codex's) are not counted: no CLI says what they cost.
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
+import stat
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -33,20 +36,37 @@ from typing import Any
 from providers.base import UsageEntry
 
 MAX_FILE = 64 * 1024 * 1024  # a transcript larger than this is read up to here
+MAX_FILES = 10_000  # files read per terminal
 
 
 def _lines(path: Path) -> Iterator[Any]:
     """The JSON values of a JSON-lines file; a line being written (or not JSON) is skipped."""
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_FILE)
-    except OSError:
+    data = read_bounded(path)
+    if data is None:
         return
     for raw in data.splitlines():
         try:
             yield json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
+
+
+def read_bounded(path: Path) -> bytes | None:
+    """A regular file's first ``MAX_FILE`` bytes; None for anything else (a FIFO would block the
+    reader forever, a device never ends) or when it can't be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(MAX_FILE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _when(stamp: Any) -> float | None:
@@ -64,11 +84,21 @@ def _int(value: Any) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _files(root: Path, pattern: str) -> list[Path]:
-    try:
-        return sorted(p for p in root.glob(pattern) if p.is_file())
-    except OSError:
-        return []
+def _files(root: Path, name: str, *, depth: int = 8, under: str | None = None) -> list[Path]:
+    """Regular files named like ``name`` below ``root`` (``under``: only in folders of that name),
+    at most ``depth`` folders down and ``MAX_FILES`` of them; symlinks are not followed (an agent's
+    HOME is its own: a link to / must not make every read walk the machine)."""
+    out: list[Path] = []
+    base = len(root.parts)
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        here = Path(folder)
+        if len(here.parts) - base >= depth:
+            dirs[:] = []
+        if under is None or here.name == under:
+            out.extend(here / f for f in files if fnmatch.fnmatchcase(f, name))
+        if len(out) >= MAX_FILES:
+            break
+    return sorted(p for p in out[:MAX_FILES] if not p.is_symlink())
 
 
 # -- Claude Code -----------------------------------------------------------------------------------
@@ -77,7 +107,7 @@ def claude(home: Path) -> list[UsageEntry] | None:
     if not root.is_dir():
         return None if not (home / ".claude").is_dir() else []
     out: dict[str, UsageEntry] = {}
-    for path in _files(root, "**/*.jsonl"):
+    for path in _files(root, "*.jsonl"):
         for r in _lines(path):
             if not isinstance(r, dict) or r.get("type") != "assistant":
                 continue
@@ -107,7 +137,7 @@ def codex(codex_home: Path) -> list[UsageEntry] | None:
     if not root.is_dir():
         return None if not codex_home.is_dir() else []
     out: list[UsageEntry] = []
-    for path in _files(root, "**/rollout-*.jsonl"):
+    for path in _files(root, "rollout-*.jsonl"):
         model, seen = "", set()
         for r in _lines(path):
             if not isinstance(r, dict):
@@ -166,13 +196,14 @@ def gemini(home: Path, folder: str = ".gemini") -> list[UsageEntry] | None:
     if not base.is_dir():
         return None
     out: dict[str, UsageEntry] = {}
-    for path in _files(base / "tmp", "*/chats/*"):
+    for path in _files(base / "tmp", "*", depth=3, under="chats"):
         if path.suffix == ".jsonl":
             values: Iterator[Any] = _lines(path)
         elif path.suffix == ".json":
+            data = read_bounded(path)
             try:
-                values = iter([json.loads(path.read_bytes()[:MAX_FILE])])
-            except (OSError, ValueError):
+                values = iter([json.loads(data)] if data is not None else [])
+            except (ValueError, RecursionError):
                 continue
         else:
             continue

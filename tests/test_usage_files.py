@@ -107,3 +107,26 @@ def test_gemini_chats_both_formats(tmp_path: Path):
 def test_clis_that_record_nothing_cao_reads_are_unknown(tmp_path: Path):
     for name in ("kimi_cli", "opencode", "copilot", "hermes", "qwen_code"):
         assert providers.get(name).usage(tmp_path) is None, name
+
+
+def test_a_fifo_a_link_out_of_home_and_a_directory_in_a_files_place_are_not_read(tmp_path: Path):
+    """An agent's HOME is its own: a FIFO named like a transcript would block the reader forever,
+    a link to / would make every read walk the machine."""
+    import os
+
+    home = tmp_path / "home"
+    projects = home / ".claude" / "projects" / "-w"
+    projects.mkdir(parents=True)
+    os.mkfifo(projects / "s1.jsonl")
+    (projects / "s2.jsonl").mkdir()
+    outside = tmp_path / "elsewhere"
+    lines(
+        outside / "deep" / "x.jsonl",
+        {"type": "assistant", "timestamp": 1, "message": {"id": "m", "usage": {}}},
+    )
+    (projects / "link").symlink_to(outside)
+    (projects / "s3.jsonl").symlink_to(outside / "deep" / "x.jsonl")
+    assert providers.get("claude_code").usage(home) == []
+    (home / "scripted-usage.jsonl").unlink(missing_ok=True)
+    os.mkfifo(home / "scripted-usage.jsonl")
+    assert providers.get("scripted").usage(home) is None
