@@ -66,10 +66,15 @@ def test_the_agent_page_explains_its_status_shows_its_cost_and_copies_a_report(a
         c.post(f"/terminals/{tid}/input", json={"message": "hello"})  # a new status: read on demand
         wait_until(lambda: "ok: hello" in c.get(f"/terminals/{tid}/output").json()["output"], what="answered")
         wait_until(lambda: c.get(f"/terminals/{tid}").json()["status"] == "completed", what="completed")
+        reads: list[str] = []  # not polled: read again only when asked
+        page.on("request", lambda r: reads.append(r.url) if "/explain" in r.url else None)
+        page.wait_for_timeout(1500)
+        assert reads == []
         page.click("#explain-again")  # the new turn moved the prompt: other lines are named now
         page.wait_for_function(
             "(before) => document.querySelector('[data-testid=explain]').textContent !== before", arg=text
         )
+        assert len(reads) == 1
         again = c.get(f"/terminals/{tid}/explain").json()["text"]
         assert page.locator("[data-testid=explain]").inner_text() == again.rstrip("\n")
         assert errors == []
@@ -97,3 +102,25 @@ def test_without_a_clipboard_the_report_is_selected_for_the_person_to_copy(agent
     finally:
         b.close()
         p.stop()
+
+
+def test_hostile_screen_text_stays_text_in_the_explain_panel(make_server: Any) -> None:
+    srv: ServerProcess = make_server()
+    body = "Allow <img src=x onerror=window.__pwned=1>?"
+    write_rules(srv.home, "asker", {"rules": [{"match": "^go$", "ask": body, "reply": "ok"}]})
+    with srv.client() as c:
+        tid = c.post("/sessions", json={"session_name": "hostile", "agent_profile": "asker"}).json()["id"]
+        wait_until(lambda: c.get(f"/terminals/{tid}").json()["status"] == "idle", what="idle")
+        c.post(f"/terminals/{tid}/input", json={"message": "go"})
+        # the question line (screen text) is one the question rule matched: the panel shows it
+        wait_until(lambda: body in c.get(f"/terminals/{tid}/explain").json()["text"], what="in explain")
+        p, b, page, errors = open_page(srv, tid, clipboard=False)
+        try:
+            page.wait_for_selector("[data-testid=explain][data-status]", timeout=10_000)
+            assert body in page.locator("[data-testid=explain]").inner_text()  # shown, as text
+            assert page.evaluate("window.__pwned") is None
+            assert page.locator("#explain img").count() == 0
+            assert errors == []
+        finally:
+            b.close()
+            p.stop()
