@@ -55,6 +55,13 @@ def test_usage_per_task_and_a_budget_that_holds_the_next_task(
             )
             ids.append(r.json()["message_id"])
             wait_until(lambda n=n: len(recorded(home, tid)) == n, timeout=20, what=f"response {n}")
+            # its CLI may answer before the paste is confirmed; the task's window (from its claim)
+            # is written with the confirmation, so a read between the two counts it to the task before
+            wait_until(
+                lambda i=ids[-1]: http.get(f"/messages/{i}").json()["status"] == "delivered",
+                timeout=20,
+                what=f"task {n} delivered",
+            )
         u = http.get(f"/terminals/{tid}/usage").json()
         mine = recorded(home, tid)
         assert u["known"] and u["responses"] == 2 == len(mine)
