@@ -25,6 +25,15 @@ the window is wide; rows are cut at the input box's width before reading::
       ╹▀▀▀▀▀▀▀▀
        ⬝⬝■■■■■  esc interrupt            (the footer while busy)
 
+Hooks: OpenCode has no hook commands but loads JavaScript plugins; cao writes one
+(``~/.config/opencode/plugin/cao.js``, ``PLUGIN_JS``) that runs cao's hook program on
+``chat.message`` (a prompt: turn start), ``session.idle`` (turn end), ``permission.asked`` and
+``question.asked`` (asking) and ``session.created`` (session start), for the top-level session only
+(a subagent's session is a child: its idle is no turn end). OpenCode installs
+``@opencode-ai/plugin`` into a config folder with plugins (from the npm registry; offline it hangs
+the start): the folder gets a ``package.json``, a lock naming it and an empty ``node_modules``,
+which OpenCode takes as installed (the plugin imports nothing).
+
 Traps: the box stays on screen while busy (the footer decides); a fresh session shows a logo and a
 placeholder question in the box instead of a transcript.
 """
@@ -35,6 +44,7 @@ import json
 from typing import Any
 
 from cao.errors import ProviderError
+from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import rule
@@ -73,6 +83,67 @@ def _main(lines: list[str], bottom: int) -> list[str]:
     """Every row cut at the box's right edge (the sidebar, if any, sits beyond it)."""
     width = len(lines[bottom])
     return [line[:width].rstrip() for line in lines]
+
+
+HOOK_PHASES = {
+    "session.created": HookPhase.SESSION_START,
+    "chat.message": HookPhase.TURN_START,
+    "session.idle": HookPhase.TURN_END,
+    "permission.asked": HookPhase.ASKING,
+    "question.asked": HookPhase.ASKING,
+}
+# The plugin (ES module, no imports beyond node's): one hook process at a time, in order, each fed
+# its JSON on stdin; events of child sessions (subagents) skipped. __CMD__: the hook argv (JSON).
+PLUGIN_JS = """\
+// cao: report this OpenCode's turns to cao-server (written by cao at launch; see providers/opencode.py)
+import { spawn } from "node:child_process";
+const CMD = __CMD__;
+const children = new Set();
+let queue = Promise.resolve();
+function report(event, payload) {
+  const run = () => new Promise((done) => {
+    try {
+      const p = spawn(CMD[0], [...CMD.slice(1), event], { stdio: ["pipe", "ignore", "ignore"] });
+      p.on("error", () => done());
+      p.on("exit", () => done());
+      p.stdin.on("error", () => {});
+      p.stdin.end(JSON.stringify({ hook_event_name: event, ...payload }));
+    } catch (e) { done(); }
+  });
+  queue = queue.then(run, run);
+}
+export const CaoHooks = async () => ({
+  event: async ({ event }) => {
+    const props = (event && event.properties) || {};
+    const info = props.info || {};
+    const session = props.sessionID || info.id;
+    if (event.type === "session.created" && info.parentID) { children.add(info.id); return; }
+    if (session && children.has(session)) return;
+    if (event.type === "session.created" || event.type === "session.idle") report(event.type, {});
+    else if (event.type === "permission.asked" || event.type === "question.asked")
+      report(event.type, { message: String(props.title || props.permission || event.type).slice(0, 500) });
+  },
+  "chat.message": async (input, output) => {
+    if (input && children.has(input.sessionID)) return;
+    const parts = (output && output.parts) || [];
+    const prompt = parts.filter((p) => p && p.type === "text" && !p.synthetic).map((p) => p.text).join("\\n");
+    report("chat.message", { prompt });
+  },
+});
+"""
+
+
+def plugin_files(ctx: LaunchContext, config_dir: Any) -> dict[Any, str]:
+    """The hook plugin and what makes OpenCode take its dependency as installed (see the docstring)."""
+    source = PLUGIN_JS.replace("__CMD__", json.dumps(ctx.hook_command("opencode")))
+    return {
+        config_dir / "plugin" / "cao.js": source,
+        config_dir / "package.json": json.dumps({"dependencies": {"@opencode-ai/plugin": "*"}}),
+        config_dir / "package-lock.json": json.dumps(
+            {"lockfileVersion": 3, "packages": {"": {"dependencies": {"@opencode-ai/plugin": "*"}}}}
+        ),
+        config_dir / "node_modules" / ".cao": "",  # the folder exists: "installed"
+    }
 
 
 def _box(lines: list[str]) -> Box | None:
@@ -213,6 +284,7 @@ class OpenCodeProvider(BoxedTUI):
     placeholder = rule("placeholder", r'Ask anything… ".*"')
     asking = ASKING_RE
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.ANTHROPIC_API_KEY, cli.OPENAI_API_KEY)
+    hook_phases = HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         allowed = cli.allowed_tools(ctx)
@@ -241,6 +313,8 @@ class OpenCodeProvider(BoxedTUI):
         files = {config_dir / "opencode.json": json.dumps(_config(ctx, base_url, bypass, allowed), indent=2)}
         if prompt := cli.system_prompt(ctx):  # the global rules file, read at every start
             files[config_dir / "AGENTS.md"] = prompt
+        if ctx.hooks:
+            files.update(plugin_files(ctx, config_dir))
         command = [cli.find_cli(ctx, BIN, "opencode-ai")]
         return LaunchSpec(command=command, env=env, files=files)
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -229,3 +232,79 @@ def test_hermes_reports_its_turns_through_shell_hooks_it_accepts_itself(tmp_path
         tmp_path, providers.get("hermes").launch(replace(context(tmp_path, knobs), hooks=False))
     )
     assert "hooks" not in off and "cao.hook" not in json.dumps(off)
+
+
+def opencode_plugin(tmp_path: Path, **changes: Any) -> dict[Path, str]:
+    ctx = replace(
+        context(
+            tmp_path,
+            {
+                "CAO_OPENCODE_BIN": str(executable(tmp_path / "bin" / "opencode")),
+                "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081",
+            },
+        ),
+        **changes,
+    )
+    return providers.get("opencode").launch(ctx).files
+
+
+def test_opencode_reports_its_turns_through_a_plugin_that_needs_no_install(tmp_path: Path) -> None:
+    files = opencode_plugin(tmp_path)
+    config = context(tmp_path, {}).terminal_home / ".config" / "opencode"
+    source = files[config / "plugin" / "cao.js"]
+    assert '"cao.hook", "--terminal", "1a2b3c4d", "--server", "http://127.0.0.1:9889"' in source
+    # OpenCode installs @opencode-ai/plugin from npm into a config folder with plugins unless its
+    # lock already names it and node_modules exists (offline, that install hangs its start)
+    lock = json.loads(files[config / "package-lock.json"])
+    assert "@opencode-ai/plugin" in lock["packages"][""]["dependencies"]
+    assert "@opencode-ai/plugin" in json.loads(files[config / "package.json"])["dependencies"]
+    assert (config / "node_modules" / ".cao") in files
+    off = opencode_plugin(tmp_path, hooks=False)
+    assert not any("plugin" in str(p) for p in off) and "cao.hook" not in json.dumps(list(off.values()))
+
+
+NODE_DRIVER = """
+const mod = await import(process.argv[2]);
+const hooks = await mod.CaoHooks({});
+const ev = (type, properties) => hooks.event({ event: { type, properties } });
+await ev("session.created", { info: { id: "main" } });
+await ev("session.created", { info: { id: "kid", parentID: "main" } });
+await hooks["chat.message"]({ sessionID: "main" }, { parts: [
+  { type: "text", text: "first line" }, { type: "text", text: "hidden", synthetic: true },
+  { type: "text", text: "second line" }] });
+await hooks["chat.message"]({ sessionID: "kid" }, { parts: [{ type: "text", text: "subagent" }] });
+await ev("session.status", { sessionID: "main", status: { type: "busy" } });
+await ev("permission.asked", { sessionID: "main", title: "Run rm?" });
+await ev("session.idle", { sessionID: "kid" });
+await ev("session.idle", { sessionID: "main" });
+"""
+
+
+def test_opencode_plugin_reports_in_order_and_skips_subagent_sessions(tmp_path: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (OpenCode's plugins are JavaScript)")
+    record = tmp_path / "hooks.jsonl"
+    recorder = tmp_path / "recorder.py"
+    recorder.write_text(
+        "import json, sys, time\n"
+        "time.sleep(0.05)  # a slow hook: the next must still come after it\n"
+        f"open({str(record)!r}, 'a').write(json.dumps([sys.argv[1:], json.load(sys.stdin)]) + '\\n')\n"
+    )
+    files = opencode_plugin(tmp_path)
+    plugin = next(p for p in files if p.name == "cao.js")
+    argv = json.dumps([sys.executable, str(recorder)])
+    source = files[plugin].replace(files[plugin].split("const CMD = ", 1)[1].split(";", 1)[0], argv, 1)
+    (tmp_path / "cao.mjs").write_text(source)
+    (tmp_path / "driver.mjs").write_text(NODE_DRIVER)
+    subprocess.run([node, str(tmp_path / "driver.mjs"), str(tmp_path / "cao.mjs")], check=True, timeout=30)
+    wait = time.monotonic() + 10
+    while time.monotonic() < wait and len(record.read_text().splitlines() if record.exists() else []) < 4:
+        time.sleep(0.05)
+    got = [json.loads(line) for line in record.read_text().splitlines()]
+    assert got == [
+        [["session.created"], {"hook_event_name": "session.created"}],
+        [["chat.message"], {"hook_event_name": "chat.message", "prompt": "first line\nsecond line"}],
+        [["permission.asked"], {"hook_event_name": "permission.asked", "message": "Run rm?"}],
+        [["session.idle"], {"hook_event_name": "session.idle"}],
+    ]

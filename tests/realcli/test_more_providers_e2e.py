@@ -32,7 +32,7 @@ from tests.realcli.test_providers_e2e import (
 pytestmark = pytest.mark.realcli
 
 CLIS = [
-    CLI("opencode", queues_while_busy=False, start_timeout=90),
+    CLI("opencode", queues_while_busy=False, start_timeout=90, turn_end="session.idle"),
     # Qwen follows its Stop with an idle_prompt Notification at once (Claude waits 60 s)
     CLI("qwen_code", queues_while_busy=False, start_timeout=90, turn_end="Stop|Notification"),
     CLI("copilot", queues_while_busy=False, start_timeout=90),
