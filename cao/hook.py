@@ -4,7 +4,7 @@ get in the CLI's way.
     python -m cao.hook --terminal ID --server URL --home CAO_HOME --key KEY SOURCE [EVENT] [JSON]
 
 ``SOURCE`` names the CLI (``claude``, ``codex``, ``gemini``, ``kimi``, ``qwen``, ``hermes``,
-``opencode``: its plugin, providers/opencode.py). Hooks
+``opencode``: its plugin, providers/opencode.py; ``copilot``). Hooks
 pass a JSON object on stdin (with ``hook_event_name``: Claude Code, Gemini CLI, Kimi CLI, Qwen Code,
 Codex 0.171's hooks.json, Hermes, which puts the event's own fields under ``extra``); Codex's
 ``notify`` program gets one JSON argument instead (with ``type``, e.g. ``agent-turn-complete``).
@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-SOURCES = ("claude", "codex", "gemini", "kimi", "qwen", "hermes", "opencode")
+SOURCES = ("claude", "codex", "gemini", "kimi", "qwen", "hermes", "opencode", "copilot")
 TIMEOUT = 3.0  # seconds for the whole request; the CLI waits for us
 STDIN_WAIT = 1.5  # seconds for the CLI's JSON on stdin
 STDIN_LIMIT = 4 * 1024 * 1024

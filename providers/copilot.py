@@ -9,7 +9,10 @@ Two ways to a model: the user's GitHub sign-in as a token (``CAO_COPILOT_GITHUB_
 Knobs: ``CAO_COPILOT_BIN``, ``CAO_COPILOT_MODEL``, ``CAO_COPILOT_BYPASS`` (default true,
 ``--allow-all``). The agent profile: its prompt as ``~/.copilot/copilot-instructions.md``, its
 model, its ``allowed_tools`` as ``--allow-tool`` (bypass then defaults to off) and its extra MCP
-servers. See docs/providers.md.
+servers. Hooks: user-level hook files are read from ``~/.copilot/hooks/*.json`` (the throwaway
+home's, so nothing goes into your repository's ``.github/hooks``): ``cao.json`` runs cao's hook
+program on ``sessionStart``, ``userPromptSubmitted``, ``agentStop`` and ``sessionEnd``. See
+docs/providers.md.
 
 Screen (``capture-pane -p``, inline: the transcript stays in tmux's scrollback)::
 
@@ -32,9 +35,11 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 from cao import knobs
 from cao.errors import ProviderError
+from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
 from providers.rules import rule
@@ -57,6 +62,22 @@ ECHO_RE = rule("echo", r"^ ❯ (?!\d+\. )")
 BUSY_RE = rule("busy", r"^\s*\S\s+(?:Working|Thinking)\b|\besc to (?:cancel|interrupt)\b", re.I)
 ASKING_RE = rule("asking", r"^[│ ]*❯ \d+\. |\benter to (?:select|confirm)\b", re.I)  # a menu, its key hint
 
+HOOK_PHASES = {
+    "sessionStart": HookPhase.SESSION_START,
+    "userPromptSubmitted": HookPhase.TURN_START,
+    "agentStop": HookPhase.TURN_END,  # the main agent's turn (a subagent's is subagentStop: not used)
+    "sessionEnd": HookPhase.SESSION_END,
+}
+
+
+def hook_file(ctx: LaunchContext) -> str:
+    """``~/.copilot/hooks/cao.json``: one command hook per event (``bash``: a command line)."""
+    hooks = {
+        event: [{"type": "command", "bash": shlex.join(ctx.hook_command("copilot", event)), "timeoutSec": 10}]
+        for event in HOOK_PHASES
+    }
+    return json.dumps({"version": 1, "hooks": hooks}, indent=2)
+
 
 class CopilotProvider(BoxedTUI):
     name = "copilot"
@@ -68,6 +89,7 @@ class CopilotProvider(BoxedTUI):
     continuation = "   "
     asking = ASKING_RE
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, GITHUB_TOKEN, PROVIDER_BASE_URL)
+    hook_phases = HOOK_PHASES
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home
@@ -109,6 +131,8 @@ class CopilotProvider(BoxedTUI):
         }
         if prompt := cli.system_prompt(ctx):  # the user-level instructions, read at every start
             files[home / ".copilot" / "copilot-instructions.md"] = prompt
+        if ctx.hooks:
+            files[home / ".copilot" / "hooks" / "cao.json"] = hook_file(ctx)
         command = [cli.find_cli(ctx, BIN, "@github/copilot")]
         command += ["--additional-mcp-config", f"@{home / 'mcp.json'}"]
         for tool in [*allowed, "cao"] if allowed is not None else ():

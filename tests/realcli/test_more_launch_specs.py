@@ -308,3 +308,22 @@ def test_opencode_plugin_reports_in_order_and_skips_subagent_sessions(tmp_path: 
         [["permission.asked"], {"hook_event_name": "permission.asked", "message": "Run rm?"}],
         [["session.idle"], {"hook_event_name": "session.idle"}],
     ]
+
+
+def test_copilot_reports_its_turns_through_user_level_hooks_in_its_own_home(tmp_path: Path) -> None:
+    knobs = {
+        "CAO_COPILOT_BIN": str(executable(tmp_path / "bin" / "copilot")),
+        "CAO_MODEL_BASE_URL": "http://127.0.0.1:18081",
+    }
+    home = context(tmp_path, {}).terminal_home
+    files = providers.get("copilot").launch(context(tmp_path, knobs)).files
+    config = json.loads(files[home / ".copilot" / "hooks" / "cao.json"])
+    assert config["version"] == 1
+    assert set(config["hooks"]) == {"sessionStart", "userPromptSubmitted", "agentStop", "sessionEnd"}
+    for event, (hook,) in config["hooks"].items():
+        argv = shlex.split(hook["bash"])
+        assert argv[:3] == [sys.executable, "-m", "cao.hook"] and argv[-2:] == ["copilot", event]
+        assert "--terminal 1a2b3c4d --server http://127.0.0.1:9889" in hook["bash"]
+    assert not any(".github" in str(p) for p in files)  # never into the user's repository
+    off = providers.get("copilot").launch(replace(context(tmp_path, knobs), hooks=False)).files
+    assert not any("hooks" in str(p) for p in off)

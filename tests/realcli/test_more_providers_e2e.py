@@ -35,7 +35,7 @@ CLIS = [
     CLI("opencode", queues_while_busy=False, start_timeout=90, turn_end="session.idle"),
     # Qwen follows its Stop with an idle_prompt Notification at once (Claude waits 60 s)
     CLI("qwen_code", queues_while_busy=False, start_timeout=90, turn_end="Stop|Notification"),
-    CLI("copilot", queues_while_busy=False, start_timeout=90),
+    CLI("copilot", queues_while_busy=False, start_timeout=90, turn_end="agentStop"),
     CLI("kimi_cli", queues_while_busy=False, start_timeout=90, turn_end="Stop"),
     CLI("hermes", queues_while_busy=False, start_timeout=90, turn_end="on_session_end"),
 ]
