@@ -41,6 +41,7 @@ placeholder question in the box instead of a transcript.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from cao.errors import ProviderError
@@ -133,7 +134,7 @@ export const CaoHooks = async () => ({
 """
 
 
-def plugin_files(ctx: LaunchContext, config_dir: Any) -> dict[Any, str]:
+def plugin_files(ctx: LaunchContext, config_dir: Path) -> dict[Path, str]:
     """The hook plugin and what makes OpenCode take its dependency as installed (see the docstring)."""
     source = PLUGIN_JS.replace("__CMD__", json.dumps(ctx.hook_command("opencode")))
     return {

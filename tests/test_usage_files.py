@@ -87,15 +87,16 @@ def test_gemini_chats_both_formats(tmp_path: Path):
     msg = {"id": "g1", "timestamp": "2026-12-02T10:00:01Z", "type": "gemini", "model": "gemini-2.5-pro"}
     tokens = {"input": 1200, "output": 30, "cached": 1000, "thoughts": 5, "tool": 0, "total": 1235}
     lines(  # 0.45: records and $set updates; the message rewritten with its final counts
-        tmp_path / ".gemini/tmp/work/chats/session-a.jsonl",
+        tmp_path / ".gemini" / "tmp" / "work" / "chats" / "session-a.jsonl",
         {"sessionId": "s", "kind": "main"},
         {"$set": {"messages": [{**msg, "tokens": {**tokens, "output": 1}}]}},
         {"$set": {"messages": [{**msg, "tokens": tokens}]}},
         tail='{"$set": {"messa',
     )
     old = {"messages": [{**msg, "id": "g2", "tokens": {"input": 50, "output": 7, "cached": 0}}]}
-    (tmp_path / ".gemini/tmp/old/chats").mkdir(parents=True)
-    (tmp_path / ".gemini/tmp/old/chats/session-b.json").write_text(json.dumps(old))  # 0.24: one object
+    chats = tmp_path / ".gemini" / "tmp" / "old" / "chats"
+    chats.mkdir(parents=True)
+    (chats / "session-b.json").write_text(json.dumps(old))  # 0.24: one object
     got = gemini.usage(tmp_path)
     assert got is not None
     assert sorted((e.key, e.input_tokens, e.cache_read_tokens, e.output_tokens) for e in got) == [

@@ -8,7 +8,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import providers
 from cao.errors import ProviderError
 from providers.base import LaunchSpec
+from tests.helpers import wait_until
 from tests.realcli.test_launch_specs import PROFILE, context, executable
 
 
@@ -298,9 +298,7 @@ def test_opencode_plugin_reports_in_order_and_skips_subagent_sessions(tmp_path: 
     (tmp_path / "cao.mjs").write_text(source)
     (tmp_path / "driver.mjs").write_text(NODE_DRIVER)
     subprocess.run([node, str(tmp_path / "driver.mjs"), str(tmp_path / "cao.mjs")], check=True, timeout=30)
-    wait = time.monotonic() + 10
-    while time.monotonic() < wait and len(record.read_text().splitlines() if record.exists() else []) < 4:
-        time.sleep(0.05)
+    wait_until(lambda: record.exists() and len(record.read_text().splitlines()) >= 4, what="4 reports")
     got = [json.loads(line) for line in record.read_text().splitlines()]
     assert got == [
         [["session.created"], {"hook_event_name": "session.created"}],

@@ -198,7 +198,12 @@ def test_permission_prompt_waits_for_the_user_and_holds_the_inbox(
     agent.wait_hook(cli.asking, "asking")
 
     message_id = agent.send("Not while a prompt is open [[reply:Too early.]]")
-    time.sleep(2)
+    # the send's own attempt found the prompt open and said so (not merely "not yet tried")
+    wait_for(
+        lambda: agent.message(message_id)["waiting_reason"] == "receiver waiting for a user answer",
+        10,
+        "the message held at the open prompt",
+    )
     message = agent.message(message_id)
     assert (message["status"], message["waiting_reason"]) == ("pending", "receiver waiting for a user answer")
     assert agent.status() == "waiting_user_answer"
