@@ -94,19 +94,22 @@ HOOK_PHASES = {
     "question.asked": HookPhase.ASKING,
 }
 # The plugin (ES module, no imports beyond node's): one hook process at a time, in order, each fed
-# its JSON on stdin; events of child sessions (subagents) skipped. __CMD__: the hook argv (JSON).
+# its JSON on stdin, each killed after 10 s (cao/hook.py gives up after 3); events of child sessions
+# (subagents) skipped. __CMD__: the hook argv (JSON).
 PLUGIN_JS = """\
 // cao: report this OpenCode's turns to cao-server (written by cao at launch; see providers/opencode.py)
 import { spawn } from "node:child_process";
 const CMD = __CMD__;
+const LIMIT_MS = 10000; // a hook that hangs is killed: the reports after it still go
 const children = new Set();
 let queue = Promise.resolve();
 function report(event, payload) {
   const run = () => new Promise((done) => {
     try {
       const p = spawn(CMD[0], [...CMD.slice(1), event], { stdio: ["pipe", "ignore", "ignore"] });
-      p.on("error", () => done());
-      p.on("exit", () => done());
+      const limit = setTimeout(() => { try { p.kill("SIGKILL"); } catch (e) {} done(); }, LIMIT_MS);
+      p.on("error", () => { clearTimeout(limit); done(); });
+      p.on("exit", () => { clearTimeout(limit); done(); });
       p.stdin.on("error", () => {});
       p.stdin.end(JSON.stringify({ hook_event_name: event, ...payload }));
     } catch (e) { done(); }

@@ -18,7 +18,6 @@ import pytest
 import providers
 from cao.errors import ProviderError
 from providers.base import LaunchSpec
-from tests.helpers import wait_until
 from tests.realcli.test_launch_specs import PROFILE, context, executable
 
 
@@ -280,7 +279,9 @@ await ev("session.idle", { sessionID: "main" });
 """
 
 
-def test_opencode_plugin_reports_in_order_and_skips_subagent_sessions(tmp_path: Path) -> None:
+def run_plugin(tmp_path: Path, hang_on: str = "", limit_ms: int = 10000) -> list[Any]:
+    """The written plugin under node, its hook program swapped for a recorder (which hangs, never
+    exiting, on the event ``hang_on``), driven through NODE_DRIVER: what the recorder got, in order."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed (OpenCode's plugins are JavaScript)")
@@ -288,6 +289,8 @@ def test_opencode_plugin_reports_in_order_and_skips_subagent_sessions(tmp_path: 
     recorder = tmp_path / "recorder.py"
     recorder.write_text(
         "import json, sys, time\n"
+        f"if sys.argv[1] == {hang_on!r}:\n"
+        "    time.sleep(20)  # a hook that hangs (not killed: it records late, and the test fails)\n"
         "time.sleep(0.05)  # a slow hook: the next must still come after it\n"
         f"open({str(record)!r}, 'a').write(json.dumps([sys.argv[1:], json.load(sys.stdin)]) + '\\n')\n"
     )
@@ -295,17 +298,27 @@ def test_opencode_plugin_reports_in_order_and_skips_subagent_sessions(tmp_path: 
     plugin = next(p for p in files if p.name == "cao.js")
     argv = json.dumps([sys.executable, str(recorder)])
     source = files[plugin].replace(files[plugin].split("const CMD = ", 1)[1].split(";", 1)[0], argv, 1)
+    assert "const LIMIT_MS = 10000;" in source
+    source = source.replace("const LIMIT_MS = 10000;", f"const LIMIT_MS = {limit_ms};")
     (tmp_path / "cao.mjs").write_text(source)
     (tmp_path / "driver.mjs").write_text(NODE_DRIVER)
-    subprocess.run([node, str(tmp_path / "driver.mjs"), str(tmp_path / "cao.mjs")], check=True, timeout=30)
-    wait_until(lambda: record.exists() and len(record.read_text().splitlines()) >= 4, what="4 reports")
-    got = [json.loads(line) for line in record.read_text().splitlines()]
-    assert got == [
+    # node exits only once every hook process it started has ended (or was killed)
+    subprocess.run([node, str(tmp_path / "driver.mjs"), str(tmp_path / "cao.mjs")], check=True, timeout=60)
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def test_opencode_plugin_reports_in_order_and_skips_subagent_sessions(tmp_path: Path) -> None:
+    assert run_plugin(tmp_path) == [
         [["session.created"], {"hook_event_name": "session.created"}],
         [["chat.message"], {"hook_event_name": "chat.message", "prompt": "first line\nsecond line"}],
         [["permission.asked"], {"hook_event_name": "permission.asked", "message": "Run rm?"}],
         [["session.idle"], {"hook_event_name": "session.idle"}],
     ]
+
+
+def test_opencode_plugin_kills_a_hook_that_hangs_and_the_next_reports_still_go(tmp_path: Path) -> None:
+    got = run_plugin(tmp_path, hang_on="permission.asked", limit_ms=500)
+    assert [event for (event,), _ in got] == ["session.created", "chat.message", "session.idle"]
 
 
 def test_copilot_reports_its_turns_through_user_level_hooks_in_its_own_home(tmp_path: Path) -> None:
