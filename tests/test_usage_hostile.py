@@ -207,3 +207,31 @@ def test_a_fifo_as_prices_toml_does_not_stall_usage_forever(world: World):
     # today: the reload blocks opening the FIFO while holding the book's lock, on the
     # housekeeping thread: every GET /usage and the whole housekeeping tick stall
     assert _finishes(world.core.usage.refresh, fifo)
+
+
+# -- 6: `cao usage` arguments -------------------------------------------------------------------
+@pytest.fixture
+def invoke(world: World):
+    from fastapi.testclient import TestClient
+
+    from cao.api import create_app
+    from cao.client import Client
+
+    http = TestClient(create_app(world.core), base_url="http://127.0.0.1:9889")
+    client = Client("http://127.0.0.1:9889", http=http)
+    return lambda *args: CliRunner().invoke(cli, list(args), obj={"client": client})
+
+
+@pytest.mark.parametrize("args", [["usage", "?x=1"], ["explain", "?x=1"]])
+def test_a_terminal_id_with_url_characters_is_a_clear_error_not_a_traceback(invoke, args: list[str]):
+    # the id goes into the URL unquoted: "/terminals/?x=1/usage" is GET /terminals (a list), and
+    # the CLI dies with AttributeError: 'list' object has no attribute 'get'
+    result = invoke(*args)
+    assert result.exit_code == 1 and "8 hex digits" in result.output, (result.output, result.exception)
+
+
+def test_usage_with_a_terminal_and_a_session_is_refused_not_half_ignored(world: World, invoke):
+    tid = world.agent(rules=[{"match": "^task", "reply": "done", "usage": SPEND}])
+    # today: --session is silently ignored and the terminal's usage printed (exit 0)
+    result = invoke("usage", tid, "--session", "nope")
+    assert result.exit_code == 2, result.output
