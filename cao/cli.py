@@ -202,7 +202,7 @@ def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
 
 
 @cli.command("send-input", epilog="Example:\n\n\b\n  cao send-input 1a2b3c4d 'summarise the README'")
-@click.argument("terminal_id")
+@click.argument("terminal_id", callback=server.checked_terminal_id)
 @click.argument("text")
 @click.pass_context
 def send_input(ctx: click.Context, terminal_id: str, text: str) -> None:
@@ -212,7 +212,7 @@ def send_input(ctx: click.Context, terminal_id: str, text: str) -> None:
 
 
 @cli.command(epilog="\b\nExamples:\n  cao output 1a2b3c4d --mode last\n  cao output 1a2b3c4d --json")
-@click.argument("terminal_id")
+@click.argument("terminal_id", callback=server.checked_terminal_id)
 @click.option(
     "--mode",
     type=click.Choice(["full", "last"]),
@@ -272,7 +272,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
 
 # -- worktrees: review and merge -----------------------------------------------------------------
 @cli.command(epilog="\b\nExamples:\n  cao diff 1a2b3c4d\n  cao diff 1a2b3c4d --full | less -R")
-@click.argument("terminal_id")
+@click.argument("terminal_id", callback=server.checked_terminal_id)
 @click.option("--full", is_flag=True, help="The whole patch instead of the stat.")
 @click.option("--into", default=None, help="Compare with this branch (default: the one it was made from).")
 @click.option("--json", "as_json", is_flag=True, help="Print {branch, base, diff, ...} as JSON.")
@@ -293,7 +293,7 @@ def diff(ctx: click.Context, terminal_id: str, full: bool, into: str | None, as_
 
 
 @cli.command(epilog="\b\nExamples:\n  cao merge 1a2b3c4d\n  cao merge 1a2b3c4d --into integration")
-@click.argument("terminal_id")
+@click.argument("terminal_id", callback=server.checked_terminal_id)
 @click.option("--into", default=None, help="Target branch (default: the branch it was made from).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (or the conflicts) as JSON.")
 @click.pass_context
@@ -444,7 +444,7 @@ def inbox() -> None:
 
 
 @inbox.command("list", epilog="\b\nExamples:\n  cao inbox\n  cao inbox 1a2b3c4d --status pending --json")
-@click.argument("terminal_id", required=False)
+@click.argument("terminal_id", required=False, callback=server.checked_terminal_id)
 @click.option("--status", default=None, type=click.Choice(list(MessageStatus)))
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
@@ -495,7 +495,7 @@ def inbox_list(
 
 
 @inbox.command("show", epilog="\b\nExamples:\n  cao inbox show 1a2b3c4d\n  cao inbox show 1a2b3c4d --json")
-@click.argument("terminal_id")
+@click.argument("terminal_id", callback=server.checked_terminal_id)
 @click.option(
     "--limit", default=30, show_default=True, type=click.IntRange(1, 10000), help="Timeline events."
 )

@@ -34,7 +34,7 @@ def _span(value: str | None, name: str) -> float | None:
     epilog="\b\nExamples:\n  cao inbox ack 1a2b3c4d --through 42\n"
     "  cao inbox ack 1a2b3c4d --through 42 --expected 40\n  cao inbox ack 1a2b3c4d --ids 42,43",
 )
-@click.argument("terminal_id")
+@click.argument("terminal_id", callback=server.checked_terminal_id)
 @click.option("--through", type=click.IntRange(0), default=None, help="Everything delivered up to this id.")
 @click.option("--expected", type=click.IntRange(0), default=None, help="The cursor you saw (else 409).")
 @click.option("--ids", default=None, help="Or these message ids (comma-separated).")
@@ -78,7 +78,7 @@ def inbox_ack(
 @cli.command(
     epilog="\b\nExamples:\n  cao results 1a2b3c4d\n  cao results 1a2b3c4d --json | jq '.[0].details'"
 )
-@click.argument("terminal_id")
+@click.argument("terminal_id", callback=server.checked_terminal_id)
 @_JSON
 @click.pass_context
 def results(ctx: click.Context, terminal_id: str, as_json: bool) -> None:
@@ -166,7 +166,7 @@ def schedule() -> None:
     epilog="\b\nExamples:\n  cao schedule add 1a2b3c4d 'check the CI run' --in 10m\n"
     "  cao schedule add 1a2b3c4d 'nightly summary' --at 2026-12-03T06:00:00Z --every 24h",
 )
-@click.argument("terminal_id")
+@click.argument("terminal_id", callback=server.checked_terminal_id)
 @click.argument("message")
 @click.option("--in", "in_", default=None, help="In this long: 90s, 10m, 2h (or give --at).")
 @click.option("--at", default=None, help="At this time (ISO 8601 with a zone).")
@@ -203,7 +203,7 @@ def schedule_add(
 
 
 @schedule.command("list", epilog="\b\nExamples:\n  cao schedule list\n  cao schedule list 1a2b3c4d --all")
-@click.argument("terminal_id", required=False)
+@click.argument("terminal_id", required=False, callback=server.checked_terminal_id)
 @click.option("--all", "all_", is_flag=True, help="Cancelled and finished ones too.")
 @_JSON
 @click.pass_context

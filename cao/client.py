@@ -12,7 +12,8 @@ import click
 import httpx
 
 from cao import apitoken, runfile
-from cao.errors import CaoError
+from cao.errors import CaoError, InvalidInput
+from cao.names import validate_terminal_id
 from cao.settings import Settings
 
 
@@ -101,3 +102,14 @@ def for_context(ctx: click.Context) -> Client:
         obj["client"] = client
     client_: Client = obj["client"]
     return client_
+
+
+def checked_terminal_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for a TERMINAL_ID argument: 8 hex digits, checked before it goes into a
+    URL path (``?x=1`` or ``../`` would reach another route and answer something else)."""
+    if value is None:
+        return None
+    try:
+        return validate_terminal_id(value)
+    except InvalidInput as exc:
+        raise click.ClickException(exc.message) from None

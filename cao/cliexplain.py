@@ -37,7 +37,7 @@ def _offline_rules(provider: str, rules_file: Path | None) -> None:
     "  cao explain --screen saved.txt --provider claude_code\n"
     "  cao explain --screen saved.txt --provider qwen_code --rules draft.rules"
 )
-@click.argument("terminal_id", required=False)
+@click.argument("terminal_id", required=False, callback=server.checked_terminal_id)
 @click.option(
     "--screen",
     "screen_file",

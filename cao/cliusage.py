@@ -12,6 +12,8 @@ from rich.table import Table
 from cao import client as server
 from cao import usage as book
 from cao.cli import _print_json, cli, console, usage_cell
+from cao.errors import InvalidInput
+from cao.names import validate_session_name
 from cao.settings import Settings
 
 
@@ -40,7 +42,7 @@ def _tokens_table(title: str, rows: list[dict[str, Any]], key: str) -> Table:
     epilog="\b\nExamples:\n  cao usage\n  cao usage --session team\n  cao usage 1a2b3c4d\n"
     "  cao usage 1a2b3c4d --json\n  cao usage --check      (check prices.toml and budgets.toml)"
 )
-@click.argument("terminal_id", required=False)
+@click.argument("terminal_id", required=False, callback=server.checked_terminal_id)
 @click.option("--session", help="Only this session's terminals.")
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.option(
@@ -54,6 +56,10 @@ def usage(
     files), priced by $CAO_HOME/prices.toml over the built-in list prices; with TERMINAL_ID, per
     task and per model. "unknown" where a CLI records nothing (never 0). Budgets
     ($CAO_HOME/budgets.toml) are shown with what they have used."""
+    if terminal_id and session:
+        raise click.UsageError("give a terminal id or --session, not both")
+    if check and (terminal_id or session):
+        raise click.UsageError("--check reads the files only; it takes no terminal id or --session")
     if check:
         home = Settings.from_env().home
         try:
@@ -87,6 +93,11 @@ def usage(
         if data.get("budget_hold"):
             console.print(f"[yellow]{escape(data['budget_hold'])}[/yellow]")
         return
+    if session:
+        try:  # it goes into the URL path
+            validate_session_name(session.removeprefix("cao-"))
+        except InvalidInput as exc:
+            raise click.ClickException(exc.message) from None
     data = client.get(f"/sessions/{session}/usage" if session else "/usage")
     if as_json:
         _print_json(data)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import cao
-from cao.errors import InvalidInput
+from cao.files import read_small_file
 from cao.hookstate import HookState, combine
 from cao.states import ENDED, Status, TerminalState
 from cao.timefmt import iso
@@ -264,12 +264,6 @@ def bug_report(ex: dict[str, Any], screen: str, *, homes: tuple[str, ...] = ()) 
 
 
 def read_screen_file(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"can't read the screen file {path}: {exc.strerror or exc}") from None
-    if len(data) > 4 * 1024 * 1024:
-        raise InvalidInput(
-            f"{path} is {len(data)} bytes; a screen file is at most 4 MiB (capture-pane -p output)"
-        )
+    data = read_small_file(path, 4 * 1024 * 1024, "screen file")  # capture-pane -p output
+    assert data is not None
     return data.decode("utf-8", "replace")

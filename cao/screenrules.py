@@ -10,6 +10,7 @@ from pathlib import Path
 
 import providers
 from cao.errors import InvalidInput
+from cao.files import read_small_file
 from providers import rules
 
 FILE_LIMIT = 256 * 1024
@@ -28,12 +29,8 @@ def owner_for(provider_name: str) -> str:
 
 
 def read_file(path: Path, owner: str) -> list[rules.Override]:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"can't read the rules file {path}: {exc.strerror or exc}") from None
-    if len(data) > FILE_LIMIT:
-        raise InvalidInput(f"{path} is {len(data)} bytes; a rules file is at most {FILE_LIMIT // 1024} KiB")
+    data = read_small_file(path, FILE_LIMIT, "rules file")
+    assert data is not None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -29,10 +29,13 @@ from typing import Any
 import providers
 from cao.errors import InvalidInput
 from cao.events import EventBus
+from cao.files import read_small_file
+from cao.names import validate_name, validate_session_name
 from cao.states import TerminalState
 from cao.store import Store, Terminal, UsageRow
 from cao.tmux import session_name_for
 from providers.base import UsageEntry
+from providers.usage_files import MAX_COUNT
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +45,8 @@ FILE_LIMIT = 256 * 1024
 REFRESH_EVERY = 15.0  # seconds between re-reads of every live terminal's records (housekeeping)
 DEFAULT_WARN_AT = 0.8
 CATEGORIES = ("input", "output", "cache_read", "cache_write")
-MAX_PER_RESPONSE = 10**12  # tokens: a record claiming more is a broken record, counted at this
+MAX_PER_RESPONSE = MAX_COUNT  # tokens: a record claiming more is a broken record, counted at this
+MAX_AMOUNT = 10**15  # a price, a usd or a tokens limit above this is a typo (and sums stay finite)
 
 # List prices in USD per million tokens as published by the model makers (late 2026; check them,
 # and put yours in $CAO_HOME/prices.toml: its tables come first). The most specific pattern wins.
@@ -67,14 +71,12 @@ class UsageConfigError(InvalidInput):
 
 # -- the two files ---------------------------------------------------------------------------------
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    try:  # non-blocking and bounded: a FIFO here must not stall the reader (it holds the lock)
+        data = read_small_file(path, FILE_LIMIT, f"{path.stem} file", missing_ok=True)
+    except InvalidInput as exc:
+        raise UsageConfigError(exc.message) from None
+    if data is None:
         return {}
-    except OSError as exc:
-        raise UsageConfigError(f"can't read {path}: {exc.strerror or exc}") from None
-    if len(data) > FILE_LIMIT:
-        raise UsageConfigError(f"{path} is {len(data)} bytes; at most {FILE_LIMIT // 1024} KiB")
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -85,14 +87,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _amount(value: object, where: str, *, whole: bool = False) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        kind = "a whole number" if whole else "a number"
+    kind = "a whole number" if whole else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageConfigError(f"{where} must be {kind} ≥ 0, not {value!r}")
+    if isinstance(value, int) and value > MAX_AMOUNT:  # TOML integers have no bound; float() has
+        raise UsageConfigError(f"{where} is too large ({len(str(value))} digits); at most {MAX_AMOUNT:.0e}")
+    if not math.isfinite(value) or value < 0:
+        raise UsageConfigError(f"{where} must be {kind} ≥ 0, not {value!r}")
+    if value > MAX_AMOUNT:
+        raise UsageConfigError(f"{where} is too large ({value!r}); at most {MAX_AMOUNT:.0e}")
     if whole and not float(value).is_integer():
         raise UsageConfigError(f"{where} must be a whole number of tokens, not {value!r}")
     return float(value)
@@ -148,6 +151,13 @@ def parse_budgets(data: Mapping[str, Any], source: str) -> list[Budget]:
             raise UsageConfigError(f"{source}: {scope} must be tables: [{scope}.NAME]")
         for name, table in tables.items():
             where = f"{source}: {scope}.{name}"
+            try:  # a name no session or profile can have would never match: a silent typo
+                if scope == "session":
+                    validate_session_name(name.removeprefix("cao-"))
+                else:
+                    validate_name(name, "profile")
+            except InvalidInput as exc:
+                raise UsageConfigError(f"{source}: [{scope}.{name!r}]: {exc.message}") from None
             if not isinstance(table, dict):
                 raise UsageConfigError(
                     f"{where} must be a table (usd = 5.0, tokens = 2000000, warn_at = 0.8)"
@@ -224,6 +234,11 @@ class Totals:
     @property
     def cost(self) -> float | None:
         return None if self.unpriced else round(self.cost_usd, 6)
+
+    @property
+    def known_cost(self) -> float:
+        """What the priced responses cost: all of it, or at least this when a model has no price."""
+        return round(self.cost_usd, 6)
 
     def add(self, row: UsageRow, price: dict[str, float] | None) -> None:
         self.input_tokens += row.input_tokens
@@ -316,8 +331,10 @@ class UsageBook:
         try:
             self.config = load_config(self.home)
             logger.info("prices and budgets read again")
-        except UsageConfigError as exc:  # keep the ones in effect; say why the edit didn't take
+        except Exception as exc:  # keep the ones in effect; say why the edit didn't take
             self.config.stamp = _stamp(self.home)
+            if not isinstance(exc, UsageConfigError):  # a check missed: still refused, with its trace
+                logger.exception("prices/budgets not changed: %s unreadable", self.home)
             logger.error("prices/budgets not changed: %s", exc)
             if self.events is not None:
                 self.events.publish("usage.config_error", error=str(exc))
@@ -413,6 +430,7 @@ class UsageBook:
                         "tokens": b.tokens,
                         "warn_at": b.warn_at,
                         "spent_usd": spent.cost,
+                        "spent_usd_known": spent.known_cost,  # at least this when a model has no price
                         "spent_tokens": spent.tokens,
                         "agents_unknown": unknown,
                         "state": self._state(b, spent)[0],
@@ -434,15 +452,22 @@ class UsageBook:
         """("ok" | "warning" | "reached", the words for it)."""
         parts = []
         reached = warned = False
-        if b.usd is not None and spent.cost is not None:
-            parts.append(f"${spent.cost:.2f} of ${b.usd:.2f}")
-            reached |= spent.cost >= b.usd
-            warned |= spent.cost >= b.usd * b.warn_at
+        if b.usd is not None:
+            # a model with no price: what is known counts (it can only be more); unknown warns
+            known = spent.known_cost
+            if spent.unpriced:
+                models = ", ".join(sorted(spent.unpriced))
+                parts.append(f"at least ${known:.2f} of ${b.usd:.2f} (no price for {models})")
+                warned = True
+            else:
+                parts.append(f"${known:.2f} of ${b.usd:.2f}")
+            reached |= known >= b.usd
+            warned |= known >= b.usd * b.warn_at
         if b.tokens is not None:
             parts.append(f"{spent.tokens:,} of {int(b.tokens):,} tokens")
             reached |= spent.tokens >= b.tokens
             warned |= spent.tokens >= b.tokens * b.warn_at
-        words = f"{b.label} budget: {', '.join(parts) or 'its cost is unknown (a model has no price)'}"
+        words = f"{b.label} budget: {', '.join(parts)}"
         return ("reached" if reached else "warning" if warned else "ok"), words
 
     def _apply_budgets(self, terms: Sequence[Terminal]) -> None:

@@ -16,7 +16,7 @@ from cao.states import HookPhase
 from providers import _cli as cli
 from providers.base import LaunchContext, LaunchSpec, Provider, Reading, TerminalStatus, UsageEntry
 from providers.rules import rule
-from providers.usage_files import read_bounded
+from providers.usage_files import count, read_bounded, when
 
 AGENT_PATH = Path(__file__).with_name("scripted_agent.py")
 USAGE_FILE = "scripted-usage.jsonl"  # in the terminal's HOME folder: what its "usage" rules spent
@@ -115,19 +115,22 @@ class ScriptedProvider(Provider):
         for line in text.splitlines():
             try:
                 r = json.loads(line)
-                out.append(
-                    UsageEntry(
-                        at=float(r["at"]),
-                        model=str(r.get("model", "")),
-                        input_tokens=int(r.get("input_tokens", 0)),
-                        output_tokens=int(r.get("output_tokens", 0)),
-                        cache_read_tokens=int(r.get("cache_read_tokens", 0)),
-                        cache_write_tokens=int(r.get("cache_write_tokens", 0)),
-                        key=str(r.get("id", "")),
-                    )
+            except (ValueError, RecursionError):
+                continue  # a line being written
+            at = when(r.get("at")) if isinstance(r, dict) else None
+            if at is None:
+                continue  # not one of its records
+            out.append(
+                UsageEntry(
+                    at=at,
+                    model=str(r.get("model", "")),
+                    input_tokens=count(r.get("input_tokens")),
+                    output_tokens=count(r.get("output_tokens")),
+                    cache_read_tokens=count(r.get("cache_read_tokens")),
+                    cache_write_tokens=count(r.get("cache_write_tokens")),
+                    key=str(r.get("id", "")),
                 )
-            except (ValueError, TypeError, KeyError, AttributeError):
-                continue  # a line being written, or not one of its records
+            )
         return out
 
     def detect_status(self, screen: str) -> TerminalStatus:

@@ -69,19 +69,36 @@ def read_bounded(path: Path) -> bytes | None:
         os.close(fd)
 
 
-def _when(stamp: Any) -> float | None:
+LATEST = 4102444800.0  # 2100-01-01: a later (or negative, or infinite) time is not a record's
+MAX_COUNT = 10**12  # tokens in one response: more (1e400, Infinity) is a broken record, counted at this
+
+
+def when(stamp: Any) -> float | None:
+    """A record's time as Unix seconds: a number or an ISO 8601 string; None when it isn't one
+    (a record without a time can't be given to a task)."""
+    if isinstance(stamp, bool):
+        return None
     if isinstance(stamp, (int, float)):
-        return float(stamp)
+        try:
+            at = float(stamp)
+        except OverflowError:  # an integer of 400 digits is valid JSON
+            return None
+        return at if 0 <= at <= LATEST else None
     if not isinstance(stamp, str):
         return None
     try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError):
         return None
+    return at if 0 <= at <= LATEST else None
 
 
-def _int(value: Any) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0
+def count(value: Any) -> int:
+    """A token count: a positive number, at most ``MAX_COUNT`` (a larger or infinite one is
+    counted at that, so a broken or hostile line can't hide spending); anything else is 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return 0  # NaN, negatives, strings
+    return MAX_COUNT if value >= MAX_COUNT else int(value)
 
 
 def _files(root: Path, name: str, *, depth: int = 8, under: str | None = None) -> list[Path]:
@@ -115,17 +132,17 @@ def claude(home: Path) -> list[UsageEntry] | None:
             if not isinstance(m, dict) or not isinstance(m.get("usage"), dict):
                 continue
             u, key = m["usage"], str(m.get("id") or r.get("requestId") or r.get("uuid") or "")
-            at = _when(r.get("timestamp"))
+            at = when(r.get("timestamp"))
             if at is None or not key:
                 continue
             # the last line of a response carries its final output count
             out[key] = UsageEntry(
                 at=out[key].at if key in out else at,
                 model=str(m.get("model") or ""),
-                input_tokens=_int(u.get("input_tokens")),
-                output_tokens=_int(u.get("output_tokens")),
-                cache_read_tokens=_int(u.get("cache_read_input_tokens")),
-                cache_write_tokens=_int(u.get("cache_creation_input_tokens")),
+                input_tokens=count(u.get("input_tokens")),
+                output_tokens=count(u.get("output_tokens")),
+                cache_read_tokens=count(u.get("cache_read_input_tokens")),
+                cache_write_tokens=count(u.get("cache_creation_input_tokens")),
                 key=key,
             )
     return sorted(out.values(), key=lambda e: e.at)
@@ -156,22 +173,22 @@ def codex(codex_home: Path) -> list[UsageEntry] | None:
             last, total = info.get("last_token_usage"), info.get("total_token_usage")
             if not isinstance(last, dict) or not isinstance(total, dict):
                 continue
-            stamp = f"{_int(total.get('total_tokens'))}/{_int(total.get('input_tokens'))}"
+            stamp = f"{count(total.get('total_tokens'))}/{count(total.get('input_tokens'))}"
             if stamp in seen:  # the same running sum again: no new response
                 continue
             seen.add(stamp)
-            at = _when(r.get("timestamp"))
+            at = when(r.get("timestamp"))
             if at is None:
                 continue
-            cached = _int(last.get("cached_input_tokens"))
+            cached = count(last.get("cached_input_tokens"))
             out.append(
                 UsageEntry(
                     at=at,
                     model=model,
-                    input_tokens=max(0, _int(last.get("input_tokens")) - cached),
-                    output_tokens=_int(last.get("output_tokens")),
+                    input_tokens=max(0, count(last.get("input_tokens")) - cached),
+                    output_tokens=count(last.get("output_tokens")),
                     cache_read_tokens=cached,
-                    cache_write_tokens=_int(last.get("cache_write_input_tokens")),
+                    cache_write_tokens=count(last.get("cache_write_input_tokens")),
                     key=f"{path.name}:{stamp}",
                 )
             )
@@ -210,15 +227,15 @@ def gemini(home: Path, folder: str = ".gemini") -> list[UsageEntry] | None:
         for value in values:
             for m in _gemini_messages(value):
                 t, key = m["tokens"], str(m["id"])
-                at = _when(m.get("timestamp"))
+                at = when(m.get("timestamp"))
                 if at is None:
                     continue
-                cached = _int(t.get("cached"))
+                cached = count(t.get("cached"))
                 out[key] = UsageEntry(  # a message rewritten later: its last version
                     at=at,
                     model=str(m.get("model") or ""),
-                    input_tokens=max(0, _int(t.get("input")) - cached) + _int(t.get("tool")),
-                    output_tokens=_int(t.get("output")) + _int(t.get("thoughts")),
+                    input_tokens=max(0, count(t.get("input")) - cached) + count(t.get("tool")),
+                    output_tokens=count(t.get("output")) + count(t.get("thoughts")),
                     cache_read_tokens=cached,
                     key=key,
                 )

@@ -235,3 +235,34 @@ def test_usage_with_a_terminal_and_a_session_is_refused_not_half_ignored(world: 
     # today: --session is silently ignored and the terminal's usage printed (exit 0)
     result = invoke("usage", tid, "--session", "nope")
     assert result.exit_code == 2, result.output
+
+
+# -- after the fixes: the same check everywhere a terminal id or a session goes into a URL -------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["output", "../usage"],
+        ["inbox", "list", "?x=1"],
+        ["results", "1a2b3c4d/../x"],
+        ["usage", "--session", "a/../b"],
+    ],
+)
+def test_every_command_checks_the_id_or_name_it_puts_in_a_url_path(invoke, args: list[str]):
+    result = invoke(*args)
+    said = "is not allowed" in result.output or "8 hex digits" in result.output
+    assert result.exit_code == 1 and said, (result.output, result.exception)
+
+
+def test_a_usd_budget_with_only_unpriced_spending_warns_that_it_cannot_be_enforced(world: World):
+    (world.settings.home / BUDGETS_FILE).write_text("[profile.developer]\nusd = 5.0\n")
+    sub = world.core.events.subscribe(lambda: None)
+    unpriced = {**SPEND, "model": "house-model-7"}
+    tid = world.agent(rules=[{"match": "^task", "reply": "done", "usage": unpriced}])
+    task(world, tid, "task one")
+    world.deliver(tid)
+    world.core.usage.refresh()
+    [budget] = world.core.usage_overview()["budgets"]
+    assert budget["state"] == "warning" and budget["spent_usd"] is None and budget["spent_usd_known"] == 0
+    assert world.core.store.get_terminal(tid).budget_hold is None  # not known to be reached: tasks go
+    [warning] = [e for e in sub.take() if e.get("type") == "budget.warning"]
+    assert "at least $0.00 of $5.00 (no price for house-model-7)" in warning["reason"], warning
