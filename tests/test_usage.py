@@ -17,7 +17,7 @@ from cao.cli import cli
 from cao.core import Cao
 from cao.delivery import Outcome
 from cao.settings import Settings
-from cao.states import Kind, MessageStatus
+from cao.states import Kind, MessageStatus, WaitReason
 from cao.usage import BUDGETS_FILE, PRICES_FILE, UsageConfigError, attribute, load_config
 from providers.base import UsageEntry
 from tests.test_fast_delivery import World
@@ -228,3 +228,29 @@ def test_records_that_lie_are_bounded_and_a_half_written_line_is_skipped(world: 
     u = world.core.terminal_usage(tid)
     assert u["responses"] == 2
     assert u["input_tokens"] == 1000 and u["output_tokens"] == 200 + 10**12
+
+
+def test_a_held_task_keeps_its_budget_reason_while_the_agent_is_busy(world: World):
+    (world.settings.home / BUDGETS_FILE).write_text("[profile.developer]\ntokens = 1000\n")
+    tid = world.agent(
+        rules=[
+            {"match": "^task", "reply": "done", "usage": SPEND},
+            {"match": "^work", "delay": 5.0, "reply": "worked"},
+        ]
+    )
+    task(world, tid, "task one")
+    assert world.deliver(tid) == Outcome.DELIVERED
+    world.core.usage.refresh()  # 6,200 of 1,000: reached
+    hold = world.core.store.get_terminal(tid).budget_hold
+    held = task(world, tid, "task two")
+    assert world.deliver(tid) == Outcome.WAITING and world.message(held).waiting_reason == hold
+    world.type_task(tid, "work hard")  # a person's turn: the agent is busy
+    chat = world.send(tid, "a question")
+    assert world.deliver(tid) == Outcome.WAITING
+    assert world.message(chat).waiting_reason == WaitReason.BUSY
+    # the task waits for the budget, not for the turn: the turn ending won't send it
+    assert world.message(held).waiting_reason == hold
+    world.clock.advance(6)
+    assert world.deliver(tid) == Outcome.DELIVERED
+    assert world.message(chat).status == MessageStatus.DELIVERED
+    assert world.message(held).status == MessageStatus.PENDING and world.message(held).waiting_reason == hold

@@ -695,10 +695,12 @@ class MessageRows(Database):
         (not once more for each message that arrives while it stays the same)."""
         told: list[MessageEvent] = []
         with self._write() as conn:
+            # a task held by the receiver's budget keeps that reason: the gate opening won't send it
             cur = conn.execute(
                 "UPDATE message SET waiting_reason = ? WHERE receiver_id = ? AND status = 'pending' "
-                "AND waiting_reason IS NOT ?",
-                (reason, receiver_id, reason),
+                "AND waiting_reason IS NOT ? AND (kind != ? OR "
+                "(SELECT budget_hold FROM terminal WHERE id = ?) IS NULL)",
+                (reason, receiver_id, reason, Kind.TASK.value, receiver_id),
             )
             n = int(cur.rowcount)
             if n and reason is not None and changed:
