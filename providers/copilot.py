@@ -36,12 +36,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 
 from cao import knobs
 from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
-from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers import usage_files
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus, UsageEntry
 from providers.rules import rule
 from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, box_between_rules, bullet_blocks
 
@@ -90,6 +92,10 @@ class CopilotProvider(BoxedTUI):
     asking = ASKING_RE
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.OPENAI_API_KEY, GITHUB_TOKEN, PROVIDER_BASE_URL)
     hook_phases = HOOK_PHASES
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Its session events' ``session.usage_record`` (providers/usage_files.py)."""
+        return usage_files.copilot(home)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home

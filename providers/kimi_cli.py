@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 from providers import _cli as cli
-from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers import usage_files
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus, UsageEntry
 from providers.rules import rule
 from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, bullet_blocks
 
@@ -115,6 +117,10 @@ class KimiCliProvider(BoxedTUI):
     )
     resume_hint = True
     exit_reason = "Kimi CLI has exited (its resume hint or a dead pane shows)"
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Its wire files' ``StatusUpdate.token_usage`` (providers/usage_files.py)."""
+        return usage_files.kimi(home)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         bypass = ctx.knob(BYPASS)

@@ -47,7 +47,8 @@ from typing import Any
 from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
-from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers import usage_files
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus, UsageEntry
 from providers.rules import rule
 from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI
 
@@ -289,6 +290,10 @@ class OpenCodeProvider(BoxedTUI):
     asking = ASKING_RE
     knobs = (BIN, MODEL, BYPASS, *cli.EVERY_CLI, cli.ANTHROPIC_API_KEY, cli.OPENAI_API_KEY)
     hook_phases = HOOK_PHASES
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Its database's assistant messages' ``tokens`` (providers/usage_files.py)."""
+        return usage_files.opencode(home)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         allowed = cli.allowed_tools(ctx)

@@ -28,12 +28,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 from cao import knobs
 from cao.errors import ProviderError
 from cao.states import HookPhase
 from providers import _cli as cli
-from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus
+from providers import usage_files
+from providers.base import LaunchContext, LaunchSpec, Reading, TerminalStatus, UsageEntry
 from providers.rules import literal, rule
 from providers.tui import IGNORE_DOC, IGNORE_NOTHING, Box, BoxedTUI, box_between_rules, bullet_blocks
 
@@ -77,6 +79,10 @@ class QwenCodeProvider(BoxedTUI):
     echo = ECHO_RE
     continuation = "    "
     asking = ASKING_RE
+
+    def usage(self, home: Path) -> list[UsageEntry] | None:
+        """Its chat files' ``ui_telemetry`` API-response records (providers/usage_files.py)."""
+        return usage_files.qwen(home)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         home = ctx.terminal_home

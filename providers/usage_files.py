@@ -93,6 +93,13 @@ def when(stamp: Any) -> float | None:
     return at if 0 <= at <= LATEST else None
 
 
+def when_ms(stamp: Any) -> float | None:
+    """A time in milliseconds since the epoch (a number), as Unix seconds; None when it isn't one."""
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not 0 <= stamp <= LATEST * 1000:
+        return None  # (NaN fails the comparison too)
+    return when(stamp / 1000)
+
+
 def count(value: Any) -> int:
     """A token count: a positive number, at most ``MAX_COUNT`` (a larger or infinite one is
     counted at that, so a broken or hostile line can't hide spending); anything else is 0."""
@@ -240,3 +247,173 @@ def gemini(home: Path, folder: str = ".gemini") -> list[UsageEntry] | None:
                     key=key,
                 )
     return sorted(out.values(), key=lambda e: e.at)
+
+
+# -- Qwen Code -----------------------------------------------------------------------------------------
+def qwen(home: Path) -> list[UsageEntry] | None:
+    """``.qwen/projects/<project>/chats/<session>.jsonl`` (0.15): a ``ui_telemetry`` system record
+    per API response (``qwen-code.api_response``), its subagents' too (they are billed):
+    ``input_token_count`` includes ``cached_content_token_count``; ``thoughts`` are output."""
+    base = home / ".qwen"
+    if not base.is_dir():
+        return None
+    out: dict[str, UsageEntry] = {}
+    for path in _files(base / "projects", "*.jsonl", depth=3, under="chats"):
+        for r in _lines(path):
+            if not isinstance(r, dict) or r.get("subtype") != "ui_telemetry":
+                continue
+            event = (
+                (r.get("systemPayload") or {}).get("uiEvent")
+                if isinstance(r.get("systemPayload"), dict)
+                else None
+            )
+            if not isinstance(event, dict) or event.get("event.name") != "qwen-code.api_response":
+                continue
+            key, at = str(event.get("response_id") or r.get("uuid") or ""), when(r.get("timestamp"))
+            if not key or at is None:
+                continue
+            cached = count(event.get("cached_content_token_count"))
+            out[key] = UsageEntry(
+                at=at,
+                model=str(event.get("model") or ""),
+                input_tokens=max(0, count(event.get("input_token_count")) - cached),
+                output_tokens=count(event.get("output_token_count"))
+                + count(event.get("thoughts_token_count")),
+                cache_read_tokens=cached,
+                key=key,
+            )
+    return sorted(out.values(), key=lambda e: e.at)
+
+
+# -- Copilot CLI ---------------------------------------------------------------------------------------
+def copilot(home: Path) -> list[UsageEntry] | None:
+    """``.copilot/session-state/<session>/events.jsonl`` (1.0): a ``session.usage_record`` event
+    per API call: ``inputTokens`` include ``cacheReadTokens``; the call's ``apiCallId``."""
+    base = home / ".copilot"
+    if not base.is_dir():
+        return None
+    out: dict[str, UsageEntry] = {}
+    for path in _files(base / "session-state", "events.jsonl", depth=2):
+        for r in _lines(path):
+            if not isinstance(r, dict) or r.get("type") != "session.usage_record":
+                continue
+            data = r.get("data")
+            u = data.get("usage") if isinstance(data, dict) else None
+            if not isinstance(u, dict):
+                continue
+            key, at = str(u.get("apiCallId") or r.get("id") or ""), when(r.get("timestamp"))
+            if not key or at is None:
+                continue
+            cached = count(u.get("cacheReadTokens"))
+            out[key] = UsageEntry(
+                at=at,
+                model=str(u.get("model") or ""),
+                input_tokens=max(0, count(u.get("inputTokens")) - cached),
+                output_tokens=count(u.get("outputTokens")),
+                cache_read_tokens=cached,
+                cache_write_tokens=count(u.get("cacheWriteTokens")),
+                key=key,
+            )
+    return sorted(out.values(), key=lambda e: e.at)
+
+
+# -- Kimi CLI ------------------------------------------------------------------------------------------
+def _kimi_model(base: Path) -> str:
+    """The model behind ``default_model`` in ``config.toml`` (the records don't name it)."""
+    import tomllib
+
+    data = read_bounded(base / "config.toml")
+    try:
+        config = tomllib.loads(data.decode("utf-8")) if data else {}
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    models, name = config.get("models"), config.get("default_model")
+    entry = models.get(name) if isinstance(models, dict) and isinstance(name, str) else None
+    return str(entry.get("model") or name) if isinstance(entry, dict) else ""
+
+
+def kimi(home: Path) -> list[UsageEntry] | None:
+    """``.kimi/sessions/<project>/<session>/wire.jsonl`` (1.4x): a ``StatusUpdate`` per step with
+    ``token_usage`` (``input_other`` without cache, ``input_cache_read``, ``input_cache_creation``,
+    ``output``) and the reply's ``message_id``."""
+    base = home / ".kimi"
+    if not base.is_dir():
+        return None
+    model = _kimi_model(base)
+    out: dict[str, UsageEntry] = {}
+    for path in _files(base / "sessions", "wire.jsonl", depth=3):
+        for r in _lines(path):
+            m = r.get("message") if isinstance(r, dict) else None
+            if (
+                not isinstance(m, dict)
+                or m.get("type") != "StatusUpdate"
+                or not isinstance(m.get("payload"), dict)
+            ):
+                continue
+            p = m["payload"]
+            u, key, at = p.get("token_usage"), str(p.get("message_id") or ""), when(r.get("timestamp"))
+            if not isinstance(u, dict) or not key or at is None:
+                continue
+            out[key] = UsageEntry(
+                at=at,
+                model=model,
+                input_tokens=count(u.get("input_other")),
+                output_tokens=count(u.get("output")),
+                cache_read_tokens=count(u.get("input_cache_read")),
+                cache_write_tokens=count(u.get("input_cache_creation")),
+                key=key,
+            )
+    return sorted(out.values(), key=lambda e: e.at)
+
+
+# -- OpenCode ------------------------------------------------------------------------------------------
+def opencode(home: Path) -> list[UsageEntry] | None:
+    """``.local/share/opencode/opencode.db`` (1.18, SQLite): each assistant ``message`` row's
+    ``data.tokens`` (``input`` without cache, ``output`` + ``reasoning``, ``cache.read``,
+    ``cache.write``), ``modelID``, ``time.created`` (ms), once ``time.completed`` is there.
+    Opened read-only, waiting at most a moment for OpenCode's own writes; a database that can't
+    be read reads as nothing new."""
+    import sqlite3
+
+    path = home / ".local" / "share" / "opencode" / "opencode.db"
+    if not (home / ".local" / "share" / "opencode").is_dir():
+        return None
+    try:
+        if path.is_symlink() or not path.is_file():
+            return []
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.5)
+    except (OSError, sqlite3.Error):
+        return None  # unreadable now (locked, broken): what was read before stays
+    out: list[UsageEntry] = []
+    try:
+        # filtered here, not in SQL: one row that isn't JSON would fail json_extract for all
+        rows = conn.execute("SELECT id, data FROM message ORDER BY time_created LIMIT 100000").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    for key, raw in rows:
+        try:
+            d = json.loads(raw)
+        except (TypeError, ValueError, RecursionError):
+            continue
+        if not isinstance(d, dict) or d.get("role") != "assistant":
+            continue
+        t, stamp = d.get("tokens"), d.get("time")
+        done = isinstance(stamp, dict) and "completed" in stamp  # a reply being written: 0 tokens so far
+        at = when_ms(stamp.get("created")) if isinstance(stamp, dict) else None
+        if not isinstance(t, dict) or at is None or not done:
+            continue
+        cache: dict[str, Any] = t["cache"] if isinstance(t.get("cache"), dict) else {}
+        out.append(
+            UsageEntry(
+                at=at,
+                model=str(d.get("modelID") or ""),
+                input_tokens=count(t.get("input")),
+                output_tokens=count(t.get("output")) + count(t.get("reasoning")),
+                cache_read_tokens=count(cache.get("read")),
+                cache_write_tokens=count(cache.get("write")),
+                key=str(key),
+            )
+        )
+    return sorted(out, key=lambda e: e.at)

@@ -40,7 +40,15 @@ from cao.testing.fakemodel.script import (
     say_question,
     user_texts,
 )
-from cao.testing.fakemodel.wire import SSE_HEADERS, RequestLog, chunks, log_entry, next_id, read_json
+from cao.testing.fakemodel.wire import (
+    SSE_HEADERS,
+    RequestLog,
+    chunks,
+    log_entry,
+    next_id,
+    read_json,
+    usage_of,
+)
 
 SHELL_TOOLS = (
     "bash",
@@ -145,9 +153,22 @@ class ChatReply:
         self.action = action
         self.delay = delay
         self.chunk_delay = chunked
-        self.id = f"chatcmpl-fake-{next_id():06d}"
+        n = next_id()
+        self.id = f"chatcmpl-fake-{n:06d}"
         self.created = int(time.time())
-        self.usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.usage = {**usage_of(n), "cache_write": 0}  # (no cache writes in this API)
+
+    def api_usage(self) -> JSON:
+        """OpenAI's dialect: ``prompt_tokens`` counts the cached ones too."""
+        u = self.usage
+        prompt = u["input"] + u["cache_read"]
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": u["output"],
+            "total_tokens": prompt + u["output"],
+            "prompt_tokens_details": {"cached_tokens": u["cache_read"]},
+        }
 
     @property
     def finish_reason(self) -> str:
@@ -171,7 +192,7 @@ class ChatReply:
             "created": self.created,
             "model": self.model,
             "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+            "usage": self.api_usage(),
         }
 
     def chunk(self, delta: JSON, finish: str | None = None) -> bytes:
@@ -197,10 +218,9 @@ class ChatReply:
                     await asyncio.sleep(self.chunk_delay)
                 yield self.chunk({"content": piece})
         yield self.chunk({}, self.finish_reason)
-        if self.usage:
-            usage = {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
+        if self.stream_usage:
             data = {"id": self.id, "object": "chat.completion.chunk", "created": self.created}
-            data.update(model=self.model, choices=[], usage=usage)
+            data.update(model=self.model, choices=[], usage=self.api_usage())
             yield f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
@@ -229,6 +249,10 @@ def routes(log: RequestLog) -> list[Route]:
             await asyncio.sleep(delay)
             return JSONResponse(openai_error(action.status), status_code=action.status)
         reply = ChatReply(body, action, delay, chunk_delay)
+        if not stream or reply.stream_usage:  # what this reply reports (logged in place)
+            entry.update(reply_id=reply.id, usage=reply.usage)
+        else:
+            entry.update(reply_id=reply.id)
         if not stream:
             await asyncio.sleep(delay)
             return JSONResponse(reply.completion())
