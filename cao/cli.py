@@ -159,7 +159,7 @@ def launch(
 
 @cli.command(epilog="\b\nExamples:\n  cao status\n  cao status --json | jq '.[].status'")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of terminals.")
-@click.option("--session", default=None, help="Only this session.")
+@click.option("--session", default=None, callback=server.checked_session_name, help="Only this session.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, session: str | None) -> None:
     """Show sessions, their terminals and each agent's live status."""
@@ -233,7 +233,12 @@ def output(ctx: click.Context, terminal_id: str, mode: str, as_json: bool) -> No
 
 @cli.command(epilog="\b\nExamples:\n  cao shutdown --session demo\n  cao shutdown --all")
 @click.option("--all", "all_", is_flag=True, help="Every cao session.")
-@click.option("--session", default=None, help="One session (name with or without the cao- prefix).")
+@click.option(
+    "--session",
+    default=None,
+    callback=server.checked_session_name,
+    help="One session (name with or without the cao- prefix).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
 @click.pass_context
 def shutdown(ctx: click.Context, all_: bool, session: str | None, as_json: bool) -> None:
@@ -375,7 +380,7 @@ SECONDS = _Seconds()
     epilog="\b\nExamples:\n  cao send 1a2b3c4d 'please review PR 12'\n"
     "  cao send 1a2b3c4d 'deploy' --from 9f8e7d6c --key deploy-1"
 )
-@click.argument("receiver_id")
+@click.argument("receiver_id", callback=server.checked_terminal_id)
 @click.argument("message")
 @click.option("--from", "sender", default="cli", show_default=True, help="Sender id shown to the receiver.")
 @click.option("--key", default=None, help="Idempotency key: a retry with the same key sends nothing new.")
@@ -574,7 +579,7 @@ def _print_attention(view: dict[str, Any], *, instead_of_queue: Table | None = N
     console.print(timeline)
 
 
-def _changed(ctx: click.Context, message_id: str, action: str, body: dict[str, Any], as_json: bool) -> None:
+def _changed(ctx: click.Context, message_id: int, action: str, body: dict[str, Any], as_json: bool) -> None:
     m = server.for_context(ctx).post(f"/messages/{message_id}/{action}", json=body)
     if as_json:
         _print_json(m)
@@ -592,14 +597,14 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print the message 
     epilog="\b\nExamples:\n  cao inbox defer 42 --for 600\n"
     "  cao inbox defer 42 --until 2026-12-02T09:00:00Z --reason 'tomorrow'",
 )
-@click.argument("message_id")
+@click.argument("message_id", type=click.IntRange(min=1))
 @click.option("--for", "seconds", type=SECONDS, default=None, help="Seconds from now.")
 @click.option("--until", default=None, help="A time (ISO 8601 with a zone).")
 @click.option("--reason", default=None, help="Why (on the timeline).")
 @_BY
 @_JSON
 @click.pass_context
-def inbox_defer(ctx: click.Context, /, message_id: str, as_json: bool, **body: Any) -> None:
+def inbox_defer(ctx: click.Context, /, message_id: int, as_json: bool, **body: Any) -> None:
     """Hold a pending message until a time: not delivered before it, though its agent is idle."""
     if (body["seconds"] is None) == (body["until"] is None):
         raise click.UsageError("say until when: give --for SECONDS or --until TIME, one of them", ctx)
@@ -607,12 +612,12 @@ def inbox_defer(ctx: click.Context, /, message_id: str, as_json: bool, **body: A
 
 
 @inbox.command("drop", epilog="\b\nExample:\n  cao inbox drop 42 --reason 'superseded by the new plan'")
-@click.argument("message_id")
+@click.argument("message_id", type=click.IntRange(min=1))
 @click.option("--reason", required=True, help="Why (kept with the message).")
 @_BY
 @_JSON
 @click.pass_context
-def inbox_drop(ctx: click.Context, /, message_id: str, as_json: bool, **body: Any) -> None:
+def inbox_drop(ctx: click.Context, /, message_id: int, as_json: bool, **body: Any) -> None:
     """Drop a pending message: it is never delivered; the reason is kept with it."""
     _changed(ctx, message_id, "drop", {k: v for k, v in body.items() if v is not None}, as_json)
 
@@ -620,22 +625,22 @@ def inbox_drop(ctx: click.Context, /, message_id: str, as_json: bool, **body: An
 @inbox.command(
     "prioritize", epilog="\b\nExample:\n  cao inbox prioritize 42 urgent --reason 'blocks the release'"
 )
-@click.argument("message_id")
+@click.argument("message_id", type=click.IntRange(min=1))
 @click.argument("priority", type=click.Choice(["urgent", "high", "normal", "low"]))
 @click.option("--reason", default=None, help="Why (on the timeline).")
 @_BY
 @_JSON
 @click.pass_context
-def inbox_prioritize(ctx: click.Context, /, message_id: str, as_json: bool, **body: Any) -> None:
+def inbox_prioritize(ctx: click.Context, /, message_id: int, as_json: bool, **body: Any) -> None:
     """Change a pending message's priority (its queue is served by priority, then order)."""
     _changed(ctx, message_id, "prioritize", {k: v for k, v in body.items() if v is not None}, as_json)
 
 
 @inbox.command("read", epilog="\b\nExamples:\n  cao inbox read 42\n  cao inbox read 42 > body.txt")
-@click.argument("message_id")
+@click.argument("message_id", type=click.IntRange(min=1))
 @_JSON
 @click.pass_context
-def inbox_read(ctx: click.Context, message_id: str, as_json: bool) -> None:
+def inbox_read(ctx: click.Context, message_id: int, as_json: bool) -> None:
     """Print a message's whole body, byte for byte (a long one is announced in the pane, not typed)."""
     m = server.for_context(ctx).post(f"/messages/{message_id}/read", json={})
     if as_json:
@@ -646,10 +651,10 @@ def inbox_read(ctx: click.Context, message_id: str, as_json: bool) -> None:
 
 
 @cli.command(epilog="\b\nExamples:\n  cao message 42\n  cao message 42 --json")
-@click.argument("message_id")
+@click.argument("message_id", type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_context
-def message(ctx: click.Context, message_id: str, as_json: bool) -> None:
+def message(ctx: click.Context, message_id: int, as_json: bool) -> None:
     """Show one message's whole lifecycle."""
     data = server.for_context(ctx).get(f"/messages/{message_id}")
     if as_json:
@@ -680,9 +685,9 @@ def message(ctx: click.Context, message_id: str, as_json: bool) -> None:
 
 
 @cli.command(epilog="Example:\n\n\b\n  cao cancel 42")
-@click.argument("message_id")
+@click.argument("message_id", type=click.IntRange(min=1))
 @click.pass_context
-def cancel(ctx: click.Context, message_id: str) -> None:
+def cancel(ctx: click.Context, message_id: int) -> None:
     """Cancel a pending message (it will not be delivered)."""
     data = server.for_context(ctx).post(f"/messages/{message_id}/cancel")
     console.print(f"message #{data['id']} {data['status']}")

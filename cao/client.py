@@ -13,7 +13,7 @@ import httpx
 
 from cao import apitoken, runfile
 from cao.errors import CaoError, InvalidInput
-from cao.names import validate_terminal_id
+from cao.names import validate_session_name, validate_terminal_id
 from cao.settings import Settings
 
 
@@ -33,7 +33,15 @@ class Client:
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout, auth=auth)
 
     def response(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """The raw answer (for callers that read an error's fields); unreachable → exit 1."""
+        """The raw answer (for callers that read an error's fields); unreachable → exit 1. A path
+        with a ``?``, a ``#`` or a ``.``/``..`` segment is refused before it is sent: cao's routes
+        have none, so one came from a name or id a person typed, and sent as it is it would reach
+        another route (``cao shutdown --session ../terminals/ID`` deleting that terminal)."""
+        if "?" in path or "#" in path or any(seg in (".", "..") for seg in path.split("/")):
+            raise click.ClickException(
+                f"the name or id in {path!r} is not allowed: names and ids have no '/', '?', '#' or "
+                "'..' in them (terminal ids are 8 hex digits; session names letters, digits, '_', '-')"
+            )
         try:
             return self.http.request(method, path, **kwargs)
         except httpx.TransportError:
@@ -113,3 +121,15 @@ def checked_terminal_id(ctx: click.Context, param: click.Parameter, value: str |
         return validate_terminal_id(value)
     except InvalidInput as exc:
         raise click.ClickException(exc.message) from None
+
+
+def checked_session_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for a --session option: a session name (with or without ``cao-``), checked
+    before it goes into a URL path."""
+    if value is None:
+        return None
+    try:
+        validate_session_name(value.removeprefix("cao-"))
+    except InvalidInput as exc:
+        raise click.ClickException(exc.message) from None
+    return value

@@ -12,8 +12,6 @@ from rich.table import Table
 from cao import client as server
 from cao import usage as book
 from cao.cli import _print_json, cli, console, usage_cell
-from cao.errors import InvalidInput
-from cao.names import validate_session_name
 from cao.settings import Settings
 
 
@@ -43,7 +41,7 @@ def _tokens_table(title: str, rows: list[dict[str, Any]], key: str) -> Table:
     "  cao usage 1a2b3c4d --json\n  cao usage --check      (check prices.toml and budgets.toml)"
 )
 @click.argument("terminal_id", required=False, callback=server.checked_terminal_id)
-@click.option("--session", help="Only this session's terminals.")
+@click.option("--session", callback=server.checked_session_name, help="Only this session's terminals.")
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.option(
     "--check", is_flag=True, help="Check $CAO_HOME/prices.toml and budgets.toml here (no server needed)."
@@ -93,11 +91,6 @@ def usage(
         if data.get("budget_hold"):
             console.print(f"[yellow]{escape(data['budget_hold'])}[/yellow]")
         return
-    if session:
-        try:  # it goes into the URL path
-            validate_session_name(session.removeprefix("cao-"))
-        except InvalidInput as exc:
-            raise click.ClickException(exc.message) from None
     data = client.get(f"/sessions/{session}/usage" if session else "/usage")
     if as_json:
         _print_json(data)
@@ -118,11 +111,14 @@ def usage(
             x
             for x in (
                 b["usd"] is not None and f"${b['usd']:.2f}",
-                b["tokens"] and f"{int(b['tokens']):,} tokens",
+                b["tokens"] is not None and f"{int(b['tokens']):,} tokens",
             )
             if x
         )
+        spent = _money(b["spent_usd"])
+        if b["spent_usd"] is None and b.get("spent_usd_known"):  # a model has no price
+            spent = f"at least ${b['spent_usd_known']:.2f}"
         console.print(
             f"budget {b['scope']} {escape(b['name'])} ({escape(b['applies_to'])}): {limits}; used "
-            f"{_money(b['spent_usd'])}, {b['spent_tokens']:,} tokens — {b['state']}"
+            f"{spent}, {b['spent_tokens']:,} tokens — {b['state']}"
         )

@@ -145,6 +145,7 @@ def parse_budgets(data: Mapping[str, Any], source: str) -> list[Budget]:
             f"{source}: unknown key {unknown[0]!r}; budgets go under [session.NAME] or [profile.NAME]"
         )
     out = []
+    named: dict[tuple[str, str], str] = {}
     for scope in ("session", "profile"):
         tables = data.get(scope, {})
         if not isinstance(tables, dict):
@@ -158,6 +159,13 @@ def parse_budgets(data: Mapping[str, Any], source: str) -> list[Budget]:
                     validate_name(name, "profile")
             except InvalidInput as exc:
                 raise UsageConfigError(f"{source}: [{scope}.{name!r}]: {exc.message}") from None
+            same = session_name_for(name) if scope == "session" else name
+            if (scope, same) in named:
+                raise UsageConfigError(
+                    f"{source}: [{scope}.{name}] and [{scope}.{named[scope, same]}] are the same {scope}; "
+                    "keep one"
+                )
+            named[scope, same] = name
             if not isinstance(table, dict):
                 raise UsageConfigError(
                     f"{where} must be a table (usd = 5.0, tokens = 2000000, warn_at = 0.8)"
@@ -299,6 +307,19 @@ def attribute(
     return [UsageRow(terminal_id, t, m, *v) for (t, m), v in sorted(sums.items())]
 
 
+def _less(rows: Sequence[UsageRow], stored: Sequence[UsageRow]) -> bool:
+    """Whether a reading has fewer responses or tokens than what is stored (its records shrank)."""
+
+    def sums(rs: Sequence[UsageRow]) -> tuple[int, int]:
+        tokens = sum(
+            r.input_tokens + r.output_tokens + r.cache_read_tokens + r.cache_write_tokens for r in rs
+        )
+        return sum(r.responses for r in rs), tokens
+
+    (n, t), (n0, t0) = sums(rows), sums(stored)
+    return n < n0 or t < t0
+
+
 # -- the book --------------------------------------------------------------------------------------
 class UsageBook:
     """Reads every terminal's usage, keeps the totals in the store, applies the budgets."""
@@ -321,6 +342,7 @@ class UsageBook:
         self._lock = threading.Lock()
         self._last = 0.0
         self._stored: dict[str, list[UsageRow] | None] = {}  # what this process last wrote per terminal
+        self._seen: dict[str, dict[str, UsageEntry]] = {}  # every response read per terminal, by key
 
     def terminal_home(self, terminal_id: str) -> Path:
         return self.home / "terminals" / terminal_id  # LaunchContext.terminal_home (cao/launch.py)
@@ -350,6 +372,13 @@ class UsageBook:
         except Exception:  # a reader's bug must not stop housekeeping: unknown, logged
             logger.exception("usage reader failed", extra={"terminal_id": terminal.id})
             entries = None
+        seen = self._seen.setdefault(terminal.id, {})
+        if entries is not None:  # money spent stays spent: a response read once counts even when
+            for e in entries:  # its record is gone (the agent owns its HOME; a CLI prunes)
+                seen[e.key or repr(e)] = e  # (its latest version: a reply rewritten with final counts)
+            entries = list(seen.values())
+        elif seen:
+            entries = list(seen.values())
         if entries is None and terminal.usage_known == 1:
             return  # its records went (its HOME removed): keep what was read before
         rows = (
@@ -357,6 +386,12 @@ class UsageBook:
         )
         if terminal.id in self._stored and self._stored[terminal.id] == rows:
             return  # nothing new: no write (every live terminal is read every 15 s)
+        if (
+            terminal.id not in self._stored
+            and rows is not None
+            and _less(rows, self.store.usage_rows([terminal.id]))
+        ):
+            return  # first read since cao-server started, and records were removed while it was down
         self.store.put_usage(terminal.id, rows)
         self._stored[terminal.id] = rows
 

@@ -111,7 +111,7 @@ def cao_mcp_server(ctx: LaunchContext) -> dict[str, Any]:
     as this terminal."""
     return {
         "command": sys.executable,
-        "args": ["-m", "cao.mcp"],
+        "args": ["-P", "-m", "cao.mcp"],  # -P: a project's own cao/ package must not run instead
         "env": {
             "CAO_TERMINAL_ID": ctx.terminal_id,
             "CAO_SERVER_URL": ctx.server_url,

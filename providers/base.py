@@ -108,6 +108,7 @@ class LaunchContext:
         event even if the CLI's payload doesn't arrive (see cao/hook.py)."""
         return [
             sys.executable,
+            "-P",  # not the working directory first on sys.path: a project's own cao/ must not run
             "-m",
             "cao.hook",
             "--terminal",

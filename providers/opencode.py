@@ -67,9 +67,13 @@ CLOSED_RE = rule("closed", r"▣  .* · \d+(?:\.\d+)?(?:ms|s|m)\b")
 BUSY_RE = rule("busy_footer", r"esc interrupt")
 PERMISSION_RE = rule("permission", r"(?:Permission required|Allow once|Allow always|△ )")
 # With no box: a permission prompt, or a dialog's key hint.
+# Searched per line. "A, later on the line B" as ``^(?>.*?A).*B``: the atomic group keeps the first
+# A (no B after it: none after a later one either), so one pass, where ``A.*B`` rescans the rest of
+# the line from every A (a line of 20,000 "enter"s took minutes).
 ASKING_RE = rule(
     "asking",
-    PERMISSION_RE.pattern + r"|(?i:\b(?:enter|↵)\b.*\b(?:select|confirm)\b|\besc\b.*\b(?:close|cancel)\b)",
+    PERMISSION_RE.pattern
+    + r"|(?i:^(?>.*?\b(?:enter|↵)\b).*\b(?:select|confirm)\b|^(?>.*?\besc\b).*\b(?:close|cancel)\b)",
 )
 TOOL_RE = rule("tool", r"^[⚙→←✱◇$] ")
 

@@ -250,14 +250,14 @@ def parse_overrides(text: str, owner: str, source: str) -> list[Override]:
             )
         try:
             re.compile(pattern, flags[name])
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:  # a{4294967296}; 1,000 nested groups
             raise OverrideError(
                 f"{where}: the pattern for {name!r} is not a valid regular expression: {exc}"
             ) from None
         combined = f"(?:{current[name]})|(?:{pattern})" if op == "+=" else pattern
         try:
             re.compile(combined, flags[name])
-        except re.error as exc:  # e.g. global inline flags in an added alternative
+        except (re.error, OverflowError, RecursionError) as exc:  # e.g. global inline flags in an addition
             raise OverrideError(
                 f"{where}: the pattern for {name!r} can't be added to the rule's own ({exc}); "
                 "write it whole with `=` instead"

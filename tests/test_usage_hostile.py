@@ -266,3 +266,12 @@ def test_a_usd_budget_with_only_unpriced_spending_warns_that_it_cannot_be_enforc
     assert world.core.store.get_terminal(tid).budget_hold is None  # not known to be reached: tasks go
     [warning] = [e for e in sub.take() if e.get("type") == "budget.warning"]
     assert "at least $0.00 of $5.00 (no price for house-model-7)" in warning["reason"], warning
+
+
+def test_two_budgets_for_the_same_session_are_refused(tmp_path: Path):
+    home = tmp_path / "cao"
+    home.mkdir()
+    (home / BUDGETS_FILE).write_text("[session.team]\nusd = 1.0\n[session.cao-team]\nusd = 5.0\n")
+    with pytest.raises(UsageConfigError) as err:
+        load_config(home)
+    assert "are the same session" in err.value.message and "cao-team" in err.value.message

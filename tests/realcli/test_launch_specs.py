@@ -125,7 +125,7 @@ def test_environment_is_built_from_nothing_but_what_the_cli_needs(spec: Spec, tm
 
 def test_mcp_server_speaks_for_this_terminal(spec: Spec, tmp_path: Path) -> None:
     server = mcp_server(spec, launch(spec, tmp_path))
-    assert (server["command"], server["args"]) == (sys.executable, ["-m", "cao.mcp"])
+    assert (server["command"], server["args"]) == (sys.executable, ["-P", "-m", "cao.mcp"])
     assert server["env"] == {
         "CAO_TERMINAL_ID": "1a2b3c4d",
         "CAO_SERVER_URL": "http://127.0.0.1:9889",
@@ -233,7 +233,7 @@ def test_profile_prompt_model_and_mcp_servers_reach_the_cli(spec: Spec, tmp_path
     assert len(prompt_files) == 1
     config = "".join(launched.files.values())
     assert "profile-model" in launched.command or 'model = "profile-model"' in config
-    assert mcp_server(spec, launched)["args"] == ["-m", "cao.mcp"]  # cao's own always wins
+    assert mcp_server(spec, launched)["args"] == ["-P", "-m", "cao.mcp"]  # cao's own always wins
     assert "docs-mcp" in config and "/srv/docs" in config
     with_knob = providers.get(spec.provider).launch(
         replace(context(tmp_path, {**knobs, f"CAO_{spec.prefix}_MODEL": "knob-model"}), profile=PROFILE)
@@ -329,7 +329,7 @@ def test_an_unrelated_package_json_is_no_release(tmp_path: Path) -> None:
 
 
 # -- lifecycle hooks (cao/hookstate.py; what each release runs: docs/providers.md) -----------------
-HOOK = "-m cao.hook --terminal 1a2b3c4d --server http://127.0.0.1:9889"
+HOOK = "-P -m cao.hook --terminal 1a2b3c4d --server http://127.0.0.1:9889"
 CLAUDE_PKG = "@anthropic-ai/claude-code"
 TRUST_FLAG = "--dangerously-bypass-hook-trust"
 

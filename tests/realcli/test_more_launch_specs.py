@@ -69,7 +69,7 @@ def test_everything_lives_in_the_terminal_home(spec: Spec, tmp_path: Path) -> No
 def test_mcp_server_speaks_for_this_terminal(spec: Spec, tmp_path: Path) -> None:
     cao = servers(spec, tmp_path, launch(spec, tmp_path, profile=PROFILE))["cao"]
     argv = cao["command"] if isinstance(cao["command"], list) else [cao["command"], *cao["args"]]
-    assert argv == [sys.executable, "-m", "cao.mcp"]  # the profile's "cao" never wins
+    assert argv == [sys.executable, "-P", "-m", "cao.mcp"]  # the profile's "cao" never wins
     assert (cao.get("env") or cao.get("environment")) == {
         "CAO_TERMINAL_ID": "1a2b3c4d",
         "CAO_SERVER_URL": "http://127.0.0.1:9889",
@@ -221,7 +221,7 @@ def test_hermes_reports_its_turns_through_shell_hooks_it_accepts_itself(tmp_path
     }
     for event, (hook,) in config["hooks"].items():
         argv = shlex.split(hook["command"])  # Hermes splits it the same way, no shell
-        assert argv[:3] == [sys.executable, "-m", "cao.hook"] and argv[-2:] == ["hermes", event]
+        assert argv[:4] == [sys.executable, "-P", "-m", "cao.hook"] and argv[-2:] == ["hermes", event]
         assert "--terminal 1a2b3c4d --server http://127.0.0.1:9889" in hook["command"]
     knobs = {
         "CAO_HERMES_BIN": str(tmp_path / "bin" / "hermes"),
@@ -333,7 +333,7 @@ def test_copilot_reports_its_turns_through_user_level_hooks_in_its_own_home(tmp_
     assert set(config["hooks"]) == {"sessionStart", "userPromptSubmitted", "agentStop", "sessionEnd"}
     for event, (hook,) in config["hooks"].items():
         argv = shlex.split(hook["bash"])
-        assert argv[:3] == [sys.executable, "-m", "cao.hook"] and argv[-2:] == ["copilot", event]
+        assert argv[:4] == [sys.executable, "-P", "-m", "cao.hook"] and argv[-2:] == ["copilot", event]
         assert "--terminal 1a2b3c4d --server http://127.0.0.1:9889" in hook["bash"]
     assert not any(".github" in str(p) for p in files)  # never into the user's repository
     off = providers.get("copilot").launch(replace(context(tmp_path, knobs), hooks=False)).files
