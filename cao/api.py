@@ -25,7 +25,7 @@ from cao.errors import CaoError, InvalidInput, StoreBusy
 from cao.handoff import JOB_ID_RE, MAX_STEP_TIMEOUT
 from cao.hook import TEXT_LIMIT as HOOK_TEXT_LIMIT
 from cao.hookstate import HOOK_KEY_HEADER
-from cao.names import TERMINAL_ID_RE
+from cao.names import TERMINAL_ID_RE, validate_message_id
 from cao.params import NAME_SCHEMA, Param, Params, Values, path, query
 from cao.states import IfBusy, Kind, Priority, ResultStatus
 from cao.store import MESSAGE_STATUSES
@@ -616,6 +616,4 @@ def _one_segment_session(request: Request) -> None:
 
 
 def _message_id(raw: str) -> int:
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
-        raise InvalidInput(f"message id {raw!r} is malformed; message ids are positive integers")
-    return int(raw)
+    return validate_message_id(raw)

@@ -597,7 +597,7 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print the message 
     epilog="\b\nExamples:\n  cao inbox defer 42 --for 600\n"
     "  cao inbox defer 42 --until 2026-12-02T09:00:00Z --reason 'tomorrow'",
 )
-@click.argument("message_id", type=click.IntRange(min=1))
+@click.argument("message_id", callback=server.checked_message_id)
 @click.option("--for", "seconds", type=SECONDS, default=None, help="Seconds from now.")
 @click.option("--until", default=None, help="A time (ISO 8601 with a zone).")
 @click.option("--reason", default=None, help="Why (on the timeline).")
@@ -612,7 +612,7 @@ def inbox_defer(ctx: click.Context, /, message_id: int, as_json: bool, **body: A
 
 
 @inbox.command("drop", epilog="\b\nExample:\n  cao inbox drop 42 --reason 'superseded by the new plan'")
-@click.argument("message_id", type=click.IntRange(min=1))
+@click.argument("message_id", callback=server.checked_message_id)
 @click.option("--reason", required=True, help="Why (kept with the message).")
 @_BY
 @_JSON
@@ -625,7 +625,7 @@ def inbox_drop(ctx: click.Context, /, message_id: int, as_json: bool, **body: An
 @inbox.command(
     "prioritize", epilog="\b\nExample:\n  cao inbox prioritize 42 urgent --reason 'blocks the release'"
 )
-@click.argument("message_id", type=click.IntRange(min=1))
+@click.argument("message_id", callback=server.checked_message_id)
 @click.argument("priority", type=click.Choice(["urgent", "high", "normal", "low"]))
 @click.option("--reason", default=None, help="Why (on the timeline).")
 @_BY
@@ -637,7 +637,7 @@ def inbox_prioritize(ctx: click.Context, /, message_id: int, as_json: bool, **bo
 
 
 @inbox.command("read", epilog="\b\nExamples:\n  cao inbox read 42\n  cao inbox read 42 > body.txt")
-@click.argument("message_id", type=click.IntRange(min=1))
+@click.argument("message_id", callback=server.checked_message_id)
 @_JSON
 @click.pass_context
 def inbox_read(ctx: click.Context, message_id: int, as_json: bool) -> None:
@@ -651,7 +651,7 @@ def inbox_read(ctx: click.Context, message_id: int, as_json: bool) -> None:
 
 
 @cli.command(epilog="\b\nExamples:\n  cao message 42\n  cao message 42 --json")
-@click.argument("message_id", type=click.IntRange(min=1))
+@click.argument("message_id", callback=server.checked_message_id)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_context
 def message(ctx: click.Context, message_id: int, as_json: bool) -> None:
@@ -685,7 +685,7 @@ def message(ctx: click.Context, message_id: int, as_json: bool) -> None:
 
 
 @cli.command(epilog="Example:\n\n\b\n  cao cancel 42")
-@click.argument("message_id", type=click.IntRange(min=1))
+@click.argument("message_id", callback=server.checked_message_id)
 @click.pass_context
 def cancel(ctx: click.Context, message_id: int) -> None:
     """Cancel a pending message (it will not be delivered)."""

@@ -13,7 +13,7 @@ import httpx
 
 from cao import apitoken, runfile
 from cao.errors import CaoError, InvalidInput
-from cao.names import validate_session_name, validate_terminal_id
+from cao.names import validate_message_id, validate_session_name, validate_terminal_id
 from cao.settings import Settings
 
 
@@ -133,3 +133,14 @@ def checked_session_name(ctx: click.Context, param: click.Parameter, value: str 
     except InvalidInput as exc:
         raise click.ClickException(exc.message) from None
     return value
+
+
+def checked_message_id(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """A click callback for a MESSAGE_ID argument: digits only, checked before it goes into a URL
+    path (``1/../../terminals/ID/exit`` would reach another route)."""
+    if value is None:
+        return None
+    try:
+        return validate_message_id(value)
+    except InvalidInput as exc:
+        raise click.ClickException(exc.message) from None

@@ -17,6 +17,14 @@ def validate_terminal_id(value: str) -> str:
     return value
 
 
+def validate_message_id(value: str) -> int:
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise InvalidInput(
+            f"message id {value!r} is malformed (not a number); message ids are positive integers, e.g. 42"
+        )
+    return int(value)
+
+
 def validate_name(value: str, what: str) -> str:
     if not NAME_RE.fullmatch(value or ""):
         raise InvalidInput(
