@@ -5,7 +5,7 @@ the server running for this CAO_HOME), its token, and an httpx client whose erro
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
@@ -112,35 +112,23 @@ def for_context(ctx: click.Context) -> Client:
     return client_
 
 
-def checked_terminal_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A click callback for a TERMINAL_ID argument: 8 hex digits, checked before it goes into a
-    URL path (``?x=1`` or ``../`` would reach another route and answer something else)."""
-    if value is None:
-        return None
-    try:
-        return validate_terminal_id(value)
-    except InvalidInput as exc:
-        raise click.ClickException(exc.message) from None
+def _checked(validate: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, str | None], Any]:
+    """A click callback that checks a name or id before it goes into a URL path (``?x=1`` or
+    ``../`` would reach another route and answer something else): the server's own rule and words
+    (cao/names.py), exit 1."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        try:
+            return validate(value)
+        except InvalidInput as exc:
+            raise click.ClickException(exc.message) from None
+
+    return callback
 
 
-def checked_session_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A click callback for a --session option: a session name (with or without ``cao-``), checked
-    before it goes into a URL path."""
-    if value is None:
-        return None
-    try:
-        validate_session_name(value.removeprefix("cao-"))
-    except InvalidInput as exc:
-        raise click.ClickException(exc.message) from None
-    return value
-
-
-def checked_message_id(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    """A click callback for a MESSAGE_ID argument: digits only, checked before it goes into a URL
-    path (``1/../../terminals/ID/exit`` would reach another route)."""
-    if value is None:
-        return None
-    try:
-        return validate_message_id(value)
-    except InvalidInput as exc:
-        raise click.ClickException(exc.message) from None
+checked_terminal_id = _checked(validate_terminal_id)  # 8 hex digits
+checked_message_id = _checked(validate_message_id)  # digits: the id as an int
+# a --session: with or without the cao- prefix, given on as typed
+checked_session_name = _checked(lambda v: validate_session_name(v.removeprefix("cao-")) and v)

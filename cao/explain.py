@@ -264,6 +264,4 @@ def bug_report(ex: dict[str, Any], screen: str, *, homes: tuple[str, ...] = ()) 
 
 
 def read_screen_file(path: Path) -> str:
-    data = read_small_file(path, 4 * 1024 * 1024, "screen file")  # capture-pane -p output
-    assert data is not None
-    return data.decode("utf-8", "replace")
+    return read_small_file(path, 4 * 1024 * 1024, "screen file").decode("utf-8", "replace")  # capture-pane -p

@@ -30,7 +30,6 @@ def owner_for(provider_name: str) -> str:
 
 def read_file(path: Path, owner: str) -> list[rules.Override]:
     data = read_small_file(path, FILE_LIMIT, "rules file")
-    assert data is not None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

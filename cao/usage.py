@@ -29,7 +29,7 @@ from typing import Any
 import providers
 from cao.errors import InvalidInput
 from cao.events import EventBus
-from cao.files import read_small_file
+from cao.files import MissingFile, read_small_file
 from cao.names import validate_name, validate_session_name
 from cao.states import TerminalState
 from cao.store import Store, Terminal, UsageRow
@@ -72,11 +72,11 @@ class UsageConfigError(InvalidInput):
 # -- the two files ---------------------------------------------------------------------------------
 def _read_toml(path: Path) -> dict[str, Any]:
     try:  # non-blocking and bounded: a FIFO here must not stall the reader (it holds the lock)
-        data = read_small_file(path, FILE_LIMIT, f"{path.stem} file", missing_ok=True)
+        data = read_small_file(path, FILE_LIMIT, f"{path.stem} file")
+    except MissingFile:
+        return {}
     except InvalidInput as exc:
         raise UsageConfigError(exc.message) from None
-    if data is None:
-        return {}
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:

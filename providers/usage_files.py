@@ -27,12 +27,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import stat
+import sqlite3
+import tomllib
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cao.files import read_regular
 from providers.base import UsageEntry
 
 MAX_FILE = 64 * 1024 * 1024  # a transcript larger than this is read up to here
@@ -52,21 +54,12 @@ def _lines(path: Path) -> Iterator[Any]:
 
 
 def read_bounded(path: Path) -> bytes | None:
-    """A regular file's first ``MAX_FILE`` bytes; None for anything else (a FIFO would block the
-    reader forever, a device never ends) or when it can't be read."""
+    """A regular file's first ``MAX_FILE`` bytes (``cao.files.read_regular``: no FIFO, no device,
+    no symlink followed); None for anything else or when it can't be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        return read_regular(path, MAX_FILE, follow=False)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read(MAX_FILE)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 LATEST = 4102444800.0  # 2100-01-01: a later (or negative, or infinite) time is not a record's
@@ -320,8 +313,6 @@ def copilot(home: Path) -> list[UsageEntry] | None:
 # -- Kimi CLI ------------------------------------------------------------------------------------------
 def _kimi_model(base: Path) -> str:
     """The model behind ``default_model`` in ``config.toml`` (the records don't name it)."""
-    import tomllib
-
     data = read_bounded(base / "config.toml")
     try:
         config = tomllib.loads(data.decode("utf-8")) if data else {}
@@ -373,8 +364,6 @@ def opencode(home: Path) -> list[UsageEntry] | None:
     ``cache.write``), ``modelID``, ``time.created`` (ms), once ``time.completed`` is there.
     Opened read-only, waiting at most a moment for OpenCode's own writes; a database that can't
     be read reads as nothing new."""
-    import sqlite3
-
     path = home / ".local" / "share" / "opencode" / "opencode.db"
     if not (home / ".local" / "share" / "opencode").is_dir():
         return None
