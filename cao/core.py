@@ -160,7 +160,9 @@ class Cao:
         self.clock = clock.now
         now = clock.now
         self.store = Store(settings.db_path, busy_timeout=settings.busy_timeout, clock=now)
-        self.tmux: PaneIO = pane_io if pane_io is not None else Tmux(settings.tmux_socket)
+        self.tmux: PaneIO = (
+            pane_io if pane_io is not None else Tmux(settings.tmux_socket, control=settings.tmux_control)
+        )
         self.faults = Faults(settings.fault_point)
         self.events = EventBus(clock=now)
         env = dict(os.environ if environ is None else environ)
@@ -195,6 +197,9 @@ class Cao:
             events=self.events,
         )
         self.engine = DeliveryEngine(self.delivery, clock=now)
+        if settings.output_wakes:  # trigger 2b: a busy receiver's pane went quiet (tmux %output)
+            self.tmux.watch_output(self.engine.on_pane_quiet, self.engine.output_quiet)
+            self.engine.ticks.append(self._watch_output)
         self.inbox = Inbox(self.store, now)
         self.coordination = Coordination(settings, self.store, self.inbox, events=self.events, clock=now)
         self._follow_work()
@@ -262,11 +267,18 @@ class Cao:
         logger.info("cao started", extra={"adopted": len(adopted["adopted"]), "gone": len(adopted["gone"])})
         return adopted
 
+    def _watch_output(self) -> None:
+        """Housekeeping: an output watch on each session with terminals (new ones, a tmux restart)."""
+        sessions = {t.session_name for t in self.store.list_terminals() if t.state not in ENDED}
+        self.engine.forget_panes()
+        self.tmux.refresh_output_watch(sorted(sessions))
+
     def stop(self) -> None:
         if self.started:
             self.engine.stop()
             self.coordination.stop()
             self.started = False
+        self.tmux.shutdown()
         self.store.close()
 
     # -- the inbox ------------------------------------------------------------------------------

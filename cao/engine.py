@@ -2,6 +2,7 @@
 
     send (API) ──commit──► immediate(receiver) ─┐
     PollingObserverVFS on logs/terminal/*.log   ├─► kick(receiver) ─► the receiver's serial runner
+    tmux %output, then the pane quiet (2b)      │
     reconcile sweep (every 30 s, grace window) ─┘      (one at a time per receiver, coalesced,
                                                         a thread pool across receivers)
                                                           │ recover(receiver) if a claim went stale
@@ -33,7 +34,7 @@ from cao.delivery import Delivery, Outcome
 if TYPE_CHECKING:
     from cao.lifecycle import Lifecycle
 from cao.errors import StoreBusy, StoreGone
-from cao.states import Trigger
+from cao.states import ENDED, Trigger
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,8 @@ class DeliveryEngine:
         self.events = delivery.events
         self._refreshing: set[str] = set()  # terminals whose status is being re-read for listeners
         self.stats: dict[str, int] = {"kicks": 0, "runs": 0, "delivered": 0, "sweeps": 0, "logs_capped": 0}
+        self._panes: dict[str, tuple[str, float]] = {}  # pane id -> (terminal id, its output_quiet)
+        self._panes_read = 0.0  # monotonic time of that map's read; 0: read it again
 
     # -- waking -------------------------------------------------------------------------------
     def kick(self, receiver_id: str, trigger: str) -> None:
@@ -129,7 +132,7 @@ class DeliveryEngine:
             self.stats["kicks"] += 1
             if receiver_id in self._running:
                 # A log change can't prove "idle" while a run is under way; a send or sweep can.
-                if trigger != Trigger.WATCHDOG or receiver_id not in self._again:
+                if trigger not in (Trigger.WATCHDOG, Trigger.OUTPUT) or receiver_id not in self._again:
                     self._again[receiver_id] = trigger
                 return
             self._running[receiver_id] = trigger
@@ -274,6 +277,55 @@ class DeliveryEngine:
             self.kick(terminal_id, Trigger.WATCHDOG)
         if self.events.listening or self.on_work_log(terminal_id):
             self.refresh_status(terminal_id)
+
+    # -- trigger 2b: pane output (tmux control mode, cao/tmux/control.py) -------------------------
+    def on_pane_quiet(self, pane_id: str) -> None:
+        """A pane printed and has been quiet for its provider's ``output_quiet``: the moment a busy
+        receiver's turn ends. Wakes it like a log change would, without waiting for a poll."""
+        tid = self._terminal_of(pane_id)
+        if tid is None:
+            return
+        self.stats["output_wakes"] = self.stats.get("output_wakes", 0) + 1
+        if tid in self.watched:
+            self.kick(tid, Trigger.OUTPUT)
+        if self.events.listening or self.on_work_log(tid):
+            self.refresh_status(tid)
+
+    def output_quiet(self, pane_id: str) -> float:
+        """How long ``pane_id`` must be quiet after printing before it is woken (its provider's)."""
+        entry = self._pane_map().get(pane_id)
+        return entry[1] if entry is not None else 0.01
+
+    def forget_panes(self) -> None:
+        """Terminals came or went: the pane → terminal map is read again on its next use."""
+        self._panes_read = 0.0
+
+    def _terminal_of(self, pane_id: str) -> str | None:
+        entry = self._pane_map().get(pane_id)
+        if entry is None and time.monotonic() - self._panes_read > 1.0:
+            self._panes_read = 0.0  # a pane we don't know yet (a new terminal): read once more
+            entry = self._pane_map().get(pane_id)
+        return entry[0] if entry is not None else None
+
+    def _pane_map(self) -> dict[str, tuple[str, float]]:
+        if self._panes_read:
+            return self._panes
+        import providers
+
+        fresh: dict[str, tuple[str, float]] = {}
+        try:
+            for t in self.store.list_terminals():
+                if t.pane_id is not None and t.state not in ENDED:
+                    try:
+                        quiet = providers.get(t.provider).output_quiet
+                    except Exception:
+                        quiet = 0.01
+                    fresh[t.pane_id] = (t.id, quiet)
+        except Exception:
+            logger.debug("pane map read failed", exc_info=True)
+            return self._panes
+        self._panes, self._panes_read = fresh, time.monotonic()
+        return fresh
 
     def attend(self) -> None:
         """Coordination follows a terminal now: make sure its log is polled."""

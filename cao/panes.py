@@ -2,7 +2,8 @@
 
     PaneIO            the protocol a pane backend speaks (identity-checked: each call names the
                       pane instance by its PaneRef and checks it in the same step as the action)
-      Tmux            cao/tmux/: the tmux binary (the only module that runs it)
+      Tmux            cao/tmux/: the tmux binary (the only module that runs it): over one
+                      control-mode client, or forked clients (CAO_TMUX_CONTROL=false, fallback)
       MemoryPanes     cao/testing/panes.py: an in-memory double for the fast tier
     Panes             a terminal's pane I/O over a PaneIO: the pane's identity from the row, a
                       per-terminal lock, and "gone for good" when the pane is gone or not its own
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -89,6 +90,15 @@ class PaneIO(Protocol):
     def ensure_pipe(self, pane_id: str, log_path: Path) -> bool: ...
 
     def reopen_pipe_checked(self, ref: PaneRef, log_path: Path, *, replace: bool = False) -> bool: ...
+
+    def watch_output(self, on_quiet: Callable[[str], None], quiet: Callable[[str], float]) -> None:
+        """Call ``on_quiet(pane_id)`` once a pane that printed has been quiet ``quiet(pane_id)`` s."""
+
+    def refresh_output_watch(self, sessions: Sequence[str] | None = None) -> int:
+        """Keep the output watch on these sessions (new sessions, a restarted server)."""
+
+    def shutdown(self) -> None:
+        """Stop what the backend runs (tmux: the control-mode clients)."""
 
 
 class Panes:

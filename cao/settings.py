@@ -68,6 +68,8 @@ def _url(environ: Mapping[str, str], name: str) -> str | None:
 class Settings:
     home: Path
     tmux_socket: str | None = None
+    tmux_control: bool = True  # one persistent tmux control-mode client (cao/tmux/control.py)
+    output_wakes: bool = True  # %output of busy receivers wakes delivery once they go quiet
     api_host: str = "127.0.0.1"
     api_port: int = 9889
     server_url: str = "http://127.0.0.1:9889"
@@ -164,6 +166,8 @@ class Settings:
         return cls(
             home=home,
             tmux_socket=env.get("CAO_TMUX_SOCKET") or None,
+            tmux_control=_flag(env, "CAO_TMUX_CONTROL", True),
+            output_wakes=_flag(env, "CAO_OUTPUT_WAKES", True),
             api_host=host,
             api_port=port,
             server_url=url.rstrip("/"),
@@ -217,6 +221,8 @@ class Settings:
 SERVER_NAMES = (
     "CAO_HOME",
     "CAO_TMUX_SOCKET",
+    "CAO_TMUX_CONTROL",
+    "CAO_OUTPUT_WAKES",
     "CAO_API_HOST",
     "CAO_API_PORT",
     "CAO_SERVER_URL",

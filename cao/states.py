@@ -249,6 +249,7 @@ class Trigger(StrEnum):
 
     IMMEDIATE = "immediate"  # trigger 1: right after a send committed
     WATCHDOG = "watchdog"  # trigger 2: the receiver's pane log changed
+    OUTPUT = "output"  # trigger 2b: the receiver's pane printed and went quiet (tmux %output)
     WATCH_ARMED = "watch_armed"  # its log just joined a fresh watch: look once
     SWEEP = "sweep"  # trigger 3: the reconcile sweep
     RECOVER = "recover"  # a stale claim to resolve first

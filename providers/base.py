@@ -152,6 +152,9 @@ class Provider:
     description: ClassVar[str] = ""
     # A message pasted mid-turn is queued as its own turn (never merged into the running one).
     accepts_input_while_processing: ClassVar[bool] = False
+    # seconds a pane must be quiet after printing before its output wakes delivery (tmux %output,
+    # cao/tmux/control.py): a CLI redraws a screen in bursts a few ms apart
+    output_quiet: ClassVar[float] = 0.01
     # The CLI's own key that stops a running turn and brings its prompt back (an urgent message
     # with if_busy=interrupt: docs/attention.md), or None: it has none cao has proven on the real
     # program. ``interrupt_keeps_input``: the key keeps text typed into an input box the screen

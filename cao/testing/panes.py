@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,6 +99,8 @@ class MemoryPanes:
         self.up = True
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
+        self._on_quiet: Callable[[str], None] | None = None
+        self.output_wakes = 0
 
     # -- what tests do to the panes ----------------------------------------------------------------
     def pane(self, pane_id: str) -> MemoryPane:
@@ -321,6 +323,19 @@ class MemoryPanes:
         if pane.piped:
             with pane.log_path.open("a", encoding="utf-8") as fh:
                 fh.write(text)
+        if self._on_quiet is not None:  # tmux's %output, quiet at once: the engine's trigger 2b
+            self.output_wakes += 1
+            self._on_quiet(pane.pane_id)
+
+    # -- the output watch (tmux: control-mode %output) ----------------------------------------------
+    def watch_output(self, on_quiet: Callable[[str], None], quiet: Callable[[str], float]) -> None:
+        self._on_quiet = on_quiet
+
+    def refresh_output_watch(self, sessions: Sequence[str] | None = None) -> int:
+        return len(self.sessions) if self._on_quiet is not None else 0
+
+    def shutdown(self) -> None:
+        self._on_quiet = None
 
 
 def _arg(command: Sequence[str], flag: str) -> str | None:

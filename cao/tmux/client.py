@@ -1,8 +1,11 @@
 """The only module that talks to tmux.
 
-libtmux gives us the server handle (socket name, binary, liveness); the hot path (capture, paste)
-runs the tmux binary directly so one process can carry several chained commands (``;``) and the
-paste text can go through stdin (no argv length limit, nothing on a command line).
+Every command goes through :meth:`Tmux.run`: by default over one persistent control-mode client
+(cao/tmux/control.py, ~0.2 ms a command, pipelined across threads), else — control mode off
+(``CAO_TMUX_CONTROL=false``), tmux older than 3.2, no session to attach to yet, or a client that
+died or wedged — by forking the tmux binary (~3 ms), which carries the paste text through stdin.
+One call carries several chained commands (``;``) either way, so a check and the action it guards
+run in one step. libtmux gives the server handle (binary, version, liveness) on the cold path.
 
 Naming: sessions ``cao-<name>``, one window per terminal, panes addressed by their unique
 ``%N`` id, sessions by exact name (``=name``) so tmux never prefix-matches another session.
@@ -17,14 +20,16 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import libtmux
 
 from cao.errors import FenceLost, PaneGone, PaneInMode, TmuxError, TmuxServerDown
+from cao.tmux.control import RESTART_BACKOFF, ControlClient, ControlLost, OutputWatch, command_line
 from cao.tmux.procs import descendants, pid_alive
 from cao.tmux.refs import (
     _ID_FMT,
@@ -32,6 +37,7 @@ from cao.tmux.refs import (
     _PLACEHOLDER,
     _REFUSED,
     _SERVER_DOWN_WORDS,
+    SESSION_PREFIX,
     PaneInfo,
     PaneRef,
     TaggedPane,
@@ -50,13 +56,45 @@ def _link(path: Path) -> str:
         return ""
 
 
+def _control_capable(tmux_bin: str) -> bool:
+    """Control mode with client flags (``attach -f ignore-size,no-output``) needs tmux 3.2+."""
+    try:
+        from libtmux.common import get_version
+
+        version = str(get_version(tmux_bin=tmux_bin))
+    except Exception:
+        return False
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= (3, 2)
+
+
 class Tmux:
     """A tmux server: ``socket_name=None`` is the user's default server (so `tmux attach` just works)."""
 
-    def __init__(self, socket_name: str | None = None, *, tmux_bin: str | None = None) -> None:
+    def __init__(
+        self, socket_name: str | None = None, *, tmux_bin: str | None = None, control: bool = False
+    ) -> None:
         self.socket_name = socket_name
         self.server = libtmux.Server(socket_name=socket_name)
         self.tmux_bin = tmux_bin or self.server.tmux_bin or "tmux"
+        # control mode (cao/tmux/control.py): one client for commands, started on first use
+        self.control = control and _control_capable(self.tmux_bin)
+        self._client: ControlClient | None = None
+        self._client_lock = threading.Lock()
+        self._client_next = 0.0  # monotonic time of the next start attempt
+        self._client_backoff = RESTART_BACKOFF
+        self.stats: dict[str, int] = {
+            "control": 0,
+            "forked": 0,
+            "control_lost": 0,
+            "control_started": 0,
+            "output_wakes": 0,
+        }
+        # output watch: one read-only control client per cao session (``watch_output``)
+        self._on_quiet: Callable[[str], None] | None = None
+        self._quiet: Callable[[str], float] = lambda _pane: 0.01
+        self._watches: dict[str, OutputWatch] = {}
+        self._watches_lock = threading.Lock()
 
     # -- plumbing ------------------------------------------------------------------------------
     def argv(self, *args: str) -> list[str]:
@@ -66,8 +104,45 @@ class Tmux:
         return base + list(args)
 
     def run(
+        self,
+        *args: str,
+        input: bytes | None = None,
+        target: str | None = None,
+        revive: bool = True,
+        buffer: tuple[str, str] | None = None,
+        repeatable: bool = True,
+    ) -> str:
+        """Run one command line (``;`` items chain commands) and return what it printed.
+
+        ``buffer=(name, text)``: load ``text`` into paste buffer ``name`` first, in the same call.
+        ``repeatable=False``: the command types or creates something, so when a control client is
+        lost after it was sent (its fate unknown) it is not run again by a forked client: the
+        caller gets a :class:`TmuxError` and treats it as unconfirmed."""
+        client = self._control_client() if input is None else None
+        if client is not None and (buffer is None or buffer[1]):
+            cmd = (
+                list(args) if buffer is None else ["set-buffer", "-b", buffer[0], "--", buffer[1], ";", *args]
+            )
+            try:
+                out, errors = client.run(command_line(cmd))
+            except ControlLost as exc:
+                self.stats["control_lost"] += 1
+                if exc.sent and not repeatable:
+                    raise TmuxError(f"tmux {args[0]}: {exc.message}") from None
+            else:
+                self.stats["control"] += 1
+                if errors:
+                    self._raise_for(errors[0], args, target)
+                return out
+        if buffer is not None:
+            args = ("load-buffer", "-b", buffer[0], "-", ";", *args)
+            input = buffer[1].encode("utf-8", "replace")
+        return self._fork(*args, input=input, target=target, revive=revive)
+
+    def _fork(
         self, *args: str, input: bytes | None = None, target: str | None = None, revive: bool = True
     ) -> str:
+        self.stats["forked"] += 1
         try:
             proc = subprocess.run(self.argv(*args), input=input, capture_output=True, timeout=30, check=False)
         except FileNotFoundError:
@@ -79,16 +154,140 @@ class Tmux:
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip()
             if revive and self._recreate_socket(err):
-                return self.run(*args, input=input, target=target, revive=False)
-            if any(w in err for w in _SERVER_DOWN_WORDS):
-                raise TmuxServerDown(
-                    f"no tmux server is running on socket {self.socket_name or 'default'}; "
-                    "its terminals are gone"
-                )
-            if any(w in err for w in ("can't find pane", "can't find window", "no current target")):
-                raise PaneGone(f"tmux pane {target or ''} no longer exists ({err})".replace("  ", " "))
-            raise TmuxError(f"tmux {args[0]} failed: {err}")
+                return self._fork(*args, input=input, target=target, revive=False)
+            self._raise_for(err, args, target)
         return proc.stdout.decode("utf-8", "replace")
+
+    def _raise_for(self, err: str, args: Sequence[str], target: str | None) -> None:
+        """The error a failed command means (the same words from a forked or a control client)."""
+        if any(w in err for w in _SERVER_DOWN_WORDS):
+            raise TmuxServerDown(
+                f"no tmux server is running on socket {self.socket_name or 'default'}; its terminals are gone"
+            )
+        if any(w in err for w in ("can't find pane", "can't find window", "no current target")):
+            raise PaneGone(f"tmux pane {target or ''} no longer exists ({err})".replace("  ", " "))
+        raise TmuxError(f"tmux {args[0]} failed: {err}")
+
+    # -- the control-mode client -----------------------------------------------------------------
+    def _control_client(self) -> ControlClient | None:
+        """The live control client, starting one when due; None: fork this command."""
+        if not self.control:
+            return None
+        client = self._client
+        if client is not None and client.alive:
+            return client
+        if time.monotonic() < self._client_next or not self._client_lock.acquire(blocking=False):
+            return None  # another thread is starting one, or the last attempt was just now
+        try:
+            client = self._client
+            if client is not None and client.alive:
+                return client
+            if client is not None:
+                self._client = None
+                client.close()
+            session = self._control_session()
+            started = None
+            if session is not None:
+                started = ControlClient(self.argv(), session)
+                if not started.start():
+                    started = None
+            if started is None:
+                # nothing to attach to yet (no session), or tmux refused: fork, and try again later
+                self._client_next = time.monotonic() + self._client_backoff
+                self._client_backoff = min(self._client_backoff * 2, 30.0)
+                return None
+            self._client_backoff = RESTART_BACKOFF
+            self._client_next = time.monotonic() + RESTART_BACKOFF
+            self._client = started
+            self.stats["control_started"] += 1
+            return started
+        finally:
+            self._client_lock.release()
+
+    def _control_session(self) -> str | None:
+        """A session to attach the control client to: one of cao's (on a private socket any)."""
+        try:
+            names = [n for n in self._fork("list-sessions", "-F", "#{session_name}").splitlines() if n]
+        except TmuxError:
+            return None
+        ours = [n for n in names if n.startswith(SESSION_PREFIX)]
+        if ours:
+            return ours[0]
+        return names[0] if names and self.socket_name else None
+
+    @property
+    def control_pid(self) -> int | None:
+        """The pid of the running control client (None: commands are forked now)."""
+        client = self._client
+        return client.pid if client is not None and client.alive else None
+
+    def shutdown(self) -> None:
+        """Stop the control client and the output watches (cao-server's shutdown)."""
+        self.control = False
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        with self._watches_lock:
+            watches, self._watches = list(self._watches.values()), {}
+        for watch in watches:
+            watch.close()
+
+    # -- pane output: read-only control clients, one per cao session -------------------------------
+    def watch_output(self, on_quiet: Callable[[str], None], quiet: Callable[[str], float]) -> None:
+        """Call ``on_quiet(pane_id)`` once a pane that printed has been quiet ``quiet(pane_id)`` s.
+        Watches start with :meth:`refresh_output_watch` (one per cao session)."""
+        self._on_quiet = on_quiet
+        self._quiet = quiet
+
+    def refresh_output_watch(self, sessions: Sequence[str] | None = None) -> int:
+        """Keep one output watch on each cao session (``sessions``; default: every ``cao-`` session
+        on the server): start the missing ones, drop those whose session is gone. Returns how many
+        run."""
+        if self._on_quiet is None or not self.control:
+            return 0
+        if sessions is None:
+            sessions = [n for n in self.list_sessions() if n.startswith(SESSION_PREFIX)]
+        wanted = set(sessions)
+        with self._watches_lock:
+            for name in [n for n, w in self._watches.items() if n not in wanted or not w.alive]:
+                self._watches.pop(name).close()
+        for name in wanted:
+            self._ensure_watch(name)
+        with self._watches_lock:
+            return len(self._watches)
+
+    def _ensure_watch(self, session_name: str) -> None:
+        if self._on_quiet is None or not self.control:
+            return
+        with self._watches_lock:
+            current = self._watches.get(session_name)
+            if current is not None and current.alive:
+                return
+            watch = OutputWatch(
+                self.argv(),
+                session_name,
+                on_quiet=self._output_quiet,
+                quiet=self._quiet,
+                on_exit=self._watch_ended,
+            )
+            if watch.start():
+                self._watches[session_name] = watch
+
+    def _output_quiet(self, pane_id: str) -> None:
+        self.stats["output_wakes"] += 1
+        if self._on_quiet is not None:
+            self._on_quiet(pane_id)
+
+    def _watch_ended(self, watch: OutputWatch) -> None:
+        with self._watches_lock:
+            if self._watches.get(watch.session) is watch:
+                del self._watches[watch.session]
+
+    @property
+    def output_watches(self) -> list[str]:
+        with self._watches_lock:
+            return sorted(n for n, w in self._watches.items() if w.alive)
 
     @staticmethod
     def _recreate_socket(err: str) -> bool:
@@ -275,10 +474,11 @@ class Tmux:
                 "-t",
                 f"={session_name}:{_PLACEHOLDER}",
             ]
-        out = self.run(*args).strip().splitlines()
+        out = self.run(*args, repeatable=False).strip().splitlines()
         if not out:
             raise TmuxError(f"tmux did not report the new pane of {window_name}")
         pane_id, pid, server_pid = out[-1].split(" ")
+        self._ensure_watch(session_name)
         return PaneInfo(
             pane_id=pane_id,
             pane_pid=int(pid),
@@ -411,22 +611,9 @@ class Tmux:
         if immediate_enter:
             then += f" ; send-keys -t {pane} Enter" * enter_count
         refused = f"delete-buffer -b {buf} ; display-message -p -t {pane} '{ref.refused}'"
-        args = [
-            "load-buffer",
-            "-b",
-            buf,
-            "-",
-            ";",
-            "if-shell",
-            "-F",
-            "-t",
-            pane,
-            ref.condition(fence, typing=True),
-            then,
-            refused,
-        ]
+        args = ["if-shell", "-F", "-t", pane, ref.condition(fence, typing=True), then, refused]
         try:
-            out = self.run(*args, input=text.encode("utf-8", "replace"), target=pane)
+            out = self.run(*args, buffer=(buf, text), target=pane, repeatable=False)
         except TmuxError:
             with contextlib.suppress(TmuxError):
                 self.run("delete-buffer", "-b", buf)
@@ -449,7 +636,9 @@ class Tmux:
         )
         refused = f"display-message -p -t {ref.pane_id} '{ref.refused}'"
         cond = ref.condition(fence, fence_op="==", typing=True)
-        out = self.run("if-shell", "-F", "-t", ref.pane_id, cond, then, refused, target=ref.pane_id)
+        out = self.run(
+            "if-shell", "-F", "-t", ref.pane_id, cond, then, refused, target=ref.pane_id, repeatable=False
+        )
         self._raise_refused(ref, out, fence)
 
     def fence_pane(self, ref: PaneRef, fence: int) -> None:
@@ -516,27 +705,13 @@ class Tmux:
     def paste(self, pane_id: str, text: str, *, enter_delay: float = 0.0, enter_count: int = 1) -> None:
         """Bracketed paste (``paste-buffer -p``) of ``text``, then Enter after ``enter_delay``."""
         buf = f"cao-{uuid.uuid4().hex[:12]}"
-        args = [
-            "load-buffer",
-            "-b",
-            buf,
-            "-",
-            ";",
-            "paste-buffer",
-            "-p",
-            "-d",
-            "-r",
-            "-b",
-            buf,
-            "-t",
-            pane_id,
-        ]
+        args = ["paste-buffer", "-p", "-d", "-r", "-b", buf, "-t", pane_id]
         immediate_enter = enter_delay <= 0 and enter_count > 0
         if immediate_enter:
             for _ in range(enter_count):
                 args += [";", "send-keys", "-t", pane_id, "Enter"]
         try:
-            self.run(*args, input=text.encode("utf-8", "replace"), target=pane_id)
+            self.run(*args, buffer=(buf, text), target=pane_id, repeatable=False)
         except TmuxError:
             with contextlib.suppress(TmuxError):
                 self.run("delete-buffer", "-b", buf)
@@ -550,7 +725,7 @@ class Tmux:
         args = ["send-keys", "-t", pane_id]
         if literal:
             args.append("-l")
-        self.run(*args, *keys, target=pane_id)
+        self.run(*args, *keys, target=pane_id, repeatable=False)
 
     # -- teardown -------------------------------------------------------------------------------
     def kill_pane(

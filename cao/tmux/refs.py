@@ -99,6 +99,9 @@ class PaneRef:
             home = "/#{@cao_home}" if self.home else ""
             want = f"{self.server_pid}/{self.pane_pid}" + (f"/{self.home}" if self.home else "")
             ident = f"#{{==:#{{pid}}/#{{pane_pid}}{home},{want}}}"
+        # the pane's own id too: a control client resolves an if-shell target that is gone to its
+        # own current pane (a forked client to none), and that must never read as this pane
+        ident = f"#{{&&:#{{==:#{{pane_id}},{self.pane_id}}},{ident}}}"
         if typing:
             ident = f"#{{&&:{ident},{_NOT_IN_MODE}}}"
         if fence is None:
