@@ -148,11 +148,29 @@ def tmux(tmux_socket: str) -> Tmux:
     return Tmux(tmux_socket)
 
 
+# -- both tmux clients: a module marked ``pytestmark = pytest.mark.tmux_clients`` runs each test
+# twice, over the control-mode client and with it forced off (forked clients: the fallback)
+TMUX_CLIENTS = ("control", "forked")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marked = metafunc.definition.get_closest_marker("tmux_clients") is not None
+    if marked and "tmux_client" in metafunc.fixturenames:
+        metafunc.parametrize("tmux_client", TMUX_CLIENTS, indirect=True)
+
+
 @pytest.fixture
-def settings(tmp_path: Path, tmux_socket: str) -> Settings:
+def tmux_client(request: pytest.FixtureRequest) -> str:
+    """Which tmux client cao-server uses in this test: ``control`` (the default) or ``forked``."""
+    return str(getattr(request, "param", "control"))
+
+
+@pytest.fixture
+def settings(tmp_path: Path, tmux_socket: str, tmux_client: str) -> Settings:
     return Settings(
         home=tmp_path / "cao",
         tmux_socket=tmux_socket,
+        tmux_control=tmux_client == "control",
         server_url="http://127.0.0.1:9",  # nothing listens: agents can't reach a server in core tests
         sweep_interval=0.5,
         sweep_grace=1.0,
@@ -183,10 +201,12 @@ def core(make_core: Callable[..., Cao], settings: Settings) -> Cao:
 
 
 @pytest.fixture
-def make_server(tmp_path: Path, tmux_socket: str) -> Iterator[Callable[..., ServerProcess]]:
+def make_server(tmp_path: Path, tmux_socket: str, tmux_client: str) -> Iterator[Callable[..., ServerProcess]]:
     made: list[ServerProcess] = []
 
     def make(home: Path | None = None, cwd: Path = REPO, **env: str) -> ServerProcess:
+        if tmux_client != "control":
+            env.setdefault("CAO_TMUX_CONTROL", "false")
         srv = ServerProcess(home or tmp_path / "cao", tmux_socket, cwd, **env)
         made.append(srv)
         return srv.start()

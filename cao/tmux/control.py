@@ -52,6 +52,21 @@ RESTART_BACKOFF = 1.0  # seconds between attempts to start a client after one di
 _SPECIAL = {"\\": "\\\\", '"': '\\"', "$": "\\$", "\n": "\\n", "\t": "\\t"}
 
 
+def _reap(proc: subprocess.Popen[bytes], *, close: bool = False) -> None:
+    """Kill a client and collect its exit status (no zombie, no "still running" at exit).
+    ``close``: also close its pipes (only the thread that reads them does: a descriptor closed
+    under a blocked read could be reused by another file before the read returns)."""
+    with contextlib.suppress(OSError):
+        proc.kill()
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=2)
+    if close:
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+
+
 class ControlLost(TmuxError):
     """The control client died or wedged before this request's answer: ``sent`` says whether tmux
     may have run it."""
@@ -180,14 +195,7 @@ class ControlClient:
     def close(self) -> None:
         proc, self._alive = self._proc, False
         if proc is not None:
-            with contextlib.suppress(OSError):
-                proc.kill()
-            with contextlib.suppress(Exception):
-                proc.wait(timeout=2)
-            for stream in (proc.stdin, proc.stdout):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
+            _reap(proc)
         self._fail_all("the tmux control client was stopped")
 
     def _fail_all(self, why: str) -> None:
@@ -260,6 +268,8 @@ class ControlClient:
                 reader.feed(data)
         finally:
             self._lost("it exited")
+            with self._write_lock:  # no request is being written while its stdin closes
+                _reap(proc, close=True)
 
     def _lost(self, why: str) -> None:
         was = self._alive
@@ -268,8 +278,7 @@ class ControlClient:
             logger.info("tmux control client lost: %s", why, extra={"session": self.session})
         proc = self._proc
         if proc is not None:
-            with contextlib.suppress(OSError):
-                proc.kill()
+            _reap(proc)
         self._fail_all(f"the tmux control client was lost ({why}); the command's outcome is unknown")
 
 
@@ -324,15 +333,8 @@ class OutputWatch:
         if proc is not None:
             with contextlib.suppress(OSError):
                 proc.kill()
-            with contextlib.suppress(Exception):
-                proc.wait(timeout=2)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
-        if proc is not None:
-            for stream in (proc.stdin, proc.stdout):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
 
     def _note(self, line: bytes) -> None:
         if not line.startswith(b"%output %"):
@@ -374,6 +376,7 @@ class OutputWatch:
                     break
                 reader.feed(data)
         finally:
+            _reap(proc, close=True)
             if self.on_exit is not None and not self._stop.is_set():
                 with contextlib.suppress(Exception):
                     self.on_exit(self)
