@@ -1,6 +1,6 @@
 """Inbox benchmark: a real cao-server with scripted agents on a private tmux socket.
 
-    python -m cao.bench [--quick] [--out bench-results/inbox.json]
+    python -m cao.bench [--quick] [--client both|control|forked] [--out bench-results/inbox.json]
 
 Prints a table and writes JSON. Measures (each latency as p50 / p95 / max):
 
@@ -12,7 +12,11 @@ Prints a table and writes JSON. Measures (each latency as p50 / p95 / max):
 - throughput end to end for 500 and 10,000 messages across 10 and 50 receivers from 10 concurrent
   senders, with lost / duplicated / pasted-into-busy counts (every message carries a unique token,
   counted in what the agents recorded as received);
-- server and tmux CPU seconds and server RSS over 60 s with 50 idle terminals.
+- server and tmux CPU seconds, server RSS, threads and fds with 50 and with 200 idle terminals;
+- create -> ready (one terminal at a time), and 200 receivers turning idle at the same moment.
+
+By default it runs twice: with forked tmux clients (``CAO_TMUX_CONTROL=false``, before) and over
+the control-mode client (after), and prints both and a side-by-side table (``--client`` picks one).
 
 "Visible" is the scripted agent's own record of the submitted input (its clock and ours are the
 same machine clock). The benchmark never sends traffic beyond 127.0.0.1.
@@ -85,6 +89,13 @@ def _proc_rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _proc_threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return -1
 
 
 class Bench:
@@ -345,6 +356,20 @@ class Bench:
             "send_request": summary(req),
         }
 
+    def create_to_ready(self, n: int) -> dict[str, Any]:
+        """One terminal at a time: POST → its status first reads idle."""
+        lat: list[float] = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            r = self.http.post("/sessions/bench/terminals", json={"agent_profile": "worker"})
+            r.raise_for_status()
+            tid = r.json()["id"]
+            while self.http.get(f"/terminals/{tid}").json()["status"] not in ("idle", "completed"):
+                time.sleep(0.005)
+            lat.append(time.perf_counter() - t0)
+            self.terminals.append(tid)
+        return summary(lat)
+
     def idle_cpu(self, seconds: float) -> dict[str, Any]:
         tmux_pid = int(self.tmux.run("display-message", "-p", "#{pid}").strip())
         s0, t0, w0 = _proc_cpu(self.proc.pid), _proc_cpu(tmux_pid), time.monotonic()
@@ -358,19 +383,24 @@ class Bench:
             "tmux_cpu_s": round(t1 - t0, 3),
             "server_plus_tmux_core_pct": round(100 * ((s1 - s0) + (t1 - t0)) / wall, 2),
             "server_rss_mb": round(_proc_rss_mb(self.proc.pid), 1),
+            "server_threads": _proc_threads(self.proc.pid),
+            "server_fds": len(os.listdir(f"/proc/{self.proc.pid}/fd")),
         }
 
 
-def run(quick: bool, out: Path) -> dict[str, Any]:
+def run(quick: bool, client: str = "control") -> dict[str, Any]:
+    """One run on one tmux client: ``control`` (the default) or ``forked`` (``CAO_TMUX_CONTROL=false``)."""
     results: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
         "quick": quick,
+        "client": client,
     }
     home = Path(tempfile.mkdtemp(prefix="cao-bench-"))
-    bench = Bench(home)
+    bench = Bench(home, {"CAO_TMUX_CONTROL": "true" if client == "control" else "false"})
     try:
         results["config"] = bench.http.get("/info").json()
         one = bench.spawn(1)
+        results["create_to_ready"] = bench.create_to_ready(3 if quick else 10)
         results.update(bench.send_and_visible(one[0], 30 if quick else 100))
         results["urgent_interrupt_key"] = bench.urgent_interrupt(one[0], 5 if quick else 20)
         results["notice_latency"] = bench.notice_latency(3 if quick else 10)
@@ -387,11 +417,15 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
         bench.wait_status(fifty, {"idle", "completed"})
         time.sleep(2)
         results["idle_50"] = bench.idle_cpu(10 if quick else 60)
+        two_hundred = fifty + bench.spawn(150)
+        bench.wait_status(two_hundred, {"idle", "completed"})
+        time.sleep(2)
+        results["idle_200"] = bench.idle_cpu(10 if quick else 30)
+        results["burst_200_idle_together"] = bench.idle_to_visible(two_hundred, 1)
+        results["tmux"] = bench.http.get("/info").json().get("tmux")
     finally:
         bench.close()
         shutil.rmtree(home, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
     return results
 
 
@@ -399,7 +433,7 @@ def render(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="cao inbox benchmark")
+    table = Table(title=f"cao inbox benchmark — tmux client: {results.get('client', 'control')}")
     for col in ("measure", "n", "p50 ms", "p95 ms", "max ms", "notes"):
         table.add_column(col)
 
@@ -423,16 +457,71 @@ def render(results: dict[str, Any]) -> None:
                 f"{r['messages_per_s']} msg/s, lost {r['lost']}, dup {r['duplicated']}, "
                 f"busy-pastes {r['arrived_busy_total']}",
             )
-    idle = results["idle_50"]
-    table.add_row(
-        "idle: 50 terminals",
-        "-",
-        "-",
-        "-",
-        "-",
-        f"server+tmux {idle['server_plus_tmux_core_pct']}% of a core over {idle['seconds']}s, "
-        f"RSS {idle['server_rss_mb']} MB",
-    )
+    if "create_to_ready" in results:
+        lat("create -> ready (one at a time)", results["create_to_ready"])
+    if "burst_200_idle_together" in results:
+        lat("burst: 200 turn idle together", results["burst_200_idle_together"])
+    for key in ("idle_50", "idle_200"):
+        if key not in results:
+            continue
+        idle = results[key]
+        table.add_row(
+            f"idle: {idle['terminals']} terminals",
+            "-",
+            "-",
+            "-",
+            "-",
+            f"server+tmux {idle['server_plus_tmux_core_pct']}% of a core over {idle['seconds']}s, "
+            f"RSS {idle['server_rss_mb']} MB, {idle.get('server_threads', '?')} threads, "
+            f"{idle.get('server_fds', '?')} fds",
+        )
+    Console().print(table)
+
+
+def render_compare(runs: dict[str, dict[str, Any]]) -> None:
+    """The headline numbers of each run side by side (forked = before, control = after)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    names = list(runs)
+    table = Table(title="before (forked tmux clients) / after (control-mode client)")
+    table.add_column("measure")
+    for name in names:
+        table.add_column(name)
+
+    def row(label: str, get: Any) -> None:
+        cells = []
+        for name in names:
+            try:
+                cells.append(str(get(runs[name])))
+            except (KeyError, TypeError):
+                cells.append("-")
+        table.add_row(label, *cells)
+
+    def p(key: str) -> Any:
+        return lambda r: f"{r[key]['p50_ms']} / {r[key]['p95_ms']} ms"
+
+    for key in ("throughput_10000_10", "throughput_500_10", "throughput_10000_50", "throughput_500_50"):
+        row(
+            f"throughput {key.split('_')[1]} msg, {key.split('_')[2]} receivers",
+            lambda r, k=key: (
+                f"{r[k]['messages_per_s']} msg/s (lost {r[k]['lost']}, dup {r[k]['duplicated']}, "
+                f"busy {r[k]['arrived_busy_total']})"
+            ),
+        )
+    row("send -> agent read p50/p95", p("send_to_visible_idle"))
+    row("busy -> idle -> agent read p50/p95", p("idle_to_visible"))
+    row("50 turn idle together p50/p95", p("burst_50_idle_together"))
+    row("200 turn idle together p50/p95", p("burst_200_idle_together"))
+    row("create -> ready p50/p95", p("create_to_ready"))
+    for key in ("idle_50", "idle_200"):
+        row(
+            f"{key.split('_')[1]} idle agents: CPU, RSS",
+            lambda r, k=key: (
+                f"{r[k]['server_plus_tmux_core_pct']}% core, {r[k]['server_rss_mb']} MB, "
+                f"{r[k]['server_threads']} threads"
+            ),
+        )
     Console().print(table)
 
 
@@ -440,9 +529,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cao.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (about a minute)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/inbox.json"))
+    parser.add_argument(
+        "--client",
+        choices=("both", "control", "forked"),
+        default="both",
+        help="which tmux client cao-server uses: both = forked (before) then control mode (after)",
+    )
     args = parser.parse_args(argv)
-    results = run(args.quick, args.out)
-    render(results)
+    names = ("forked", "control") if args.client == "both" else (args.client,)
+    runs: dict[str, dict[str, Any]] = {}
+    for name in names:
+        runs[name] = run(args.quick, name)
+        render(runs[name])
+    if len(runs) > 1:
+        render_compare(runs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(runs if len(runs) > 1 else runs[names[0]], indent=2))
     print(f"JSON written to {args.out}")
     return 0
 

@@ -866,6 +866,7 @@ class Cao:
             "worktrees_dir": str(s.worktrees_dir),
             "messages": messages,
             "engine": dict(self.engine.stats),
+            "tmux": self.tmux.describe(),
             "event_listeners": self.events.listeners,
             "store": self.store.gone or "ok",
             # panes tagged as this home's agents with no row (the database was lost): kept, never killed

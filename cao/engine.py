@@ -37,6 +37,7 @@ from cao.errors import StoreBusy, StoreGone
 from cao.states import ENDED, Trigger
 
 logger = logging.getLogger(__name__)
+PANE_MAP_MISS_REREAD = 0.05  # seconds: an unknown pane's output reads the pane map again, at most this often
 
 
 class _LogEvents(FileSystemEventHandler):
@@ -302,8 +303,9 @@ class DeliveryEngine:
 
     def _terminal_of(self, pane_id: str) -> str | None:
         entry = self._pane_map().get(pane_id)
-        if entry is None and time.monotonic() - self._panes_read > 1.0:
-            self._panes_read = 0.0  # a pane we don't know yet (a new terminal): read once more
+        if entry is None and time.monotonic() - self._panes_read > PANE_MAP_MISS_REREAD:
+            # a pane we don't know yet: a new terminal (its pane prints before its row has it)
+            self._panes_read = 0.0
             entry = self._pane_map().get(pane_id)
         return entry[0] if entry is not None else None
 

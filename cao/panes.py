@@ -100,6 +100,10 @@ class PaneIO(Protocol):
     def shutdown(self) -> None:
         """Stop what the backend runs (tmux: the control-mode clients)."""
 
+    def describe(self) -> dict[str, object]:
+        """How the backend talks to its panes now, with counters (``GET /info``'s ``tmux``)."""
+        ...
+
 
 class Panes:
     """A terminal's pane I/O: identity from its row, one lock per terminal, gone for good on a

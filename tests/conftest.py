@@ -144,8 +144,10 @@ def tmux_socket() -> Iterator[str]:
 
 
 @pytest.fixture
-def tmux(tmux_socket: str) -> Tmux:
-    return Tmux(tmux_socket)
+def tmux(tmux_socket: str, tmux_client: str) -> Iterator[Tmux]:
+    client = Tmux(tmux_socket, control=tmux_client == "control")
+    yield client
+    client.shutdown()
 
 
 # -- both tmux clients: a module marked ``pytestmark = pytest.mark.tmux_clients`` runs each test

@@ -20,6 +20,9 @@ from cao.core import Cao
 from cao.settings import Settings
 from tests.helpers import new_terminal, read_records, received_bodies, status_of, wait_until, write_rules
 
+# DELIVERY.md / ATTENTION.md on both tmux clients: control mode, and forced off (docs/tmux.md)
+pytestmark = pytest.mark.tmux_clients
+
 BUSY = {
     "record": True,
     "rules": [

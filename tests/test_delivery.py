@@ -39,6 +39,9 @@ from tests.helpers import (
     write_rules,
 )
 
+# DELIVERY.md / ATTENTION.md on both tmux clients: control mode, and forced off (docs/tmux.md)
+pytestmark = pytest.mark.tmux_clients
+
 
 # -- 1-5: crashes and idempotent retries --------------------------------------------------------
 def test_1_crash_before_commit_leaves_no_row_and_retry_creates_one(make_core: Callable[..., Cao], settings):

@@ -11,6 +11,9 @@ from cao.errors import PaneGone, TmuxServerDown
 from cao.tmux import Tmux
 from tests.helpers import pid_alive, wait_until
 
+# DELIVERY.md / ATTENTION.md on both tmux clients: control mode, and forced off (docs/tmux.md)
+pytestmark = pytest.mark.tmux_clients
+
 SHELL = ["/bin/sh", "-c"]
 
 

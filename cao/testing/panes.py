@@ -337,6 +337,9 @@ class MemoryPanes:
     def shutdown(self) -> None:
         self._on_quiet = None
 
+    def describe(self) -> dict[str, object]:
+        return {"client": "memory", "output_wakes": self.output_wakes}
+
 
 def _arg(command: Sequence[str], flag: str) -> str | None:
     """The value after ``flag`` in a command line (the scripted agent's --terminal-id)."""

@@ -47,6 +47,7 @@ from cao.tmux.refs import (
 )
 
 logger = logging.getLogger(__name__)
+NO_SESSION_RETRY = 0.25  # seconds: with no session to attach a control client to, look again after
 
 
 def _link(path: Path) -> str:
@@ -191,8 +192,10 @@ class Tmux:
                 started = ControlClient(self.argv(), session)
                 if not started.start():
                     started = None
-            if started is None:
-                # nothing to attach to yet (no session), or tmux refused: fork, and try again later
+            if session is None:  # nothing to attach to yet: fork, and look again soon
+                self._client_next = time.monotonic() + NO_SESSION_RETRY
+                return None
+            if started is None:  # tmux refused or did not answer: fork, and back off
                 self._client_next = time.monotonic() + self._client_backoff
                 self._client_backoff = min(self._client_backoff * 2, 30.0)
                 return None
@@ -214,6 +217,18 @@ class Tmux:
         if ours:
             return ours[0]
         return names[0] if names and self.socket_name else None
+
+    def describe(self) -> dict[str, object]:
+        """``control`` (a control-mode client carries commands now) or ``forked``; the watches;
+        how many commands each way, clients lost and started, output wakes."""
+        pid = self.control_pid
+        return {
+            "client": "control" if pid is not None else "forked",
+            "control_enabled": self.control,
+            "control_pid": pid,
+            "output_watches": self.output_watches,
+            **self.stats,
+        }
 
     @property
     def control_pid(self) -> int | None:
@@ -478,6 +493,8 @@ class Tmux:
         if not out:
             raise TmuxError(f"tmux did not report the new pane of {window_name}")
         pane_id, pid, server_pid = out[-1].split(" ")
+        if self.control and self._client is None:
+            self._client_next = 0.0  # there is a session to attach to now
         self._ensure_watch(session_name)
         return PaneInfo(
             pane_id=pane_id,

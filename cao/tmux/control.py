@@ -81,6 +81,8 @@ def quote(arg: str) -> str:
     out = ['"']
     for i, ch in enumerate(arg):
         code = ord(ch)
+        if ch == "\x00":
+            continue  # a tmux string ends at NUL: it can't be carried (cao neutralises it before)
         if ch in _SPECIAL:
             out.append(_SPECIAL[ch])
         elif ch == "~" and i == 0:
@@ -161,6 +163,7 @@ class ControlClient:
         self._started = threading.Event()
         self._last_read = time.monotonic()
         self.commands = 0
+        self.reply_timeout = REPLY_TIMEOUT
 
     # -- life ---------------------------------------------------------------------------------
     def start(self, timeout: float = START_TIMEOUT) -> bool:
@@ -206,7 +209,7 @@ class ControlClient:
             req.done.set()
 
     # -- requests -----------------------------------------------------------------------------
-    def run(self, line: str, *, timeout: float = REPLY_TIMEOUT) -> tuple[str, list[str]]:
+    def run(self, line: str, *, timeout: float | None = None) -> tuple[str, list[str]]:
         """Send one command line; returns ``(stdout, errors)`` as a forked client would print them:
         the text of every block, and the text of the ``%error`` ones. Raises :class:`ControlLost`."""
         proc = self._proc
@@ -226,6 +229,7 @@ class ControlClient:
                 self._lost("its stdin closed")
                 raise ControlLost("the tmux control client's stdin closed", sent=False) from None
         self.commands += 1
+        timeout = self.reply_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while not req.done.wait(0.5):
             # wedged: nothing at all read for ``timeout`` while this request waits
