@@ -50,6 +50,7 @@ WORK_RULES = {
     "rules": [
         {"match": r"^work (?P<secs>[\d.]+)$", "delay": 3.0, "reply": "worked"},
         {"match": r"^long work$", "delay": 60.0, "reply": "worked long"},
+        {"match": r"^slow work$", "delay": 15.0, "reply": "worked slowly"},
     ],
     "default": {"reply": "ok"},
 }
@@ -227,12 +228,13 @@ class Bench:
             self.wait_status([tid], {"idle", "completed"})
         return {"send_request": summary(req), "send_to_visible_idle": summary(vis)}
 
-    def idle_to_visible(self, ids: list[str], rounds: int) -> dict[str, Any]:
-        """Each receiver starts a 3 s turn; a message is sent during it; measure turn end -> visible."""
+    def idle_to_visible(self, ids: list[str], rounds: int, work: str = "work 3") -> dict[str, Any]:
+        """Each receiver starts a turn (3 s; ``slow work``: 15 s, for 200 receivers to all be in
+        it at once); a message is sent during it; measure turn end -> visible."""
         lat: list[float] = []
         for r in range(rounds):
             for tid in ids:
-                self.http.post(f"/terminals/{tid}/input", json={"message": "work 3"}).raise_for_status()
+                self.http.post(f"/terminals/{tid}/input", json={"message": work}).raise_for_status()
             self.wait_status(ids, {"processing"})
             tokens = {tid: f"tok-iv-{r}-{tid}-{time.time_ns()}" for tid in ids}
             for tid, tok in tokens.items():
@@ -246,7 +248,7 @@ class Bench:
                     if x["kind"] == "received" and any(m["body"] == tok for m in x["messages"])
                 )
                 turn_start = max(
-                    x["t"] for x in recs if x["kind"] == "received" and x["text"] == "work 3" and x["t"] < got
+                    x["t"] for x in recs if x["kind"] == "received" and x["text"] == work and x["t"] < got
                 )
                 done = min(x["t"] for x in recs if x["kind"] == TURN_DONE and x["t"] > turn_start)
                 lat.append(got - done)
@@ -421,7 +423,7 @@ def run(quick: bool, client: str = "control") -> dict[str, Any]:
         bench.wait_status(two_hundred, {"idle", "completed"})
         time.sleep(2)
         results["idle_200"] = bench.idle_cpu(10 if quick else 30)
-        results["burst_200_idle_together"] = bench.idle_to_visible(two_hundred, 1)
+        results["burst_200_idle_together"] = bench.idle_to_visible(two_hundred, 1, "slow work")
         results["tmux"] = bench.http.get("/info").json().get("tmux")
     finally:
         bench.close()

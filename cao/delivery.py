@@ -57,7 +57,8 @@ TRANSCRIPT_TAIL = 4 * 1024 * 1024  # bytes of a CLI's transcript file searched f
 # A provider with no cheap idle check on its log tail gets a full look at most this often on log
 # changes (a spinner redraws ~10 times a second).
 LOOK_EVERY = 0.25
-LOG_TRIGGERS = (Trigger.WATCHDOG, Trigger.WATCH_ARMED)  # woken by a pane log (or the arming of its watch)
+# woken by the pane's own output: its log (or the arming of its watch), or tmux %output then quiet
+LOG_TRIGGERS = (Trigger.WATCHDOG, Trigger.WATCH_ARMED, Trigger.OUTPUT)
 MODE_POLL = 1.0  # seconds between looks while a person has the pane in a tmux mode
 
 

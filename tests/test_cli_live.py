@@ -115,7 +115,9 @@ def test_cao_watch_follows_the_event_stream(make_server, as_json: bool):
             wait_until(
                 lambda: c.get("/info").json()["event_listeners"] >= 1, timeout=10, what="cao watch connected"
             )
-            tid = c.post("/sessions", json={"session_name": "w"}).json()["id"]
+            made = c.post("/sessions", json={"session_name": "w"})
+            assert made.status_code == 201, made.text
+            tid = made.json()["id"]
             wait_until(lambda: c.get(f"/terminals/{tid}").json()["status"] == "idle")
             mid = c.post(f"/terminals/{tid}/inbox/messages", json={"message": "token-watch"}).json()[
                 "message_id"

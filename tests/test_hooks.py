@@ -483,6 +483,7 @@ def test_eager_delivery_never_pastes_into_a_screen_it_cannot_read_on_a_turn_star
     r = http.post(
         "/sessions", json={"provider": "scripted_eager", "session_name": "ask", "agent_profile": "asker"}
     )
+    assert r.status_code == 201, r.text
     tid = r.json()["id"]
     wait_until(lambda: _term(http, tid)["status"] == "idle", timeout=15, what="idle")
     assert http.post(f"/terminals/{tid}/input", json={"message": "deploy now"}).status_code == 200
