@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from cao.states import Status
 from cao.tmux import Tmux
 from providers.scripted_agent import TURN_DONE
 
@@ -366,7 +367,7 @@ class Bench:
             r = self.http.post("/sessions/bench/terminals", json={"agent_profile": "worker"})
             r.raise_for_status()
             tid = r.json()["id"]
-            while self.http.get(f"/terminals/{tid}").json()["status"] not in ("idle", "completed"):
+            while self.http.get(f"/terminals/{tid}").json()["status"] not in (Status.IDLE, Status.COMPLETED):
                 time.sleep(0.005)
             lat.append(time.perf_counter() - t0)
             self.terminals.append(tid)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from watchdog.events import EVENT_TYPE_CREATED, EVENT_TYPE_MODIFIED, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingObserverVFS
 
+import providers
 from cao.attention import TIMELINE_KEEP_SECONDS
 from cao.delivery import Delivery, Outcome
 
@@ -312,8 +313,6 @@ class DeliveryEngine:
     def _pane_map(self) -> dict[str, tuple[str, float]]:
         if self._panes_read:
             return self._panes
-        import providers
-
         fresh: dict[str, tuple[str, float]] = {}
         try:
             for t in self.store.list_terminals():

@@ -3,13 +3,11 @@ its terminal, through the same kick as the other triggers (docs/tmux.md#output-w
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from cao.core import Cao
-from cao.engine import PANE_MAP_MISS_REREAD
 from cao.settings import Settings
 from cao.states import Trigger
 from cao.testing.clock import FakeClock
@@ -32,7 +30,7 @@ def test_output_of_a_watched_receivers_pane_kicks_it_with_the_output_trigger(tmp
         core.engine.kick = lambda rid, trigger: kicks.append((rid, trigger))  # type: ignore[method-assign]
         t = core.lifecycle.create(provider="scripted", agent_profile="developer")
         pane = core.store.get_terminal(t.id).pane_id or ""
-        time.sleep(PANE_MAP_MISS_REREAD)  # its create drew before its row had the pane: read again
+        core.engine.forget_panes()  # its create drew before its row had the pane: read again
         core.engine.on_pane_quiet(pane)
         assert kicks == [], "no mail waiting: nothing to wake"
         core.engine.watched.add(t.id)

@@ -156,9 +156,9 @@ def test_a_killed_control_client_is_replaced_and_forked_clients_carry_the_work(c
     forked = ctl.stats["forked"]
     ctl.capture_checked(info.ref)  # answered at once, by a forked client
     assert ctl.stats["forked"] > forked
-    time.sleep(1.05)  # the restart backoff
-    ctl.capture_checked(info.ref)
-    assert ctl.control_pid not in (None, first) and ctl.stats["control_started"] == 2
+    # every command is answered meanwhile; once the restart backoff passes, a new client carries them
+    wait_until(lambda: ctl.capture_checked(info.ref) is not None and ctl.control_pid not in (None, first))
+    assert ctl.stats["control_started"] == 2
 
 
 def _cat_to_file(ctl: Tmux, tmp_path: Path) -> tuple[PaneInfo, Path]:
@@ -180,8 +180,7 @@ def test_the_control_client_killed_mid_paste_never_doubles_a_paste(ctl: Tmux, tm
 
     def killer() -> None:
         rnd = random.Random(7)
-        while not stop.is_set():
-            time.sleep(rnd.uniform(0.002, 0.03))
+        while not stop.wait(rnd.uniform(0.002, 0.03)):  # kills at random moments until told to stop
             pid = ctl.control_pid
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
@@ -241,7 +240,7 @@ def test_a_restarted_tmux_server_gets_a_new_control_client(ctl: Tmux, tmp_path: 
     wait_until(lambda: ctl.control_pid is None, what="the client saw its server go")
     again = _session(ctl, tmp_path)  # a new server on the same socket: pane ids start over
     assert again.pane_id == info.pane_id and again.server_pid != info.server_pid
-    time.sleep(1.05)
+    wait_until(lambda: ctl.capture_checked(again.ref) is not None and ctl.control_pid is not None)
     with pytest.raises(PaneGone):
         ctl.capture_checked(info.ref)  # the old pane's identity: not the new pane at the same id
     assert ctl.control_pid is not None and ctl.stats["control_started"] == 2
@@ -261,14 +260,22 @@ def test_the_output_watch_calls_once_a_pane_goes_quiet(ctl: Tmux, tmp_path: Path
         log_path=tmp_path / "q.log",
     )
     assert ctl.output_watches == ["cao-ctl"]
-    time.sleep(0.3)
+
+    def burst(text: str) -> float:
+        at = time.monotonic()
+        ctl._fork("send-keys", "-t", loud.pane_id, "-l", text)
+        ctl._fork("send-keys", "-t", loud.pane_id, "Enter")
+        return at
+
+    burst("probe")  # the watch attaches on its own: wait until it hears this pane
+    wait_until(lambda: woke, what="the watch hears the pane")
     woke.clear()
-    sent = time.monotonic()
-    ctl._fork("send-keys", "-t", loud.pane_id, "-l", "burst one")
-    ctl._fork("send-keys", "-t", loud.pane_id, "Enter")
+    sent = burst("burst one")
     wait_until(lambda: woke, what="a wake after the burst")
-    time.sleep(0.2)
-    assert [p for p, _ in woke] == [loud.pane_id], "one wake for the burst, none for the quiet pane"
+    second = burst("burst two")  # the next burst's wake marks the end of the first one's
+    wait_until(lambda: any(t >= second for _, t in woke), what="a wake after the second burst")
+    first = [p for p, t in woke if t < second]
+    assert first == [loud.pane_id], "one wake for the burst, none for the quiet pane"
     assert woke[0][1] - sent >= 0.05  # not before the pane was quiet for its threshold
     assert quiet.pane_id not in {p for p, _ in woke}
 

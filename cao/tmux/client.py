@@ -1,7 +1,7 @@
 """The only module that talks to tmux.
 
 Every command goes through :meth:`Tmux.run`: by default over one persistent control-mode client
-(cao/tmux/control.py, ~0.2 ms a command, pipelined across threads), else — control mode off
+(cao/tmux/control.py, ~0.3 ms a command, pipelined across threads), else — control mode off
 (``CAO_TMUX_CONTROL=false``), tmux older than 3.2, no session to attach to yet, or a client that
 died or wedged — by forking the tmux binary (~3 ms), which carries the paste text through stdin.
 One call carries several chained commands (``;``) either way, so a check and the action it guards

@@ -2,7 +2,7 @@
 clients that report pane output.
 
 A forked ``tmux`` client costs ~3 ms of CPU per command (most of a delivery's cost); a control
-client runs the same command for ~0.2 ms. Commands are written one line each, and tmux answers every
+client runs the same command for ~0.3 ms. Commands are written one line each, and tmux answers every
 command of a line with a ``%begin … %end`` (or ``%error``) block, in the order the lines were sent,
 so several threads can have commands in flight at once (pipelined): each request is followed by a
 *sync* line (``display-message -p <token>``) and the blocks up to the sync block's answer are that
@@ -65,6 +65,20 @@ def _reap(proc: subprocess.Popen[bytes], *, close: bool = False) -> None:
             with contextlib.suppress(OSError):
                 if stream is not None:
                     stream.close()
+
+
+def _attach(argv: Sequence[str], session: str, flags: str) -> subprocess.Popen[bytes] | None:
+    """Start ``tmux -C attach`` to ``session`` with client ``flags``; None if it can't be run."""
+    try:
+        return subprocess.Popen(
+            [*argv, "-C", "attach-session", "-f", flags, "-t", f"={session}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a ^C at cao-server's terminal is not the client's
+        )
+    except OSError:
+        return None
 
 
 class ControlLost(TmuxError):
@@ -153,29 +167,20 @@ class ControlClient:
         self.session = session
         self.token = f"cao-sync-{uuid.uuid4().hex}"
         self._sync = f"display-message -p {self.token}\n".encode()
-        self._argv = [*argv, "-C", "attach-session", "-f", "ignore-size,no-output", "-t", f"={session}"]
+        self._tmux = list(argv)
         self._name = name
         self._write_lock = threading.Lock()
         self._pending: deque[_Request] = deque()
         self._pending_lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._alive = False
-        self._started = threading.Event()
         self._last_read = time.monotonic()
-        self.commands = 0
         self.reply_timeout = REPLY_TIMEOUT
 
     # -- life ---------------------------------------------------------------------------------
     def start(self, timeout: float = START_TIMEOUT) -> bool:
-        try:
-            self._proc = subprocess.Popen(
-                self._argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,  # a ^C at cao-server's terminal is not the client's
-            )
-        except OSError:
+        self._proc = _attach(self._tmux, self.session, "ignore-size,no-output")
+        if self._proc is None:
             return False
         self._alive = True
         threading.Thread(target=self._read_loop, name=self._name, daemon=True).start()
@@ -228,7 +233,6 @@ class ControlClient:
                     self._pending.remove(req)
                 self._lost("its stdin closed")
                 raise ControlLost("the tmux control client's stdin closed", sent=False) from None
-        self.commands += 1
         timeout = self.reply_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while not req.done.wait(0.5):
@@ -304,24 +308,15 @@ class OutputWatch:
         self.on_quiet = on_quiet
         self.quiet = quiet
         self.on_exit = on_exit
-        self._argv = [*argv, "-C", "attach-session", "-f", "ignore-size,read-only", "-t", f"={session}"]
+        self._tmux = list(argv)
         self._proc: subprocess.Popen[bytes] | None = None
         self._due: dict[str, float] = {}  # pane id -> when its quiet timer fires
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.outputs = 0
-        self.wakes = 0
 
     def start(self) -> bool:
-        try:
-            self._proc = subprocess.Popen(
-                self._argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError:
+        self._proc = _attach(self._tmux, self.session, "ignore-size,read-only")
+        if self._proc is None:
             return False
         self._thread = threading.Thread(target=self._loop, name=f"cao-output-{self.session}", daemon=True)
         self._thread.start()
@@ -347,7 +342,6 @@ class OutputWatch:
         if end < 0:
             return
         pane = line[8:end].decode("ascii", "replace")
-        self.outputs += 1
         self._due[pane] = time.monotonic() + self.quiet(pane)
 
     def _loop(self) -> None:
@@ -360,7 +354,6 @@ class OutputWatch:
                 now = time.monotonic()
                 for pane in [p for p, due in self._due.items() if due <= now]:
                     del self._due[pane]
-                    self.wakes += 1
                     try:
                         self.on_quiet(pane)
                     except Exception:
