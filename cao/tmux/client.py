@@ -187,15 +187,11 @@ class Tmux:
                 self._client = None
                 client.close()
             session = self._control_session()
-            started = None
-            if session is not None:
-                started = ControlClient(self.argv(), session)
-                if not started.start():
-                    started = None
             if session is None:  # nothing to attach to yet: fork, and look again soon
                 self._client_next = time.monotonic() + NO_SESSION_RETRY
                 return None
-            if started is None:  # tmux refused or did not answer: fork, and back off
+            started = ControlClient(self.argv(), session)
+            if not started.start():  # tmux refused or did not answer: fork, and back off
                 self._client_next = time.monotonic() + self._client_backoff
                 self._client_backoff = min(self._client_backoff * 2, 30.0)
                 return None
