@@ -197,6 +197,7 @@ class Cao:
             events=self.events,
         )
         self.engine = DeliveryEngine(self.delivery, clock=now)
+        self.engine.ticks.append(self.tmux.check_socket)  # a /tmp cleaner removed the socket file
         if settings.output_wakes:  # trigger 2b: a busy receiver's pane went quiet (tmux %output)
             self.tmux.watch_output(self.engine.on_pane_quiet, self.engine.output_quiet)
             self.engine.ticks.append(self._watch_output)

@@ -100,6 +100,10 @@ class PaneIO(Protocol):
     def shutdown(self) -> None:
         """Stop what the backend runs (tmux: the control-mode clients)."""
 
+    def check_socket(self) -> bool:
+        """Housekeeping: the server's socket file removed under it is recreated (True: it was)."""
+        ...
+
     def describe(self) -> dict[str, object]:
         """How the backend talks to its panes now, with counters (``GET /info``'s ``tmux``)."""
         ...

@@ -236,9 +236,10 @@ def test_10_busy_receiver_gets_nothing_until_idle(make_core: Callable[..., Cao],
 
 
 def test_10b_the_watchdog_alone_delivers_when_the_turn_ends(make_core: Callable[..., Cao], settings):
-    """With the sweep's grace window out of reach, only the log watcher can notice the idle prompt."""
+    """With the sweep's grace window out of reach and output wakes off, only the log watcher can
+    notice the idle prompt (on the control client, %output would otherwise get there first)."""
     write_rules(settings.home, "slow", SLOW)
-    core = make_core(settings.with_(sweep_grace=3600))
+    core = make_core(settings.with_(sweep_grace=3600, output_wakes=False))
     tid = new_terminal(core, "slow")
     msg_id, _ = _busy_then_send(core, tid, "token-s10b")
     wait_until(lambda: core.engine.watchdog_running, what="watcher started for the waiting receiver")

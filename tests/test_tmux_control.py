@@ -290,6 +290,31 @@ def test_a_session_killed_under_its_watch_is_dropped_and_a_new_one_watched(ctl: 
     assert ctl.refresh_output_watch() == 1
 
 
+def test_sessions_created_while_clients_attach_leave_tmux_running(ctl: Tmux, tmp_path: Path):
+    """tmux 3.3a's server could crash (SIGSEGV, every pane gone) when a session was created while a
+    control client was still attaching; each new session starts a watch, and two threads create
+    sessions at once, so without the attach gate some new-session lands in an attach (4-11% each)."""
+    ctl.watch_output(lambda _pane: None, lambda _pane: 0.01)
+    errors: list[BaseException] = []
+
+    def make(prefix: str) -> None:
+        try:
+            for i in range(15):
+                _session(ctl, tmp_path, name=f"cao-{prefix}{i}")
+        except BaseException as exc:  # the server died under a create: the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make, args=(p,)) for p in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    names = sorted(f"cao-{p}{i}" for p in "ab" for i in range(15))
+    assert sorted(n for n in ctl.list_sessions() if n.startswith("cao-")) == names
+    assert ctl.output_watches == names
+
+
 # -- end to end: a busy receiver is woken by its pane's output, not by a log poll or the sweep ------
 def test_a_busy_receiver_is_served_when_its_pane_goes_quiet_without_the_log_poll(make_core, settings):
     # the watchdog polls once a minute and the sweep waits a minute: only %output can wake it in time

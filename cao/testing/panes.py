@@ -337,6 +337,9 @@ class MemoryPanes:
     def shutdown(self) -> None:
         self._on_quiet = None
 
+    def check_socket(self) -> bool:
+        return False  # no socket file to lose
+
     def describe(self) -> dict[str, object]:
         return {"client": "memory", "output_wakes": self.output_wakes}
 

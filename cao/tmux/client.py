@@ -29,7 +29,14 @@ from pathlib import Path
 import libtmux
 
 from cao.errors import FenceLost, PaneGone, PaneInMode, TmuxError, TmuxServerDown
-from cao.tmux.control import RESTART_BACKOFF, ControlClient, ControlLost, OutputWatch, command_line
+from cao.tmux.control import (
+    RESTART_BACKOFF,
+    AttachGate,
+    ControlClient,
+    ControlLost,
+    OutputWatch,
+    command_line,
+)
 from cao.tmux.procs import descendants, pid_alive
 from cao.tmux.refs import (
     _ID_FMT,
@@ -82,8 +89,10 @@ class Tmux:
         self.control = control and _control_capable(self.tmux_bin)
         self._client: ControlClient | None = None
         self._client_lock = threading.Lock()
+        self._gate = AttachGate()  # no command while a control client attaches (tmux 3.3a crash)
         self._client_next = 0.0  # monotonic time of the next start attempt
         self._client_backoff = RESTART_BACKOFF
+        self._socket_path: str | None = None  # what the server said (``check_socket``)
         self.stats: dict[str, int] = {
             "control": 0,
             "forked": 0,
@@ -125,7 +134,8 @@ class Tmux:
                 list(args) if buffer is None else ["set-buffer", "-b", buffer[0], "--", buffer[1], ";", *args]
             )
             try:
-                out, errors = client.run(command_line(cmd))
+                with self._gate.command():
+                    out, errors = client.run(command_line(cmd))
             except ControlLost as exc:
                 self.stats["control_lost"] += 1
                 if exc.sent and not repeatable:
@@ -145,7 +155,10 @@ class Tmux:
     ) -> str:
         self.stats["forked"] += 1
         try:
-            proc = subprocess.run(self.argv(*args), input=input, capture_output=True, timeout=30, check=False)
+            with self._gate.command():
+                proc = subprocess.run(
+                    self.argv(*args), input=input, capture_output=True, timeout=30, check=False
+                )
         except FileNotFoundError:
             raise TmuxError(
                 "tmux is not installed; install it (apt-get install tmux / brew install tmux)"
@@ -191,7 +204,9 @@ class Tmux:
                 self._client_next = time.monotonic() + NO_SESSION_RETRY
                 return None
             started = ControlClient(self.argv(), session)
-            if not started.start():  # tmux refused or did not answer: fork, and back off
+            with self._gate.attach():
+                ok = started.start()
+            if not ok:  # tmux refused or did not answer: fork, and back off
                 self._client_next = time.monotonic() + self._client_backoff
                 self._client_backoff = min(self._client_backoff * 2, 30.0)
                 return None
@@ -282,7 +297,9 @@ class Tmux:
                 quiet=self._quiet,
                 on_exit=self._watch_ended,
             )
-            if watch.start():
+            with self._gate.attach():
+                ok = watch.start()
+            if ok:
                 self._watches[session_name] = watch
 
     def _output_quiet(self, pane_id: str) -> None:
@@ -348,6 +365,21 @@ class Tmux:
                 return True
             return False
         return False
+
+    def check_socket(self) -> bool:
+        """Housekeeping: while a control client (or a watch) carries the commands, nothing forks,
+        so a removed socket file would go unnoticed until the next forked command failed, and in
+        the meantime ``tmux attach``, an agent's own ``tmux`` and any new client could not connect.
+        Look for the file and, gone, ask the server to recreate it. True: it was recreated."""
+        if self._client is None or not self._client.alive:
+            return False  # forked commands find out on their own (``_recreate_socket``)
+        if self._socket_path is None:
+            with contextlib.suppress(TmuxError):
+                self._socket_path = self.run("display-message", "-p", "#{socket_path}").strip() or None
+        path = self._socket_path
+        if path is None or os.path.exists(path):
+            return False
+        return self._recreate_socket(f"no server running on {path}")
 
     def is_alive(self) -> bool:
         return bool(self.server.is_alive())

@@ -24,6 +24,11 @@ Arguments are written as tmux's own parser reads them: each one double-quoted, w
 of a paste goes in with ``set-buffer`` the same way (a forked client uses ``load-buffer -`` and
 stdin; control mode has no stdin per command).
 
+tmux 3.3a's server can crash (SIGSEGV, every agent gone) when a session is created while a control
+client is still attaching: measured 4-11% of tries with ``new-session`` right after ``tmux -C
+attach``, none in 400 once the client's first answer was awaited. So a client's start waits for its
+first answer, and no command of this process runs meanwhile (:class:`AttachGate`).
+
 Output clients (``OutputWatch``) are attached read-only to one session each (tmux reports
 ``%output`` only for the panes of the client's own session) and call ``on_quiet(pane_id)`` once a
 pane that printed has been quiet for ``quiet(pane_id)`` seconds: the wake that ends a busy turn.
@@ -40,7 +45,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from cao.errors import TmuxError
 
@@ -50,6 +55,49 @@ START_TIMEOUT = 3.0  # seconds for a new client to answer its attach
 REPLY_TIMEOUT = 10.0  # seconds without any answer from a client with requests in flight: wedged
 RESTART_BACKOFF = 1.0  # seconds between attempts to start a client after one died or failed
 _SPECIAL = {"\\": "\\\\", '"': '\\"', "$": "\\$", "\n": "\\n", "\t": "\\t"}
+
+
+class AttachGate:
+    """Commands share the gate; a control client's attach holds it alone (see the module notes:
+    tmux 3.3a can crash when a session is created while a client attaches). An attach waiting
+    goes before new commands, so a steady stream of commands can't hold it off."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._attaching = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def command(self) -> Iterator[None]:
+        with self._cond:
+            while self._attaching or self._waiting:
+                self._cond.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                if not self._running:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def attach(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._attaching or self._running:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._attaching = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._attaching = False
+                self._cond.notify_all()
 
 
 def _reap(proc: subprocess.Popen[bytes], *, close: bool = False) -> None:
@@ -313,13 +361,19 @@ class OutputWatch:
         self._due: dict[str, float] = {}  # pane id -> when its quiet timer fires
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._answered = threading.Event()  # the attach's first answer came (or the client ended)
 
-    def start(self) -> bool:
+    def start(self, timeout: float = START_TIMEOUT) -> bool:
+        """Attach and wait for tmux's first answer (the attach's own block): until then the client
+        is half attached, when tmux 3.3a must not be asked to create a session."""
         self._proc = _attach(self._tmux, self.session, "ignore-size,read-only")
         if self._proc is None:
             return False
         self._thread = threading.Thread(target=self._loop, name=f"cao-output-{self.session}", daemon=True)
         self._thread.start()
+        if not self._answered.wait(timeout) or not self.alive:
+            self.close()
+            return False
         return True
 
     @property
@@ -371,8 +425,10 @@ class OutputWatch:
                     break
                 if not data:
                     break
+                self._answered.set()
                 reader.feed(data)
         finally:
+            self._answered.set()
             _reap(proc, close=True)
             if self.on_exit is not None and not self._stop.is_set():
                 with contextlib.suppress(Exception):
