@@ -15,8 +15,9 @@ Prints a table and writes JSON. Measures (each latency as p50 / p95 / max):
 - server and tmux CPU seconds, server RSS, threads and fds with 50 and with 200 idle terminals;
 - create -> ready (one terminal at a time), and 200 receivers turning idle at the same moment.
 
-By default it runs twice: with forked tmux clients (``CAO_TMUX_CONTROL=false``, before) and over
-the control-mode client (after), and prints both and a side-by-side table (``--client`` picks one).
+By default it runs twice: with forked tmux clients (``CAO_TMUX_CONTROL=false``, the default) and
+over the control-mode client (``CAO_TMUX_CONTROL=true``, opt-in), and prints both and a side-by-side
+table (``--client`` picks one).
 
 "Visible" is the scripted agent's own record of the submitted input (its clock and ours are the
 same machine clock). The benchmark never sends traffic beyond 127.0.0.1.
@@ -392,7 +393,7 @@ class Bench:
 
 
 def run(quick: bool, client: str = "control") -> dict[str, Any]:
-    """One run on one tmux client: ``control`` (the default) or ``forked`` (``CAO_TMUX_CONTROL=false``)."""
+    """One run on one tmux client: ``control`` (``CAO_TMUX_CONTROL=true``) or ``forked`` (the default)."""
     results: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
         "quick": quick,

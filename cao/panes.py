@@ -2,8 +2,8 @@
 
     PaneIO            the protocol a pane backend speaks (identity-checked: each call names the
                       pane instance by its PaneRef and checks it in the same step as the action)
-      Tmux            cao/tmux/: the tmux binary (the only module that runs it): over one
-                      control-mode client, or forked clients (CAO_TMUX_CONTROL=false, fallback)
+      Tmux            cao/tmux/: the tmux binary (the only module that runs it): forked clients
+                      (the default and the fallback), or one control-mode client (opt-in)
       MemoryPanes     cao/testing/panes.py: an in-memory double for the fast tier
     Panes             a terminal's pane I/O over a PaneIO: the pane's identity from the row, a
                       per-terminal lock, and "gone for good" when the pane is gone or not its own

@@ -68,7 +68,7 @@ def _url(environ: Mapping[str, str], name: str) -> str | None:
 class Settings:
     home: Path
     tmux_socket: str | None = None
-    tmux_control: bool = True  # one persistent tmux control-mode client (cao/tmux/control.py)
+    tmux_control: bool = False  # opt-in: one persistent tmux control-mode client (docs/tmux.md)
     output_wakes: bool = True  # %output of busy receivers wakes delivery once they go quiet
     api_host: str = "127.0.0.1"
     api_port: int = 9889
@@ -166,7 +166,7 @@ class Settings:
         return cls(
             home=home,
             tmux_socket=env.get("CAO_TMUX_SOCKET") or None,
-            tmux_control=_flag(env, "CAO_TMUX_CONTROL", True),
+            tmux_control=_flag(env, "CAO_TMUX_CONTROL", False),
             output_wakes=_flag(env, "CAO_OUTPUT_WAKES", True),
             api_host=host,
             api_port=port,

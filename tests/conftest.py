@@ -151,7 +151,8 @@ def tmux(tmux_socket: str, tmux_client: str) -> Iterator[Tmux]:
 
 
 # -- both tmux clients: a module marked ``pytestmark = pytest.mark.tmux_clients`` runs each test
-# twice, over the control-mode client and with it forced off (forked clients: the fallback)
+# twice, over the control-mode client (opt-in: CAO_TMUX_CONTROL=true) and over forked clients (the
+# default, and the fallback); other tests run on the default
 TMUX_CLIENTS = ("control", "forked")
 
 
@@ -163,8 +164,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def tmux_client(request: pytest.FixtureRequest) -> str:
-    """Which tmux client cao-server uses in this test: ``control`` (the default) or ``forked``."""
-    return str(getattr(request, "param", "control"))
+    """Which tmux client cao-server uses in this test: ``forked`` (the default) or ``control``."""
+    return str(getattr(request, "param", "forked"))
 
 
 @pytest.fixture
@@ -207,8 +208,7 @@ def make_server(tmp_path: Path, tmux_socket: str, tmux_client: str) -> Iterator[
     made: list[ServerProcess] = []
 
     def make(home: Path | None = None, cwd: Path = REPO, **env: str) -> ServerProcess:
-        if tmux_client != "control":
-            env.setdefault("CAO_TMUX_CONTROL", "false")
+        env.setdefault("CAO_TMUX_CONTROL", "true" if tmux_client == "control" else "false")
         srv = ServerProcess(home or tmp_path / "cao", tmux_socket, cwd, **env)
         made.append(srv)
         return srv.start()

@@ -17,7 +17,7 @@ import pytest
 from cao.core import Cao
 from cao.errors import PaneGone, TmuxError
 from cao.tmux import PaneInfo, Tmux
-from cao.tmux.control import ControlClient, quote
+from cao.tmux.control import ControlClient, Gate, quote
 from tests.helpers import SLOW, new_terminal, received_bodies, status_of, wait_until, write_rules
 
 DELIVERY_HOSTILE = (  # test_delivery.py scenario 16's body
@@ -96,6 +96,54 @@ def test_quote_keeps_every_character_as_data():
         assert q.startswith('"') and q.endswith('"')
         assert "\n" not in q and "\x00" not in q[1:-1] and "\r" not in q  # one line, always
         assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in q)
+
+
+def test_the_gate_holds_commands_off_while_one_thread_holds_it_alone():
+    """Attaches and kills hold the gate alone (tmux 3.3a crashes otherwise, docs/tmux.md): no
+    command runs meanwhile, one waiting to hold it alone goes before new commands, and the thread
+    holding it runs its own commands through it."""
+    gate = Gate()
+    log: list[str] = []
+    in_command = threading.Event()
+    release = threading.Event()
+
+    def command(name: str, hold: threading.Event | None = None) -> None:
+        with gate.command():
+            log.append(f"{name} in")
+            if hold is not None:
+                in_command.set()
+                hold.wait(5)
+            log.append(f"{name} out")
+
+    def alone() -> None:
+        with gate.alone():
+            log.append("alone in")
+            command("own")  # the holder's own command goes through (no deadlock)
+            log.append("alone out")
+
+    first = threading.Thread(target=command, args=("first", release))
+    first.start()
+    assert in_command.wait(5)
+    holder = threading.Thread(target=alone)
+    holder.start()
+    wait_until(lambda: gate._waiting == 1, what="the attach waits for the running command")
+    late = threading.Thread(target=command, args=("late",))
+    late.start()
+    time.sleep(0.05)  # an absence: neither may start while the first command runs
+    assert log == ["first in"]
+    release.set()
+    for t in (first, holder, late):
+        t.join(5)
+    assert log == [
+        "first in",
+        "first out",
+        "alone in",
+        "own in",
+        "own out",
+        "alone out",
+        "late in",
+        "late out",
+    ]
 
 
 def test_pipelined_requests_from_many_threads_get_their_own_answers(ctl: Tmux, tmp_path: Path):
@@ -280,6 +328,48 @@ def test_the_output_watch_calls_once_a_pane_goes_quiet(ctl: Tmux, tmp_path: Path
     assert quiet.pane_id not in {p for p, _ in woke}
 
 
+def _rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0])
+
+
+def test_a_watch_that_falls_behind_makes_tmux_drop_output_not_queue_it(ctl: Tmux, tmp_path: Path):
+    """A watch that stops reading (cao-server stopped with ^Z, swamped) made tmux queue a flooding
+    pane's output for it without bound (+3.7 MB of server memory a second, measured). With
+    pause-after tmux drops what the watch is over a second behind on (``%pause``) or holds the
+    pane back; the watch continues the pane and still hears it afterwards."""
+    stall = threading.Event()
+    stalled = threading.Event()
+    woke: list[str] = []
+
+    def on_quiet(pane: str) -> None:
+        woke.append(pane)
+        if len(woke) == 1:
+            stalled.set()
+            stall.wait(10)  # the watch's thread stops reading while the pane floods
+
+    ctl.watch_output(on_quiet, lambda _pane: 0.01)
+    src = Path(__file__).resolve()
+    flood = _session(
+        ctl,
+        tmp_path,
+        name="cao-flood",
+        command=f"sleep 0.3; echo ready; sleep 0.3; timeout 8 sh -c 'while :; do cat {src}; done'; cat",
+    )
+    server_pid = int(ctl.run("display-message", "-p", "#{pid}"))
+    assert stalled.wait(10)
+    time.sleep(1.0)  # the flood is under way; tmux has stopped being able to write to the watch
+    before = _rss_kb(server_pid)
+    time.sleep(4.0)  # unbounded, this is ~15 MB more
+    grown = _rss_kb(server_pid) - before
+    stall.set()
+    assert grown < 4096, f"the tmux server grew {grown} kB while the watch did not read"
+    wait_until(lambda: len(woke) >= 2, timeout=20, what="a wake after the stall")
+    woke.clear()
+    ctl.run("send-keys", "-t", flood.pane_id, "-l", "after the flood\n")
+    wait_until(lambda: flood.pane_id in woke, what="the pane heard after it was continued")
+
+
 def test_a_session_killed_under_its_watch_is_dropped_and_a_new_one_watched(ctl: Tmux, tmp_path: Path):
     ctl.watch_output(lambda _pane: None, lambda _pane: 0.01)
     _session(ctl, tmp_path, name="cao-one")
@@ -315,10 +405,38 @@ def test_sessions_created_while_clients_attach_leave_tmux_running(ctl: Tmux, tmp
     assert ctl.output_watches == names
 
 
+def test_the_panes_of_a_session_killed_from_many_threads_leave_tmux_running(ctl: Tmux, tmp_path: Path):
+    """With a control client attached, tmux 3.3a crashes when two windows of a session close in
+    one read of its (a deferred session-window-changed finds the session gone): cao's kills hold
+    the gate alone, so each is its own line and answer. Six panes, six threads, ten times."""
+    for _round in range(10):
+        _session(ctl, tmp_path, name="cao-keep")
+        panes = [_session(ctl, tmp_path, name="cao-x", command="sleep 600") for _ in range(6)]
+        wait_until(  # the last round's kill-session took the client's session: a new one starts
+            lambda: ctl.run("display-message", "-p", "warm") and ctl.control_pid, what="a control client"
+        )
+        start = threading.Barrier(len(panes))
+
+        def kill(pane: PaneInfo, start: threading.Barrier = start) -> None:
+            start.wait(5)
+            ctl.kill_pane(pane.pane_id, pane.pane_pid, grace=0)
+
+        threads = [threading.Thread(target=kill, args=(p,)) for p in panes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert ctl.has_session("cao-keep"), "the tmux server crashed"
+        assert not ctl.has_session("cao-x")
+        ctl.kill_session("cao-keep")
+
+
 # -- end to end: a busy receiver is woken by its pane's output, not by a log poll or the sweep ------
 def test_a_busy_receiver_is_served_when_its_pane_goes_quiet_without_the_log_poll(make_core, settings):
     # the watchdog polls once a minute and the sweep waits a minute: only %output can wake it in time
-    core: Cao = make_core(settings.with_(watch_interval=60.0, sweep_interval=60.0, sweep_grace=60.0))
+    core: Cao = make_core(
+        settings.with_(tmux_control=True, watch_interval=60.0, sweep_interval=60.0, sweep_grace=60.0)
+    )
     write_rules(settings.home, "slow", SLOW)
     tid = new_terminal(core, profile="slow")
     core.typist.send_input(core.store.get_terminal(tid), "work 1.5")

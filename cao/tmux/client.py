@@ -1,9 +1,11 @@
 """The only module that talks to tmux.
 
-Every command goes through :meth:`Tmux.run`: by default over one persistent control-mode client
-(cao/tmux/control.py, ~0.3 ms a command, pipelined across threads), else — control mode off
-(``CAO_TMUX_CONTROL=false``), tmux older than 3.2, no session to attach to yet, or a client that
-died or wedged — by forking the tmux binary (~3 ms), which carries the paste text through stdin.
+Every command goes through :meth:`Tmux.run`: by default by forking the tmux binary (~3 ms), which
+carries the paste text through stdin; with ``CAO_TMUX_CONTROL=true`` over one persistent
+control-mode client (cao/tmux/control.py, ~0.3 ms a command, pipelined across threads), falling
+back to forks with tmux older than 3.2, no session to attach to yet, or a client that died or
+wedged. Control mode is opt-in because tmux 3.3a can crash with a control client attached
+(docs/tmux.md); the crashes cao's own commands could cause are held off by a gate.
 One call carries several chained commands (``;``) either way, so a check and the action it guards
 run in one step. libtmux gives the server handle (binary, version, liveness) on the cold path.
 
@@ -31,9 +33,9 @@ import libtmux
 from cao.errors import FenceLost, PaneGone, PaneInMode, TmuxError, TmuxServerDown
 from cao.tmux.control import (
     RESTART_BACKOFF,
-    AttachGate,
     ControlClient,
     ControlLost,
+    Gate,
     OutputWatch,
     command_line,
 )
@@ -89,7 +91,7 @@ class Tmux:
         self.control = control and _control_capable(self.tmux_bin)
         self._client: ControlClient | None = None
         self._client_lock = threading.Lock()
-        self._gate = AttachGate()  # no command while a control client attaches (tmux 3.3a crash)
+        self._gate = Gate()  # attaches and kills alone (tmux 3.3a crashes: cao/tmux/control.py)
         self._client_next = 0.0  # monotonic time of the next start attempt
         self._client_backoff = RESTART_BACKOFF
         self._socket_path: str | None = None  # what the server said (``check_socket``)
@@ -204,7 +206,7 @@ class Tmux:
                 self._client_next = time.monotonic() + NO_SESSION_RETRY
                 return None
             started = ControlClient(self.argv(), session)
-            with self._gate.attach():
+            with self._gate.alone():
                 ok = started.start()
             if not ok:  # tmux refused or did not answer: fork, and back off
                 self._client_next = time.monotonic() + self._client_backoff
@@ -297,7 +299,7 @@ class Tmux:
                 quiet=self._quiet,
                 on_exit=self._watch_ended,
             )
-            with self._gate.attach():
+            with self._gate.alone():
                 ok = watch.start()
             if ok:
                 self._watches[session_name] = watch
@@ -724,7 +726,7 @@ class Tmux:
         if dead:
             # the program exited: its pid may belong to an unrelated process by now, so nothing is
             # signalled; only the (dead) pane goes
-            with contextlib.suppress(PaneGone, TmuxServerDown):
+            with contextlib.suppress(PaneGone, TmuxServerDown), self._gate.alone():
                 cond = ref.condition(alive=False)
                 self.run(
                     "if-shell",
@@ -782,20 +784,24 @@ class Tmux:
         Some CLIs ignore the SIGHUP that closing a pane sends, so we signal them ourselves.
         """
         pids = descendants(pane_pid) if pane_pid else set()
-        if pane_pid:
-            pids.add(pane_pid)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pane_pid, signal.SIGTERM)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-        with contextlib.suppress(PaneGone, TmuxServerDown):
-            if condition is None:
-                self.run("kill-pane", "-t", pane_id, target=pane_id)
-            else:
-                self.run(
-                    "if-shell", "-F", "-t", pane_id, condition, f"kill-pane -t {pane_id}", target=pane_id
-                )
+        # alone: with a control client attached, tmux 3.3a crashes when two windows of a session
+        # close in one of its reads (cao/tmux/control.py); its processes are signalled in the same
+        # section, so a pane that exits on the signal closes before another of ours can
+        with self._gate.alone():
+            if pane_pid:
+                pids.add(pane_pid)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pane_pid, signal.SIGTERM)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(PaneGone, TmuxServerDown):
+                if condition is None:
+                    self.run("kill-pane", "-t", pane_id, target=pane_id)
+                else:
+                    self.run(
+                        "if-shell", "-F", "-t", pane_id, condition, f"kill-pane -t {pane_id}", target=pane_id
+                    )
         deadline = time.monotonic() + grace
         while pids and time.monotonic() < deadline:
             pids = {p for p in pids if pid_alive(p)}
@@ -806,7 +812,7 @@ class Tmux:
                 os.kill(pid, signal.SIGKILL)
 
     def kill_session(self, session_name: str) -> None:
-        with contextlib.suppress(TmuxError):
+        with contextlib.suppress(TmuxError), self._gate.alone():
             self.run("kill-session", "-t", f"={session_name}")
 
     def kill_server(self) -> None:

@@ -24,14 +24,18 @@ Arguments are written as tmux's own parser reads them: each one double-quoted, w
 of a paste goes in with ``set-buffer`` the same way (a forked client uses ``load-buffer -`` and
 stdin; control mode has no stdin per command).
 
-tmux 3.3a's server can crash (SIGSEGV, every agent gone) when a session is created while a control
-client is still attaching: measured 4-11% of tries with ``new-session`` right after ``tmux -C
-attach``, none in 400 once the client's first answer was awaited. So a client's start waits for its
-first answer, and no command of this process runs meanwhile (:class:`AttachGate`).
+tmux 3.3a's server can crash (SIGSEGV, every pane gone) with a control client attached
+(docs/tmux.md has the table): when a notification reaches a client that is still attaching
+(``new-session`` right after ``tmux -C attach``: 4-11% of tries, none in 400 once the client's first
+answer was awaited), and when two windows of a session close in one read of the server (20/20 with
+three kills on one line). So a client's start waits for its first answer, and an attach or a kill
+holds the :class:`Gate` alone: no other command of this process is in flight meanwhile.
 
 Output clients (``OutputWatch``) are attached read-only to one session each (tmux reports
 ``%output`` only for the panes of the client's own session) and call ``on_quiet(pane_id)`` once a
 pane that printed has been quiet for ``quiet(pane_id)`` seconds: the wake that ends a busy turn.
+They attach with ``pause-after``, so tmux drops, rather than queues without bound, output a watch
+has fallen behind on.
 """
 
 from __future__ import annotations
@@ -54,24 +58,29 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT = 3.0  # seconds for a new client to answer its attach
 REPLY_TIMEOUT = 10.0  # seconds without any answer from a client with requests in flight: wedged
 RESTART_BACKOFF = 1.0  # seconds between attempts to start a client after one died or failed
+PAUSE_AFTER = 1  # seconds an output watch may fall behind before tmux drops a pane's output for it
 _SPECIAL = {"\\": "\\\\", '"': '\\"', "$": "\\$", "\n": "\\n", "\t": "\\t"}
 
 
-class AttachGate:
-    """Commands share the gate; a control client's attach holds it alone (see the module notes:
-    tmux 3.3a can crash when a session is created while a client attaches). An attach waiting
-    goes before new commands, so a steady stream of commands can't hold it off."""
+class Gate:
+    """Commands share the gate; some things hold it alone (see the module notes on tmux 3.3a's
+    crashes): a control client's attach, and the kill of a pane or a session, so no other command
+    of ours is in the same read of tmux's. A thread holding it alone runs its own commands through
+    it; one waiting to hold it alone goes before new commands (a steady stream can't hold it off)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._running = 0
-        self._attaching = False
+        self._owner: int | None = None  # the thread holding it alone
         self._waiting = 0
 
     @contextlib.contextmanager
     def command(self) -> Iterator[None]:
+        if self._owner == threading.get_ident():
+            yield  # the thread that holds it alone
+            return
         with self._cond:
-            while self._attaching or self._waiting:
+            while self._owner is not None or self._waiting:
                 self._cond.wait()
             self._running += 1
         try:
@@ -83,20 +92,24 @@ class AttachGate:
                     self._cond.notify_all()
 
     @contextlib.contextmanager
-    def attach(self) -> Iterator[None]:
+    def alone(self) -> Iterator[None]:
+        me = threading.get_ident()
+        if self._owner == me:
+            yield
+            return
         with self._cond:
             self._waiting += 1
             try:
-                while self._attaching or self._running:
+                while self._owner is not None or self._running:
                     self._cond.wait()
             finally:
                 self._waiting -= 1
-            self._attaching = True
+            self._owner = me
         try:
             yield
         finally:
             with self._cond:
-                self._attaching = False
+                self._owner = None
                 self._cond.notify_all()
 
 
@@ -362,11 +375,12 @@ class OutputWatch:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._answered = threading.Event()  # the attach's first answer came (or the client ended)
+        self.paused = 0  # how often tmux paused a pane for this watch (it fell behind)
 
     def start(self, timeout: float = START_TIMEOUT) -> bool:
         """Attach and wait for tmux's first answer (the attach's own block): until then the client
         is half attached, when tmux 3.3a must not be asked to create a session."""
-        self._proc = _attach(self._tmux, self.session, "ignore-size,read-only")
+        self._proc = _attach(self._tmux, self.session, f"ignore-size,read-only,pause-after={PAUSE_AFTER}")
         if self._proc is None:
             return False
         self._thread = threading.Thread(target=self._loop, name=f"cao-output-{self.session}", daemon=True)
@@ -390,12 +404,23 @@ class OutputWatch:
             self._thread.join(timeout=2)
 
     def _note(self, line: bytes) -> None:
-        if not line.startswith(b"%output %"):
+        # with pause-after, output comes as %extended-output; %pause: tmux stopped sending a pane's
+        # output because we were more than PAUSE_AFTER behind (it dropped it, rather than queue it
+        # without bound): that pane printed, and it is continued at once
+        for prefix in (b"%extended-output %", b"%output %", b"%pause %"):
+            if line.startswith(prefix):
+                break
+        else:
             return
-        end = line.find(b" ", 8)
-        if end < 0:
-            return
-        pane = line[8:end].decode("ascii", "replace")
+        start = len(prefix) - 1
+        end = line.find(b" ", start)
+        pane = (line[start:] if end < 0 else line[start:end]).decode("ascii", "replace")
+        if prefix == b"%pause %" and pane[1:].isdigit():
+            self.paused += 1
+            with contextlib.suppress(OSError, ValueError):
+                proc = self._proc
+                if proc is not None and proc.stdin is not None:
+                    os.write(proc.stdin.fileno(), f"refresh-client -A '{pane}:continue'\n".encode())
         self._due[pane] = time.monotonic() + self.quiet(pane)
 
     def _loop(self) -> None:
