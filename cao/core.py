@@ -610,10 +610,10 @@ class Cao:
             "docs/compatibility.md)" + (f". Aliases configured: {aliases}" if aliases else "")
         )
 
-    def view(self, terminal: Terminal) -> dict[str, object]:
+    def view(self, terminal: Terminal, *, status: str | None = None) -> dict[str, object]:
         """A terminal as the API shows it: our fields plus the reference's ``caller_id`` and
-        ``initial_delivery``."""
-        out = self.status.view(terminal).as_dict()
+        ``initial_delivery`` (``status``: already read, by a listing's batched look)."""
+        out = self.status.view(terminal, status=status).as_dict()
         out["caller_id"] = terminal.supervisor_id
         # In the reference's vocabulary: cao keeps none of its own tools from an agent (a profile's
         # native allowed_tools limit what its CLI may do, which that vocabulary can't express).
@@ -658,14 +658,20 @@ class Cao:
         rows = self.store.list_terminals(session_name=session)
         if session is not None and not rows and not self.tmux.has_session(session):
             raise NotFound(f"session {session} not found; list sessions with `cao status`")
-        return [self.view(t) for t in rows]
+        statuses = self.status.statuses(rows)  # one tmux call for the lot
+        return [self.view(t, status=statuses[t.id]) for t in rows]
 
     def siblings(self, terminal_id: str) -> list[dict[str, object]]:
         """The other live terminals of this terminal's session. cao has no terminal groups, so the
         session is the group the reference's ``GET /terminals/{id}/siblings`` answers with."""
         me = self.terminal_row(terminal_id)
-        rows = self.store.list_terminals(session_name=me.session_name)
-        return [self.view(t) for t in rows if t.id != me.id and t.state not in ENDED]
+        rows = [
+            t
+            for t in self.store.list_terminals(session_name=me.session_name)
+            if t.id != me.id and t.state not in ENDED
+        ]
+        statuses = self.status.statuses(rows)
+        return [self.view(t, status=statuses[t.id]) for t in rows]
 
     def working_directory(self, terminal_id: str) -> str:
         """The directory the agent was started in (agent CLIs don't change their own directory)."""
@@ -765,9 +771,10 @@ class Cao:
         if not rows and not alive:
             raise NotFound(f"session {session} not found; list sessions with `cao status`")
         pending = self.store.pending_counts([t.id for t in rows])
+        statuses = self.status.statuses(rows)
         terminals = []
         for t in rows:
-            view = self.view(t)
+            view = self.view(t, status=statuses[t.id])
             view.update(
                 tmux_session=t.session_name, tmux_window=t.name, pending_inbox_count=pending.get(t.id, 0)
             )

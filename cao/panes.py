@@ -67,6 +67,12 @@ class PaneIO(Protocol):
 
     def capture_checked(self, ref: PaneRef, *, scrollback: bool = False, join: bool = False) -> str: ...
 
+    def look_many(self, refs: Sequence[PaneRef]) -> dict[str, tuple[str, str] | PaneGone]:
+        """:meth:`look_checked` of many panes in as few backend calls as it can (tmux: one command
+        line for up to ``LOOK_BATCH`` panes): pane id -> (screen, blocker), or the
+        :class:`PaneGone` (or mismatch) that pane's own look would have raised."""
+        ...
+
     def snapshot_checked(self, ref: PaneRef) -> tuple[str, int, int, int, int]: ...
 
     def paste_checked(
@@ -166,6 +172,39 @@ class Panes:
     def screen(self, terminal: Terminal, *, scrollback: bool = False, join: bool = False) -> str:
         with self._pane(terminal) as ref:
             return self.io.capture_checked(ref, scrollback=scrollback, join=join)
+
+    def screens(self, terminals: Sequence[Terminal]) -> dict[str, str | PaneGone | TmuxServerDown]:
+        """The screens of many terminals in one batched look (a listing of 200 terminals is one
+        tmux call, not 200): terminal id -> screen, or the error its own :meth:`screen` would have
+        raised; a pane found gone or not its own makes the terminal gone for good, as there."""
+        refs: dict[str, PaneRef] = {}
+        out: dict[str, str | PaneGone | TmuxServerDown] = {}
+        for t in terminals:
+            try:
+                refs[t.id] = self.ref(t)
+            except PaneGone as exc:
+                out[t.id] = exc
+        if not refs:
+            return out
+        try:
+            looks = self.io.look_many(list(refs.values()))
+        except TmuxServerDown as exc:
+            for t in terminals:
+                if t.id in refs:
+                    self.lose(t, f"the tmux server is not running ({exc.message})")
+                    out[t.id] = exc
+            return out
+        for t in terminals:
+            ref = refs.get(t.id)
+            if ref is None:
+                continue
+            got = looks.get(ref.pane_id) or PaneGone(f"tmux pane {ref.pane_id} no longer exists")
+            if isinstance(got, PaneGone):
+                self.lose(t, got.message)
+                out[t.id] = got
+            else:
+                out[t.id] = got[0]
+        return out
 
     def look(self, terminal: Terminal) -> tuple[str, str]:
         """The screen and what keeps input out of the pane (``""``: nothing; else a tmux mode's

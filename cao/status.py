@@ -13,7 +13,7 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cao.errors import DiskFull, Forbidden, InvalidInput, PaneGone, StoreBusy, TmuxServerDown
@@ -103,16 +103,18 @@ class StatusReader:
         self.forget(terminal_id)
 
     # -- status ------------------------------------------------------------------------------------
-    def status(self, terminal: Terminal) -> str:
-        """Live status from the screen; ``gone`` when the pane is gone or not the terminal's."""
+    def status(self, terminal: Terminal, *, screen: str | None = None) -> str:
+        """Live status from the screen (``screen``: one just captured, by :meth:`statuses`);
+        ``gone`` when the pane is gone or not the terminal's."""
         if terminal.state in ENDED:
             return Status.GONE
         if terminal.state == TerminalState.STARTING:
             return Status.STARTING
-        try:
-            screen = self.panes.screen(terminal)
-        except (PaneGone, TmuxServerDown):
-            return Status.GONE
+        if screen is None:
+            try:
+                screen = self.panes.screen(terminal)
+            except (PaneGone, TmuxServerDown):
+                return Status.GONE
         status = self.read(terminal, screen).status.value
         if terminal.ready_at is None and status == TerminalStatus.PROCESSING:
             status = Status.STARTING  # never ready yet: starting, not working
@@ -189,9 +191,24 @@ class StatusReader:
             for key, value in fields.items():
                 setattr(terminal, key, value)
 
-    def view(self, terminal: Terminal) -> TerminalView:
+    def statuses(self, terminals: Sequence[Terminal]) -> dict[str, str]:
+        """:meth:`status` of many terminals from one batched look at their panes (a listing of 200
+        terminals is one tmux call, not 200)."""
+        live = [t for t in terminals if t.state not in ENDED and t.state != TerminalState.STARTING]
+        screens = self.panes.screens(live) if live else {}
+        out: dict[str, str] = {}
+        for t in terminals:
+            got = screens.get(t.id)
+            if isinstance(got, (PaneGone, TmuxServerDown)):
+                out[t.id] = Status.GONE
+            else:  # a screen, or None: ended or starting (read without a look)
+                out[t.id] = self.status(t, screen=got)
+        return out
+
+    def view(self, terminal: Terminal, *, status: str | None = None) -> TerminalView:
+        """The terminal as the API shows it (``status``: already read, by :meth:`statuses`)."""
         waits = self.panes.provider(terminal).waits_for_mcp
-        status = self.status(terminal)
+        status = self.status(terminal) if status is None else status
         reason = terminal.gone_reason if status == Status.GONE else self._reasons.get(terminal.id)
         hook = self.hooks.state(terminal.id)
         return TerminalView(

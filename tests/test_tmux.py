@@ -165,3 +165,37 @@ def test_a_dead_pane_reads_as_not_the_terminals(tmux: Tmux, tmp_path: Path):
     wait_until(lambda: any(p.dead for p in tmux.list_panes() if p.pane_id == info.pane_id), what="pane dead")
     with pytest.raises(PaneMismatch, match="exited"):
         tmux.capture_checked(info.ref)
+
+
+def test_many_panes_are_looked_at_in_one_call_each_with_its_own_identity(tmux: Tmux, tmp_path: Path):
+    """A listing's batched look (``look_many``): one tmux call for every pane, each screen the
+    same as its own look's, and a pane that is gone or not the one named reads so, alone."""
+    from cao.errors import PaneMismatch
+    from cao.tmux import PaneRef
+    from cao.tmux import client as tmux_client
+
+    infos = [_window(tmux, tmp_path, f"printf 'pane {i} says hi\\n'; cat") for i in range(4)]
+    for i, info in enumerate(infos):
+        wait_until(lambda i=i, info=info: f"pane {i} says hi" in tmux.capture_checked(info.ref), what="drawn")
+    refs = [info.ref for info in infos]
+    calls = tmux.stats["control"] + tmux.stats["forked"]
+    looks = tmux.look_many(refs)
+    assert tmux.stats["control"] + tmux.stats["forked"] == calls + 1, "one tmux call for all four"
+    for ref in refs:
+        assert looks[ref.pane_id] == tmux.look_checked(ref)
+    impostor = PaneRef(refs[1].server_pid, refs[1].pane_id, refs[1].pane_pid + 1)  # another program there
+    tmux.kill_checked(refs[2])  # this one is gone: tmux stops a command list at it
+    mixed = tmux.look_many([refs[0], impostor, refs[2], refs[3]])
+    assert isinstance(mixed[impostor.pane_id], PaneMismatch)
+    assert isinstance(mixed[refs[2].pane_id], PaneGone)
+    for ref in (refs[0], refs[3]):
+        assert mixed[ref.pane_id] == tmux.look_checked(ref)
+    # more panes than one call carries: still every pane's own screen
+    old = tmux_client.LOOK_BATCH
+    tmux_client.LOOK_BATCH = 2
+    try:
+        assert tmux.look_many([refs[0], refs[1], refs[3]]) == {
+            r.pane_id: tmux.look_checked(r) for r in (refs[0], refs[1], refs[3])
+        }
+    finally:
+        tmux_client.LOOK_BATCH = old

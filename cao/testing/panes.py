@@ -101,6 +101,7 @@ class MemoryPanes:
         self._lock = threading.RLock()
         self._on_quiet: Callable[[str], None] | None = None
         self.output_wakes = 0
+        self.batched_looks = 0  # look_many calls (a listing is one)
 
     # -- what tests do to the panes ----------------------------------------------------------------
     def pane(self, pane_id: str) -> MemoryPane:
@@ -210,6 +211,16 @@ class MemoryPanes:
 
     def capture_checked(self, ref: PaneRef, *, scrollback: bool = False, join: bool = False) -> str:
         return self.look_checked(ref, scrollback=scrollback, join=join)[0]
+
+    def look_many(self, refs: Sequence[PaneRef]) -> dict[str, tuple[str, str] | PaneGone]:
+        out: dict[str, tuple[str, str] | PaneGone] = {}
+        self.batched_looks += 1
+        for ref in refs:
+            try:
+                out[ref.pane_id] = self.look_checked(ref)
+            except PaneGone as exc:
+                out[ref.pane_id] = exc
+        return out
 
     def snapshot_checked(self, ref: PaneRef) -> tuple[str, int, int, int, int]:
         screen = self.capture_checked(ref)

@@ -56,6 +56,7 @@ from cao.tmux.refs import (
 )
 
 logger = logging.getLogger(__name__)
+LOOK_BATCH = 50  # panes looked at in one tmux call (``look_many``)
 NO_SESSION_RETRY = 0.25  # seconds: with no session to attach a control client to, look again after
 
 
@@ -608,6 +609,58 @@ class Tmux:
         if seen != ref.expected:
             raise _mismatch(ref, seen)
         return screen, _blocker(mode)
+
+    def look_many(self, refs: Sequence[PaneRef]) -> dict[str, tuple[str, str] | PaneGone]:
+        """:meth:`look_checked` of many panes, ``LOOK_BATCH`` to a tmux call: each pane's identity
+        line (tagged with a token made for this call, which no pane can have printed) and then its
+        capture. tmux stops a command list at its first failing command, so a batch with a pane
+        that is gone is looked at again one pane at a time."""
+        out: dict[str, tuple[str, str] | PaneGone] = {}
+        for start in range(0, len(refs), LOOK_BATCH):
+            batch = refs[start : start + LOOK_BATCH]
+            token = f"cao-look-{uuid.uuid4().hex}"
+            args: list[str] = []
+            for i, ref in enumerate(batch):
+                args += [
+                    "display-message",
+                    "-p",
+                    "-t",
+                    ref.pane_id,
+                    f"{token} {i} {ref.fmt} {_MODE_FMT}",
+                    ";",
+                ]
+                args += ["capture-pane", "-p", "-t", ref.pane_id, ";"]
+            try:
+                text = self.run(*args[:-1])
+            except PaneGone:
+                for ref in batch:
+                    try:
+                        out[ref.pane_id] = self.look_checked(ref)
+                    except PaneGone as exc:
+                        out[ref.pane_id] = exc
+                continue
+            sections: dict[int, tuple[str, list[str]]] = {}
+            current: list[str] | None = None
+            for line in text.split("\n"):
+                if line.startswith(token + " "):
+                    index, _, head = line[len(token) + 1 :].partition(" ")
+                    current = []
+                    sections[int(index)] = (head, current)
+                elif current is not None:
+                    current.append(line)
+            for i, ref in enumerate(batch):
+                if i not in sections:
+                    out[ref.pane_id] = PaneGone(f"tmux pane {ref.pane_id} did not answer a look")
+                    continue
+                head, lines = sections[i]
+                if i == len(batch) - 1 and lines and lines[-1] == "":
+                    lines = lines[:-1]  # the text's final newline
+                seen, _, mode = head.partition(" ")
+                if seen != ref.expected:
+                    out[ref.pane_id] = _mismatch(ref, seen)
+                else:
+                    out[ref.pane_id] = ("".join(line + "\n" for line in lines), _blocker(mode))
+        return out
 
     def snapshot_checked(self, ref: PaneRef) -> tuple[str, int, int, int, int]:
         """The visible screen with its colours (``capture-pane -e``), the cursor and the pane size,
