@@ -52,7 +52,7 @@ WORK_RULES = {
     "rules": [
         {"match": r"^work (?P<secs>[\d.]+)$", "delay": 3.0, "reply": "worked"},
         {"match": r"^long work$", "delay": 60.0, "reply": "worked long"},
-        {"match": r"^slow work$", "delay": 15.0, "reply": "worked slowly"},
+        {"match": r"^slow work$", "delay": 45.0, "reply": "worked slowly"},
     ],
     "default": {"reply": "ok"},
 }
@@ -231,8 +231,9 @@ class Bench:
         return {"send_request": summary(req), "send_to_visible_idle": summary(vis)}
 
     def idle_to_visible(self, ids: list[str], rounds: int, work: str = "work 3") -> dict[str, Any]:
-        """Each receiver starts a turn (3 s; ``slow work``: 15 s, for 200 receivers to all be in
-        it at once); a message is sent during it; measure turn end -> visible."""
+        """Each receiver starts a turn (3 s; ``slow work``: 45 s, for 200 receivers to all be in
+        it at once: typing 200 inputs with forked clients takes ~20 s); a message is sent during
+        it; measure turn end -> visible."""
         lat: list[float] = []
         for r in range(rounds):
             for tid in ids:
@@ -241,7 +242,7 @@ class Bench:
             tokens = {tid: f"tok-iv-{r}-{tid}-{time.time_ns()}" for tid in ids}
             for tid, tok in tokens.items():
                 self.send(tid, tok)
-            self.wait_tokens(ids, set(tokens.values()), 30)
+            self.wait_tokens(ids, set(tokens.values()), 30 if work != "slow work" else 90)
             for tid, tok in tokens.items():
                 recs = self.records(tid)
                 got = next(
