@@ -16,7 +16,8 @@ import contextlib
 import logging
 import secrets
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from cao.errors import CaoError, InvalidInput, NotFound, PaneGone, TmuxError, TmuxServerDown
 from cao.events import EventBus
@@ -61,6 +62,8 @@ class Lifecycle:
         self.fault = fault  # test-only crash points (see cao.delivery.Faults)
         self.deleted_listeners = []
         self.retiring: list[Callable[[Terminal], None]] = []  # told before its HOME is removed
+        self._new_sessions: set[str] = set()  # sessions a create is making now (``_session``)
+        self._new_sessions_lock = threading.Lock()
         self.found_dead = []
         self.orphans: list[TaggedPane] = []  # panes tagged as ours with no row (found at start)
 
@@ -83,7 +86,26 @@ class Lifecycle:
         """Row first (``starting``), pane second, then the row goes ``live`` with the pane's
         identity. A tmux failure in between undoes both; a crash in between is cleaned up by
         :meth:`adopt` (the pane is tagged with the terminal id), so no agent runs untracked."""
-        session = self._session(session_name, new_session)
+        with self._session(session_name, new_session) as session:
+            return self._create(
+                session,
+                provider=provider,
+                agent_profile=agent_profile,
+                working_directory=working_directory,
+                supervisor_id=supervisor_id,
+                use_worktree=use_worktree,
+            )
+
+    def _create(
+        self,
+        session: str,
+        *,
+        provider: str | None,
+        agent_profile: str | None,
+        working_directory: str | None,
+        supervisor_id: str | None,
+        use_worktree: bool | None,
+    ) -> Terminal:
         supervisor = self.store.get_terminal(supervisor_id) if supervisor_id else None
         terminal_id = self._new_id()
         plan = self.planner.plan(
@@ -148,19 +170,33 @@ class Lifecycle:
         )
         return terminal
 
-    def _session(self, session_name: str | None, new_session: bool) -> str:
+    @contextlib.contextmanager
+    def _session(self, session_name: str | None, new_session: bool) -> Iterator[str]:
+        """The session a create goes into. A new one is claimed for the whole create, so two
+        creates of the same new session at once can't both see it missing and both succeed."""
         if session_name:
             session = session_name_for(validate_session_name(session_name))
         elif new_session:
             session = session_name_for(new_session_name())
         else:
             raise InvalidInput("session_name is required to add a terminal to a session")
-        exists = self.io.has_session(session)
-        if new_session and exists:
-            raise InvalidInput(f"session {session} already exists; pick another name or add a terminal to it")
-        if not new_session and not exists:
-            raise NotFound(f"session {session} not found; create it first with `cao launch`")
-        return session
+        taken = f"session {session} already exists; pick another name or add a terminal to it"
+        if new_session:
+            with self._new_sessions_lock:
+                if session in self._new_sessions:
+                    raise InvalidInput(taken)
+                self._new_sessions.add(session)
+        try:
+            exists = self.io.has_session(session)
+            if new_session and exists:
+                raise InvalidInput(taken)
+            if not new_session and not exists:
+                raise NotFound(f"session {session} not found; create it first with `cao launch`")
+            yield session
+        finally:
+            if new_session:
+                with self._new_sessions_lock:
+                    self._new_sessions.discard(session)
 
     def _undo_create(self, terminal_id: str, exc: BaseException) -> None:
         """A create failed half-way: kill any pane tagged with this terminal, retire the row."""

@@ -812,3 +812,31 @@ def test_a_read_only_home_is_a_clear_503_not_a_500(make_core: Callable[..., Cao]
         assert [t.id for t in core.store.list_terminals()] == [tid]
     finally:
         subprocess.run(["umount", home], check=False)
+
+
+def test_one_new_session_created_by_many_at_once_is_made_once(core: Cao):
+    """Six creates of the same new session at once (six `cao launch --session x`, six POST
+    /sessions): each saw it missing, and four or five 'succeeded' into one session while the
+    rest failed with tmux's raw "duplicate session". One is made; the others are told it exists."""
+    from cao.errors import InvalidInput
+
+    made: list[str] = []
+    refused: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def create() -> None:
+        start.wait(5)
+        try:
+            made.append(core.lifecycle.create(provider="scripted", session_name="race").id)
+        except Exception as exc:  # every other outcome is reported below
+            refused.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(made) == 1, (made, refused)
+    assert len(refused) == 5 and all(isinstance(e, InvalidInput) for e in refused), refused
+    assert all("already exists" in str(e) for e in refused)
+    assert [t.id for t in core.store.list_terminals(session_name="cao-race")] == made

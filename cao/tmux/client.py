@@ -1,6 +1,6 @@
 """The only module that talks to tmux.
 
-Every command goes through :meth:`Tmux.run`: by default by forking the tmux binary (~3 ms), which
+Every command goes through :meth:`Tmux.run`: by default by forking the tmux binary (~4 ms), which
 carries the paste text through stdin; with ``CAO_TMUX_CONTROL=true`` over one persistent
 control-mode client (cao/tmux/control.py, ~0.3 ms a command, pipelined across threads), falling
 back to forks with tmux older than 3.2, no session to attach to yet, or a client that died or
