@@ -358,7 +358,8 @@ def test_a_watch_that_falls_behind_makes_tmux_drop_output_not_queue_it(ctl: Tmux
     )
     server_pid = int(ctl.run("display-message", "-p", "#{pid}"))
     assert stalled.wait(10)
-    time.sleep(1.0)  # the flood is under way; tmux has stopped being able to write to the watch
+    log = tmp_path / "cao-flood.log"
+    wait_until(lambda: log.stat().st_size > 1 << 20, what="the flood under way while the watch stalls")
     before = _rss_kb(server_pid)
     time.sleep(4.0)  # unbounded, this is ~15 MB more
     grown = _rss_kb(server_pid) - before

@@ -67,6 +67,15 @@ def _link(path: Path) -> str:
         return ""
 
 
+def _judged(ref: PaneRef, head: str, screen: str) -> tuple[str, str]:
+    """A look's answer: its identity line (``ref.fmt`` then the mode) checked against ``ref``;
+    (screen, what keeps input out), or the mismatch raised."""
+    seen, _, mode = head.partition(" ")
+    if seen != ref.expected:
+        raise _mismatch(ref, seen)
+    return screen, _blocker(mode)
+
+
 def _control_capable(tmux_bin: str) -> bool:
     """Control mode with client flags (``attach -f ignore-size,no-output``) needs tmux 3.2+."""
     try:
@@ -605,10 +614,7 @@ class Tmux:
             args += ["-S", "-", "-E", "-"]
         out = self.run(*args, target=ref.pane_id)
         first, _, screen = out.partition("\n")
-        seen, _, mode = first.partition(" ")
-        if seen != ref.expected:
-            raise _mismatch(ref, seen)
-        return screen, _blocker(mode)
+        return _judged(ref, first, screen)
 
     def look_many(self, refs: Sequence[PaneRef]) -> dict[str, tuple[str, str] | PaneGone]:
         """:meth:`look_checked` of many panes, ``LOOK_BATCH`` to a tmux call: each pane's identity
@@ -655,11 +661,10 @@ class Tmux:
                 head, lines = sections[i]
                 if i == len(batch) - 1 and lines and lines[-1] == "":
                     lines = lines[:-1]  # the text's final newline
-                seen, _, mode = head.partition(" ")
-                if seen != ref.expected:
-                    out[ref.pane_id] = _mismatch(ref, seen)
-                else:
-                    out[ref.pane_id] = ("".join(line + "\n" for line in lines), _blocker(mode))
+                try:
+                    out[ref.pane_id] = _judged(ref, head, "".join(line + "\n" for line in lines))
+                except PaneGone as exc:
+                    out[ref.pane_id] = exc
         return out
 
     def snapshot_checked(self, ref: PaneRef) -> tuple[str, int, int, int, int]:
