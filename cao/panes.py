@@ -174,8 +174,8 @@ class Panes:
             return self.io.capture_checked(ref, scrollback=scrollback, join=join)
 
     def screens(self, terminals: Sequence[Terminal]) -> dict[str, str | PaneGone | TmuxServerDown]:
-        """The screens of many terminals in one batched look (a listing of 200 terminals is one
-        tmux call, not 200): terminal id -> screen, or the error its own :meth:`screen` would have
+        """The screens of many terminals in one batched look (a listing of 200 terminals is
+        four tmux calls, not 200): terminal id -> screen, or the error its own :meth:`screen` would have
         raised; a pane found gone or not its own makes the terminal gone for good, as there."""
         refs: dict[str, PaneRef] = {}
         out: dict[str, str | PaneGone | TmuxServerDown] = {}

@@ -193,7 +193,7 @@ class StatusReader:
 
     def statuses(self, terminals: Sequence[Terminal]) -> dict[str, str]:
         """:meth:`status` of many terminals from one batched look at their panes (a listing of 200
-        terminals is one tmux call, not 200)."""
+        terminals is four tmux calls, not 200)."""
         live = [t for t in terminals if t.state not in ENDED and t.state != TerminalState.STARTING]
         screens = self.panes.screens(live) if live else {}
         out: dict[str, str] = {}
