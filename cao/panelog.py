@@ -48,7 +48,8 @@ class PaneLogs:
         the terminals whose log was truncated."""
         capped: list[str] = []
         try:
-            entries = list(os.scandir(self.dir))
+            with os.scandir(self.dir) as listing:  # closed even if the listing fails half-way
+                entries = list(listing)
         except FileNotFoundError:
             return capped
         for entry in entries:
