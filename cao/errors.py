@@ -117,6 +117,11 @@ class StoreBusy(CaoError):
     status_code = 503
 
 
+class StoreUnreachable(StoreBusy):
+    """The database server (PostgreSQL) could not be reached or dropped the connection: nothing was
+    written; the same request may be retried once it is back."""
+
+
 class StoreUnwritable(StoreBusy):
     """The database file could not be written (a disk I/O error, an immutable file): nothing was
     written; the same request may be retried once the cause is fixed."""

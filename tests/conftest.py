@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ import pytest
 from cao.core import Cao
 from cao.settings import Settings
 from cao.tmux import Tmux
+from tests import pgserver
 from tests.helpers import REPO, Clock, ServerProcess
+from tests.pgserver import PgServer
 
 # -- tiers: every test is in exactly one (tests/prepare.py installs what each needs) ----------------
 #   fast         no tmux, no server process          integration  real tmux, cao-server, scripted agents
@@ -33,7 +37,11 @@ def tier_of(item: pytest.Item) -> str:
     for tier in ("realcli", "browser", "integration"):
         if item.get_closest_marker(tier) is not None:
             return tier
-    return "integration" if "tmux_socket" in getattr(item, "fixturenames", ()) else "fast"
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("db_backend") == "postgresql":
+        return "integration"  # a real PostgreSQL server (tests/pgserver.py)
+    fixtures = getattr(item, "fixturenames", ())
+    return "integration" if "tmux_socket" in fixtures or "pg_server" in fixtures else "fast"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -160,6 +168,48 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marked = metafunc.definition.get_closest_marker("tmux_clients") is not None
     if marked and "tmux_client" in metafunc.fixturenames:
         metafunc.parametrize("tmux_client", TMUX_CLIENTS, indirect=True)
+    both = metafunc.definition.get_closest_marker("db_backends") is not None
+    if both and "db_backend" in metafunc.fixturenames:
+        metafunc.parametrize("db_backend", DB_BACKENDS, indirect=True)
+
+
+# -- both store backends: a module marked ``pytestmark = pytest.mark.db_backends`` runs each test
+# that takes ``db_location`` twice, on a SQLite file and on a database of a real PostgreSQL server
+# (one server for the whole run, a new database per test: tests/pgserver.py)
+DB_BACKENDS = ("sqlite", "postgresql")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    why = pgserver.missing_reason()
+    if why is not None:
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix="cao-pg-"))
+    server = PgServer.start(root)
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> Iterator[str]:
+    """A new, empty database on the test server, dropped after the test."""
+    url = pg_server.new_database()
+    yield url
+    pg_server.drop_database(url)
+
+
+@pytest.fixture
+def db_backend(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def db_location(request: pytest.FixtureRequest, db_backend: str, tmp_path: Path) -> Path | str:
+    """Where this test's store lives: a SQLite file, or a new PostgreSQL database's URL."""
+    if db_backend == "postgresql":
+        return str(request.getfixturevalue("pg_url"))
+    return tmp_path / "cao.db"
 
 
 @pytest.fixture
@@ -168,10 +218,25 @@ def tmux_client(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "forked"))
 
 
+# The whole suite on PostgreSQL: ``CAO_TEST_DATABASE=postgresql python -m pytest`` gives every
+# core and cao-server a new database of the test server instead of $CAO_HOME/cao.db (read here,
+# before clean_env strips CAO_* from the tests' environment).
+SUITE_DATABASE = os.environ.get("CAO_TEST_DATABASE", "sqlite")
+
+
 @pytest.fixture
-def settings(tmp_path: Path, tmux_socket: str, tmux_client: str) -> Settings:
+def suite_database_url(request: pytest.FixtureRequest) -> str | None:
+    """The database this test's cao runs on when the suite runs on PostgreSQL (else None)."""
+    if SUITE_DATABASE != "postgresql":
+        return None
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def settings(tmp_path: Path, tmux_socket: str, tmux_client: str, suite_database_url: str | None) -> Settings:
     return Settings(
         home=tmp_path / "cao",
+        database_url=suite_database_url,
         tmux_socket=tmux_socket,
         tmux_control=tmux_client == "control",
         server_url="http://127.0.0.1:9",  # nothing listens: agents can't reach a server in core tests
@@ -204,11 +269,15 @@ def core(make_core: Callable[..., Cao], settings: Settings) -> Cao:
 
 
 @pytest.fixture
-def make_server(tmp_path: Path, tmux_socket: str, tmux_client: str) -> Iterator[Callable[..., ServerProcess]]:
+def make_server(
+    tmp_path: Path, tmux_socket: str, tmux_client: str, suite_database_url: str | None
+) -> Iterator[Callable[..., ServerProcess]]:
     made: list[ServerProcess] = []
 
     def make(home: Path | None = None, cwd: Path = REPO, **env: str) -> ServerProcess:
         env.setdefault("CAO_TMUX_CONTROL", "true" if tmux_client == "control" else "false")
+        if suite_database_url is not None:
+            env.setdefault("CAO_DATABASE_URL", suite_database_url)
         srv = ServerProcess(home or tmp_path / "cao", tmux_socket, cwd, **env)
         made.append(srv)
         return srv.start()

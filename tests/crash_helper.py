@@ -26,6 +26,7 @@ def main(argv: list[str]) -> int:
         fault_point=fault,
         scripted_record=True,
         inline_limit=int(os.environ.get("CAO_INBOX_INLINE_LIMIT", "4096")),
+        database_url=os.environ.get("CAO_DATABASE_URL") or None,
     )
     core = Cao(settings)  # not started: no triggers of its own, only the action below
     if action == "send":

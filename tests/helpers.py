@@ -171,12 +171,22 @@ def crash(settings: Settings, fault: str, *args: str) -> int:
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "CAO_DATABASE_URL": settings.database_url or ""},
     )
     return proc.returncode
 
 
 LOCKER = """
 import sqlite3, sys, time
+if sys.argv[1].startswith("postgresql://"):
+    import psycopg  # the store lock every write takes, held exclusively (cao/store/backend.py)
+    from cao.store.backend import STORE_LOCK
+    conn = psycopg.connect(sys.argv[1], autocommit=True)
+    conn.execute("SELECT pg_advisory_lock(%s)", (STORE_LOCK,))
+    print('locked', flush=True)
+    time.sleep(float(sys.argv[2]))
+    conn.close()
+    raise SystemExit
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
 conn.execute('BEGIN IMMEDIATE')
 print('locked', flush=True)

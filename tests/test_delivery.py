@@ -467,7 +467,7 @@ def test_18_locked_database_is_503_nothing_written_and_retry_succeeds(
     tid = new_terminal(core)
     with TestClient(create_app(core)) as client:
         locker = subprocess.Popen(
-            [sys.executable, "-c", LOCKER, str(settings.db_path), "2"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", LOCKER, str(settings.db_location), "2"], stdout=subprocess.PIPE, text=True
         )
         try:
             assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"

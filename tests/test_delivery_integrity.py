@@ -413,7 +413,9 @@ def test_an_ack_that_meets_a_locked_database_is_retried_not_left_delivering(
 
     def lock_db() -> None:
         p = subprocess.Popen(
-            [sys.executable, "-c", LOCKER, str(settings.db_path), "1.5"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", LOCKER, str(settings.db_location), "1.5"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         lockers.append(p)
         assert p.stdout is not None and p.stdout.readline().strip() == "locked"
@@ -572,7 +574,9 @@ def test_a_database_locked_during_the_claim_is_retried_soon(make_core: Callable[
     def lock_db() -> None:
         core.faults.hooks.clear()
         p = subprocess.Popen(
-            [sys.executable, "-c", LOCKER, str(settings.db_path), "1.0"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", LOCKER, str(settings.db_location), "1.0"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         lockers.append(p)
         assert p.stdout is not None and p.stdout.readline().strip() == "locked"

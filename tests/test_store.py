@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from cao.errors import (
     StoreBusy,
 )
 from cao.store import MAX_BODY_BYTES, SCHEMA_VERSION, Store, Terminal
+
+pytestmark = pytest.mark.db_backends
 
 RID = "aaaa0001"
 
@@ -42,10 +45,11 @@ def _terminal(store: Store, tid: str = RID) -> None:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "cao.db", busy_timeout=2)
+def store(db_location: Path | str) -> Iterator[Store]:
+    s = Store(db_location, busy_timeout=2)
     _terminal(s)
-    return s
+    yield s
+    s.close()
 
 
 def test_fresh_database_is_migrated_and_in_wal_mode(tmp_path: Path):
@@ -252,7 +256,9 @@ def test_waiting_reason_is_stored_with_pending_messages(store: Store):
     m, _ = store.add_message(sender_id="s", receiver_id=RID, body="m")
     assert store.note_waiting(RID, "receiver busy") == 1
     assert store.note_waiting(RID, "receiver busy") == 0  # unchanged: nothing rewritten
-    assert Store(store.path).get_message(m.id or 0).waiting_reason == "receiver busy"  # survives a restart
+    assert (
+        Store(store.location).get_message(m.id or 0).waiting_reason == "receiver busy"
+    )  # survives a restart
 
 
 def test_claims_across_threads_never_overlap(store: Store):
@@ -282,7 +288,7 @@ CLAIMER = """
 import sys, time
 from pathlib import Path
 from cao.store import Store
-s = Store(Path(sys.argv[1]), busy_timeout=10)
+s = Store(sys.argv[1], busy_timeout=10)
 got = []
 deadline = time.time() + 60
 while time.time() < deadline and (s.has_pending('aaaa0001') or s.stale_claims()):
@@ -298,7 +304,9 @@ def test_claims_across_processes_never_overlap(store: Store):
     for i in range(200):
         store.add_message(sender_id="s", receiver_id=RID, body=f"m{i}")
     procs = [
-        subprocess.Popen([sys.executable, "-c", CLAIMER, str(store.path)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, str(store.location)], stdout=subprocess.PIPE, text=True
+        )
         for _ in range(4)
     ]
     ids: list[int] = []
@@ -313,7 +321,7 @@ SENDER = """
 import sys
 from pathlib import Path
 from cao.store import Store
-s = Store(Path(sys.argv[1]), busy_timeout=10)
+s = Store(sys.argv[1], busy_timeout=10)
 key = sys.argv[3] if len(sys.argv) > 3 else None
 for i in range(int(sys.argv[2])):
     s.add_message(sender_id='p' + str(__import__('os').getpid()), receiver_id='aaaa0001',
@@ -322,7 +330,7 @@ for i in range(int(sys.argv[2])):
 
 
 def test_concurrent_senders_across_processes_all_stored_in_commit_order(store: Store):
-    procs = [subprocess.Popen([sys.executable, "-c", SENDER, str(store.path), "50"]) for _ in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", SENDER, str(store.location), "50"]) for _ in range(4)]
     for p in procs:
         assert p.wait(timeout=60) == 0
     rows = store.list_messages(limit=1000, order="asc")
@@ -340,7 +348,7 @@ SAME_KEY = """
 import sys
 from pathlib import Path
 from cao.store import Store
-s = Store(Path(sys.argv[1]), busy_timeout=10)
+s = Store(sys.argv[1], busy_timeout=10)
 m, dup = s.add_message(sender_id='shared', receiver_id='aaaa0001', body='once', idempotency_key='the-key')
 print(m.id, dup)
 """
@@ -348,7 +356,9 @@ print(m.id, dup)
 
 def test_same_key_sent_concurrently_from_two_processes_is_one_row(store: Store):
     procs = [
-        subprocess.Popen([sys.executable, "-c", SAME_KEY, str(store.path)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", SAME_KEY, str(store.location)], stdout=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=60)[0].split() for p in procs]
@@ -371,7 +381,7 @@ def test_locked_database_gives_store_busy_and_writes_nothing(tmp_path: Path):
     store = Store(tmp_path / "cao.db", busy_timeout=0.2)
     _terminal(store)
     locker = subprocess.Popen(
-        [sys.executable, "-c", LOCKER, str(store.path), "2"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", LOCKER, str(store.location), "2"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"

@@ -3,6 +3,7 @@ own transaction, coalescing, the queue view agreeing with the claim, recheck bat
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,15 @@ from cao.store.messages import EXPIRED_REASON
 from tests.helpers import Clock
 from tests.test_store import RID, _terminal
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.db_backends
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Store:
-    s = Store(tmp_path / "cao.db", clock=clock)
+def store(db_location: Path | str, clock: Clock) -> Iterator[Store]:
+    s = Store(db_location, clock=clock)
     _terminal(s)
-    return s
+    yield s
+    s.close()
 
 
 def send(store: Store, clock: Clock, body: str, sender: str = "s", **opts: object) -> int:

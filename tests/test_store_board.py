@@ -8,6 +8,7 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,24 +19,28 @@ from cao.store import Store
 from cao.store import board as rules
 from tests.test_store import _terminal
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.db_backends
 
 S = "cao-x"  # the session tests.test_store._terminal puts its terminal in
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "cao.db", busy_timeout=5)
+def store(db_location: Path | str) -> Iterator[Store]:
+    s = Store(db_location, busy_timeout=5)
     _terminal(s)
-    return s
+    yield s
+    s.close()
 
 
 def rows(store: Store) -> list[tuple[Any, ...]]:
     """Every board row as stored: what "nothing was written" is checked against."""
-    with sqlite3.connect(store.path) as conn:
-        return conn.execute(
-            "SELECT session_name, key, version, value, writer, head FROM board_fact ORDER BY 1, 2, 3"
-        ).fetchall()
+    with store._read() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                "SELECT session_name, key, version, value, writer, head FROM board_fact ORDER BY 1, 2, 3"
+            ).fetchall()
+        ]
 
 
 def test_a_write_names_the_version_it_replaces_and_each_success_is_the_next(store: Store):
@@ -203,7 +208,7 @@ def test_a_session_holds_at_most_1000_keys_and_deleting_one_makes_room(store: St
     with pytest.raises(BoardFull):
         store.board_set(S, "k0001", "back", expected_version=0, writer="cli")  # a deleted key is new
     _terminal(store, "bbbb0002")  # the limit is per session: another one's board is its own
-    with sqlite3.connect(store.path) as conn:
+    with store._write() as conn:
         conn.execute("UPDATE terminal SET session_name = 'cao-y' WHERE id = 'bbbb0002'")
     assert store.board_set("cao-y", "k", 1, expected_version=0, writer="cli").version == 1
 
@@ -270,7 +275,7 @@ def test_writers_racing_from_threads_with_the_same_expected_version_one_wins(sto
 
 def test_writers_racing_on_separate_connections_one_wins(store: Store, tmp_path: Path):
     """Separate Store objects share no lock in Python: only SQLite's BEGIN IMMEDIATE orders them."""
-    others = [Store(tmp_path / "cao.db", busy_timeout=10) for _ in range(6)]
+    others = [Store(store.location, busy_timeout=10) for _ in range(6)]
     try:
         won, lost = _race(others, expected=0)
     finally:

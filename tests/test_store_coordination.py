@@ -19,13 +19,13 @@ from cao.store import Schedule, Store, TaskResult
 from tests.helpers import Clock
 from tests.test_store import RID, _terminal
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.db_backends
 SUP = "bbbb0002"
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Store:
-    s = Store(tmp_path / "cao.db", clock=clock)
+def store(db_location: Path | str, clock: Clock) -> Store:
+    s = Store(db_location, clock=clock)
     _terminal(s)
     _terminal(s, SUP)
     s.update_terminal(RID, supervisor_id=SUP)

@@ -17,6 +17,7 @@ Concurrency model (see docs/inbox-delivery.md):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -32,16 +33,29 @@ from typing import Any, TypeVar
 
 from cao.errors import (
     CaoError,
+    Conflict,
     DiskFull,
     SchemaTooNew,
     StoreBusy,
     StoreGone,
     StoreUnwritable,
 )
+from cao.store.backend import (
+    DRIVER_ERRORS,
+    SERVER_LOCK,
+    Backend,
+    CommitUnknown,
+    PostgresBackend,
+    SqliteBackend,
+    is_postgres,
+    pg_error,
+)
 from cao.store.schema import (
     MIGRATIONS,
     POOL_SIZE,
+    REBUILD_VERSION,
     SCHEMA_VERSION,
+    TABLES,
     WAL_SUFFIX,
     BoardFact,
     HandoffJob,
@@ -52,6 +66,10 @@ from cao.store.schema import (
     TaskResult,
     Terminal,
     Worktree,
+    create_table_ddl,
+    index_ddl,
+    rebuild_sqlite,
+    schema_ddl,
 )
 
 logger = logging.getLogger("cao.store")
@@ -85,51 +103,87 @@ def disk_error(where: Path, detail: str) -> CaoError:
     )
 
 
+def insert_row(conn: Any, table: str, row: dict[str, Any]) -> int:
+    """Insert one row (column names from our own models) and return its new id."""
+    cols = ", ".join(row)
+    marks = ", ".join("?" * len(row))
+    return int(
+        conn.execute(
+            f"INSERT INTO {table} ({cols}) VALUES ({marks}) RETURNING id", tuple(row.values())
+        ).fetchone()[0]
+    )
+
+
+def open_task_window(conn: Any, terminal_id: str, task_id: str, started_at: float) -> None:
+    """Note when a task attempt began (the first call wins); ``seq`` keeps the order they began in."""
+    conn.execute(
+        "INSERT INTO task_window (terminal_id, task_id, started_at, seq) VALUES (?, ?, ?, "
+        "(SELECT coalesce(max(seq), 0) + 1 FROM task_window WHERE terminal_id = ?)) "
+        "ON CONFLICT (terminal_id, task_id) DO NOTHING",
+        (terminal_id, task_id, started_at, terminal_id),
+    )
+
+
 def body_digest(receiver_id: str, body: str) -> str:
     """The *intent* of a send, for idempotency: receiver and body."""
     return hashlib.sha256(f"{receiver_id}\n{body}".encode()).hexdigest()
 
 
 class Database:
-    """The connection pool, the write transaction, the file's identity checks and the schema."""
+    """The connection pool, the write transaction, the store's identity checks and the schema.
 
-    def __init__(self, path: Path, *, busy_timeout: float = 5.0, clock: Callable[[], float] = time.time):
-        self.path = Path(path)
+    ``location``: a SQLite file's path, or a ``postgresql://`` URL (cao/store/backend.py)."""
+
+    def __init__(
+        self, location: Path | str, *, busy_timeout: float = 5.0, clock: Callable[[], float] = time.time
+    ):
         self.busy_timeout = busy_timeout
         self.clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._pool: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
+        # where it lives, as given (a URL keeps its password: show ``where`` instead)
+        self.location: Path | str = location
+        self.backend: Backend
+        if is_postgres(location):
+            self.backend = PostgresBackend(str(location), busy_timeout)
+            self.path: Path | None = None
+        else:
+            self.path = Path(location)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.backend = SqliteBackend(self.path, busy_timeout)
+        self._pool: queue.LifoQueue[Any] = queue.LifoQueue()
         self._pool_lock = threading.Lock()
         self._opened = 0
-        self._write_lock = threading.Lock()
+        # SQLite: one writer at a time anyway, and queueing on a lock here beats SQLite's busy
+        # handler (below); PostgreSQL: writers run side by side under their own locks
+        self._write_lock: threading.Lock | None = threading.Lock() if self.path is not None else None
         self._gone: str | None = None  # why this store stopped (its file deleted or replaced)
         self._identity: tuple[int, int] | None = None  # the database file's (device, inode)
         self._wal_identity: tuple[int, int] | None = None  # and its write-ahead log's
         self._writes_seen = -1  # the write count this store last committed (-1: not counting yet)
+        self._server_conn: Any = None  # PostgreSQL: the connection holding the server lock
         # told of each timeline event once its transaction committed (Cao: the event bus)
         self.on_event: Callable[[MessageEvent], None] | None = None
         # a delivery gave a terminal work (store/messages.py _note_tasked): coordination follows it
         self.on_tasked: Callable[[str], None] | None = None
         self.migrate()
-        self._identity = self._file_identity()
-        with self._read() as conn:
-            self._writes_seen = int(
-                conn.execute("SELECT value FROM store_meta WHERE key = 'writes'").fetchone()[0]
-            )
-        self._wal_identity = self._file_identity(WAL_SUFFIX)
+        if self.path is not None:
+            self._identity = self._file_identity()
+            with self._read() as conn:
+                self._writes_seen = int(
+                    conn.execute("SELECT value FROM store_meta WHERE key = 'writes'").fetchone()[0]
+                )
+            self._wal_identity = self._file_identity(WAL_SUFFIX)
+
+    @property
+    def kind(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.backend.kind
+
+    @property
+    def where(self) -> str:
+        """The store as it may be shown: a file's path, or a server's URL without its password."""
+        return self.backend.where
 
     # -- connection plumbing -------------------------------------------------------------------
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-        )
-        conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA cache_size = -512")
-        return conn
-
     def _file_identity(self, suffix: str = "") -> tuple[int, int] | None:
         try:
             st = os.stat(f"{self.path}{suffix}")
@@ -154,11 +208,12 @@ class Database:
         """Raise :class:`StoreGone` unless the database file is still the one this store opened
         (a stat: cheap enough for every call). Deleted, or replaced by another file (an older
         copy), a connection would go on writing into the unlinked or other file and every receipt
-        given from then on would be forgotten at the next start."""
+        given from then on would be forgotten at the next start. (A PostgreSQL server keeps its
+        own files: nothing to check here.)"""
         if self._gone is not None:
             raise StoreGone(self._gone)
         if self._identity is None:
-            return  # opening: nothing to compare with yet
+            return  # opening, or not a file: nothing to compare with
         try:
             identity = self._file_identity()
             wal = self._file_identity(WAL_SUFFIX) if self._wal_identity is not None else None
@@ -172,14 +227,19 @@ class Database:
             # the log holds every write since the last checkpoint: deleted, those live on only in
             # an unlinked file, and a crash would lose them for good
             raise self._lose(
-                f"lost its write-ahead log ({self.path.name}{WAL_SUFFIX} was deleted or replaced)"
+                f"lost its write-ahead log ({self.path.name if self.path else ''}{WAL_SUFFIX} was deleted "
+                "or replaced)"
             )
 
     def verify(self) -> None:
         """The housekeeping check: also a file rewound in place (an older copy restored through
         SQLite, e.g. ``sqlite3 cao.db ".restore old.db"``) shows, by a write count lower than the
-        one this store committed."""
+        one this store committed. On PostgreSQL: a read that proves the server answers."""
         self.check()
+        if self.path is None:
+            with self._read() as conn:
+                conn.execute("SELECT 1").fetchone()
+            return
         # read what we committed *before* the snapshot: every write it counts was committed before
         # the read begins (read after, a write committed meanwhile would look like a rewind)
         seen = self._writes_seen
@@ -201,10 +261,11 @@ class Database:
         return self._gone
 
     @contextmanager
-    def _conn(self) -> Iterator[sqlite3.Connection]:
-        """A pooled connection (stdlib sqlite3: each call is a handful of statements, and every
-        Python layer in between would hold the GIL, and so the write lock, longer under load).
-        At most ``POOL_SIZE`` connections, however many threads the server runs."""
+    def _conn(self) -> Iterator[Any]:
+        """A pooled connection (stdlib sqlite3, or psycopg: each call is a handful of statements,
+        and every Python layer in between would hold the GIL, and so the write lock, longer under
+        load). At most ``POOL_SIZE`` connections, however many threads the server runs. A
+        connection the server dropped (a PostgreSQL restart) is closed, never pooled again."""
         self.check()
         try:
             conn = self._pool.get_nowait()
@@ -214,7 +275,7 @@ class Database:
                 if grow:
                     self._opened += 1
             try:
-                conn = self._open() if grow else self._pool.get(timeout=self.busy_timeout)
+                conn = self._opened_conn() if grow else self._pool.get(timeout=self.busy_timeout)
             except queue.Empty:
                 raise StoreBusy(
                     "no database connection came free within the busy timeout; nothing was written, "
@@ -223,37 +284,63 @@ class Database:
         try:
             yield conn
         finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self._pool.put(conn)
+            self._put_back(conn)
+
+    def _opened_conn(self) -> Any:
+        try:
+            return self.backend.open()
+        except BaseException:
+            with self._pool_lock:
+                self._opened -= 1
+            raise
+
+    def _put_back(self, conn: Any) -> None:
+        if not self.backend.broken(conn):
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except Exception:  # the server went while we held it: drop it below
+                logger.debug("rollback on a returned connection failed", exc_info=True)
+            if not self.backend.broken(conn):
+                self._pool.put(conn)
+                return
+        with contextlib.suppress(Exception):
+            conn.close()
+        with self._pool_lock:
+            self._opened -= 1
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self) -> Iterator[Any]:
         try:
             with self._conn() as conn:
                 yield conn
-        except sqlite3.OperationalError as exc:
+        except DRIVER_ERRORS as exc:
             raise self._busy(exc) from exc
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One short BEGIN IMMEDIATE transaction. Never call tmux inside it.
+    def _write(self, *keys: str) -> Iterator[Any]:
+        """One short write transaction. Never call tmux inside it.
 
-        Writers of this process queue on a lock first: SQLite's own busy handler sleeps in growing
-        steps (up to 100 ms), which under contention from many threads costs far more than the
-        sub-millisecond transactions themselves. Other processes still meet ``busy_timeout``.
+        ``keys``: the receivers it is about, when it touches only their rows (a send, a claim): on
+        PostgreSQL writes about different receivers then run side by side; a write without keys
+        runs alone (cao/store/backend.py). SQLite runs one writer at a time whatever the keys.
+
+        SQLite writers of this process queue on a lock first: SQLite's own busy handler sleeps in
+        growing steps (up to 100 ms), which under contention from many threads costs far more than
+        the sub-millisecond transactions themselves. Other processes still meet ``busy_timeout``.
         """
-        if not self._write_lock.acquire(timeout=self.busy_timeout):
+        lock = self._write_lock
+        if lock is not None and not lock.acquire(timeout=self.busy_timeout):
             raise StoreBusy(
                 "the database stayed locked past the busy timeout; nothing was written, "
                 "retry the same request"
             )
         try:
             with self._conn() as conn:
-                conn.execute("BEGIN IMMEDIATE")
+                self.backend.begin(conn, keys)
                 count = None
                 try:
-                    if self._writes_seen >= 0:  # counting (after the migrations)
+                    if self._writes_seen >= 0:  # counting (after the migrations; SQLite only)
                         row = conn.execute(
                             "UPDATE store_meta SET value = value + 1 WHERE key = 'writes' RETURNING value"
                         ).fetchone()
@@ -261,33 +348,77 @@ class Database:
                         self._check_count(None if count is None else count - 1, self._writes_seen)
                     yield conn
                 except BaseException:
-                    conn.execute("ROLLBACK")
+                    if not self.backend.broken(conn):
+                        with contextlib.suppress(*DRIVER_ERRORS):
+                            conn.execute("ROLLBACK")
                     raise
-                conn.execute("COMMIT")
+                try:
+                    conn.execute("COMMIT")
+                except DRIVER_ERRORS as exc:
+                    if self.backend.broken(conn):  # the server went away with the COMMIT in flight
+                        raise CommitUnknown(
+                            f"the database server ({self.where}) went away while this write was being "
+                            "committed, so it may or may not have been kept; retry the same request (a "
+                            "send with the same idempotency key is stored once)"
+                        ) from exc
+                    raise
                 if count is not None:
                     self._writes_seen = max(self._writes_seen, count)
-        except sqlite3.OperationalError as exc:
+        except DRIVER_ERRORS as exc:
             raise self._busy(exc) from exc
         finally:
-            self._write_lock.release()
+            if lock is not None:
+                lock.release()
 
-    def _busy(self, exc: sqlite3.OperationalError) -> Exception:
+    def _busy(self, exc: Exception) -> Exception:
+        """A driver's error as cao's: busy or unreachable (503, nothing written, retry), a full or
+        failing disk, or itself (a bug: a statement the database refused)."""
         text = str(exc)
-        if "locked" in text or "busy" in text:
-            return StoreBusy(
-                "the database stayed locked past the busy timeout; nothing was written, "
-                "retry the same request"
+        if isinstance(exc, sqlite3.Error):
+            if "locked" in text or "busy" in text:
+                return StoreBusy(
+                    "the database stayed locked past the busy timeout; nothing was written, "
+                    "retry the same request"
+                )
+            if "full" in text or "disk I/O error" in text:
+                return disk_error(self.path.parent if self.path else Path("."), text)
+            return exc
+        return pg_error(exc, self.where)
+
+    def hold_server_lock(self) -> None:
+        """One cao-server per PostgreSQL database, until hosts are built (docs/multi-host.md): a
+        second server on the same database would sweep and deliver for panes it can't see. Held on
+        a connection of its own for the server's life; released when it closes or the process dies.
+        (SQLite: the lock on ``$CAO_HOME`` already makes it one server per file.)"""
+        if self.path is not None or self._server_conn is not None:
+            return
+        conn = self.backend.open()
+        try:
+            got = conn.execute("SELECT pg_try_advisory_lock(?)", (SERVER_LOCK,)).fetchone()[0]
+        except DRIVER_ERRORS as exc:
+            conn.close()
+            raise self._busy(exc) from exc
+        if not got:
+            conn.close()
+            raise Conflict(
+                f"another cao-server already uses the database {self.where}; one cao-server per "
+                "database until several hosts are supported (docs/multi-host.md): stop the other one, "
+                "or give this one its own database (CAO_DATABASE_URL)"
             )
-        if "full" in text or "disk I/O error" in text:
-            return disk_error(self.path.parent, text)
-        return exc
+        self._server_conn = conn
 
     def close(self) -> None:
+        if self._server_conn is not None:
+            with contextlib.suppress(Exception):
+                self._server_conn.close()
+            self._server_conn = None
         while True:
             try:
-                self._pool.get_nowait().close()
+                conn = self._pool.get_nowait()
             except queue.Empty:
                 break
+            with contextlib.suppress(Exception):
+                conn.close()
         with self._pool_lock:
             self._opened = 0
         self._wal_identity = None  # the last connection gone, SQLite removes the log
@@ -295,20 +426,58 @@ class Database:
     # -- schema ----------------------------------------------------------------------------------
     def schema_version(self) -> int:
         with self._read() as conn:
-            return int(conn.execute("PRAGMA user_version").fetchone()[0])
+            return self.backend.version(conn)
 
     def migrate(self) -> None:
+        """Bring the schema to ``SCHEMA_VERSION``. A new database (either backend) is created from
+        the table classes (cao/store/schema.py); an old SQLite one runs the numbered migrations,
+        the last of which rebuilds its tables from those same classes."""
         current = self.schema_version()
         if current > SCHEMA_VERSION:
             raise SchemaTooNew(
-                f"{self.path} has schema version {current} but this cao understands up to "
+                f"{self.where} has schema version {current} but this cao understands up to "
                 f"{SCHEMA_VERSION}; upgrade cao (pip install -U cao) or point CAO_HOME elsewhere"
             )
+        if current == SCHEMA_VERSION:
+            return
+        with self._write() as conn:
+            # PostgreSQL: two servers starting on an empty database at once: one creates it
+            current = self.backend.version(conn)
+            if current == 0:
+                for statement in schema_ddl(self.kind):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO store_meta (key, value) VALUES ('writes', 0)")
+                self.backend.set_version(conn, SCHEMA_VERSION)
+                return
         for version in range(current + 1, SCHEMA_VERSION + 1):
             with self._write() as conn:
-                for statement in MIGRATIONS[version]:
+                if version == REBUILD_VERSION:
+                    self._rebuild_from_models(conn)
+                else:
+                    for statement in MIGRATIONS[version]:
+                        conn.execute(statement)
+                self.backend.set_version(conn, version)
+
+    def _rebuild_from_models(self, conn: Any) -> None:
+        """Migration 13 (SQLite): every table rebuilt from its class, rows and id counters kept, so
+        an old database ends exactly where a new one begins (hand-written DDL had drifted)."""
+        seqs = {str(r[0]): int(r[1]) for r in conn.execute("SELECT name, seq FROM sqlite_sequence")}
+        for model in TABLES:
+            table = model.__table__  # type: ignore[attr-defined]
+            have = [r[1] for r in conn.execute(f"PRAGMA table_info({table.name})")]
+            if not have:
+                for statement in [create_table_ddl(table, "sqlite"), *index_ddl(table, "sqlite")]:
                     conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {version}")
+                continue
+            for statement in rebuild_sqlite(table, have):
+                conn.execute(statement)
+            conn.execute(
+                "DELETE FROM sqlite_sequence WHERE name IN (?, ?)", (table.name, f"_rebuild_{table.name}")
+            )
+            if table.name in seqs:
+                conn.execute(
+                    "INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table.name, seqs[table.name])
+                )
 
     def _timeline(
         self,
@@ -326,14 +495,14 @@ class Database:
         when = self.clock() if at is None else at
         out = []
         for mid in message_ids:
-            cur = conn.execute(
+            row = conn.execute(
                 "INSERT INTO message_event (receiver_id, message_id, at, event, reason, actor) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
                 (receiver_id, mid, when, event, reason, actor),
-            )
+            ).fetchone()
             out.append(
                 MessageEvent(
-                    id=cur.lastrowid,
+                    id=int(row[0]),
                     receiver_id=receiver_id,
                     message_id=mid,
                     at=when,

@@ -20,7 +20,7 @@ from cao.states import (
     WebhookState,
     WorkState,
 )
-from cao.store.base import _row, body_digest
+from cao.store.base import _row, body_digest, insert_row, open_task_window
 from cao.store.messages import MessageRows
 from cao.store.schema import MAX_BODY_BYTES, Message, MessageEvent, Notification, Schedule, TaskResult
 from cao.timefmt import iso
@@ -155,7 +155,7 @@ class CoordinationRows(MessageRows):
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT * FROM (SELECT * FROM message WHERE receiver_id = ? AND status = 'delivered' "
-                "AND acked_at IS NULL ORDER BY id DESC LIMIT ?) ORDER BY id",
+                "AND acked_at IS NULL ORDER BY id DESC LIMIT ?) AS newest ORDER BY id",
                 (receiver_id, limit),
             ).fetchall()
         return [_row(Message, r) for r in rows]
@@ -174,7 +174,7 @@ class CoordinationRows(MessageRows):
             else:
                 conn.execute("UPDATE terminal SET task_id = ? WHERE id = ?", (task_id, terminal_id))
             # the attempt's responses from here on are its cost (cao/usage.py; the first call wins)
-            conn.execute("INSERT OR IGNORE INTO task_window VALUES (?, ?, ?)", (terminal_id, task_id, now))
+            open_task_window(conn, terminal_id, task_id, now)
         if tasked and self.on_tasked is not None:
             self.on_tasked(terminal_id)
 
@@ -197,10 +197,7 @@ class CoordinationRows(MessageRows):
                     )
                 return first, True
             row = result.model_dump(exclude={"id"})
-            cur = conn.execute(
-                f"INSERT INTO task_result ({', '.join(row)}) VALUES ({', '.join(f':{k}' for k in row)})", row
-            )
-            result.id = int(cur.lastrowid or 0)
+            result.id = insert_row(conn, "task_result", row)
         return result, False
 
     def set_result_message(self, result_id: int, message_id: int) -> None:
@@ -251,7 +248,7 @@ class CoordinationRows(MessageRows):
         told: list[MessageEvent] = []
         with self._write() as conn:
             row = conn.execute(
-                "UPDATE terminal SET work_state = ? WHERE id = ? AND work_state IS ? "
+                "UPDATE terminal SET work_state = ? WHERE id = ? AND work_state IS NOT DISTINCT FROM ? "
                 "RETURNING session_name, supervisor_id, notify_supervisor",
                 (to.value, terminal_id, expect),
             ).fetchone()
@@ -288,12 +285,7 @@ class CoordinationRows(MessageRows):
                 webhook=WebhookState.PENDING.value if webhook else None,
             )
             fields = note.model_dump(exclude={"id"})
-            cur = conn.execute(
-                f"INSERT INTO notification ({', '.join(fields)}) "
-                f"VALUES ({', '.join(f':{k}' for k in fields)})",
-                fields,
-            )
-            note.id = int(cur.lastrowid or 0)
+            note.id = insert_row(conn, "notification", fields)
         self._told(told)
         return note
 
@@ -305,7 +297,7 @@ class CoordinationRows(MessageRows):
             sql, args = sql + " AND terminal_id = ?", [*args, terminal_id]
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?) ORDER BY id", (*args, limit)
+                f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?) AS newest ORDER BY id", (*args, limit)
             ).fetchall()
         return [_row(Notification, r) for r in rows]
 
@@ -365,10 +357,7 @@ class CoordinationRows(MessageRows):
                     f"({limit}); nothing was stored. Cancel some (`cao schedule list`, `cao schedule rm`)"
                 )
             row = schedule.model_dump(exclude={"id"})
-            cur = conn.execute(
-                f"INSERT INTO schedule ({', '.join(row)}) VALUES ({', '.join(f':{k}' for k in row)})", row
-            )
-            schedule.id = int(cur.lastrowid or 0)
+            schedule.id = insert_row(conn, "schedule", row)
             told, created = self._slots(conn, schedule, attention, upto=0)
             first = created[0] if created else None
             when = iso(schedule.first_at)

@@ -29,7 +29,8 @@ from cao.states import (
     TerminalState,
     WorkState,
 )
-from cao.store.base import Database, _row, body_digest
+from cao.store.backend import UNIQUE_ERRORS
+from cao.store.base import Database, _row, body_digest, open_task_window
 from cao.store.schema import MAX_BODY_BYTES, MESSAGE_STATUSES, Claim, Message, MessageEvent, Terminal
 from cao.timefmt import iso
 
@@ -59,6 +60,9 @@ class MessageRows(Database):
         """
         if not body:
             raise InvalidInput("message is empty; send some text")
+        # a NUL can reach no terminal (the paste shows it as ␀) and no PostgreSQL text column: it
+        # is stored as the picture the paste would show, on both backends (the API refuses it)
+        body = body.replace("\x00", "\u2400")
         size = len(body.encode("utf-8", "surrogatepass"))
         if size > MAX_BODY_BYTES:
             raise PayloadTooLarge(
@@ -68,33 +72,31 @@ class MessageRows(Database):
         digest = body_digest(receiver_id, body)
         now = self.clock()
         nonce = secrets.token_hex(6)
-        with self._write() as conn:
-            if idempotency_key is not None:
-                prior = conn.execute(
-                    "SELECT * FROM message WHERE sender_id = ? AND idempotency_key = ?",
-                    (sender_id, idempotency_key),
-                ).fetchone()
-                if prior is not None:
-                    if prior["body_sha256"] != digest or prior["receiver_id"] != receiver_id:
-                        raise Conflict(
-                            f"idempotency key {idempotency_key!r} was already used by {sender_id} for a "
-                            f"different message (#{prior['id']}); use a new key for a new message"
-                        )
-                    return _row(Message, prior), True
-            msg_id, fields, told = self._insert_message(
-                conn,
-                sender_id=sender_id,
-                receiver_id=receiver_id,
-                body=body,
-                digest=digest,
-                idempotency_key=idempotency_key,
-                now=now,
-                nonce=nonce,
-                waiting_reason=waiting_reason,
-                attention=attention,
-            )
-            if before_commit is not None:
-                before_commit()
+        # keyed by its receiver: on PostgreSQL sends to different receivers commit side by side.
+        # Two sends racing with one sender's idempotency key to *different* receivers meet at the
+        # unique index instead; the loser runs again alone and finds the winner's row.
+        for keys in ((receiver_id,), ()):
+            try:
+                got = self._add_message_once(
+                    keys,
+                    sender_id=sender_id,
+                    receiver_id=receiver_id,
+                    body=body,
+                    digest=digest,
+                    idempotency_key=idempotency_key,
+                    now=now,
+                    nonce=nonce,
+                    waiting_reason=waiting_reason,
+                    attention=attention,
+                    before_commit=before_commit,
+                )
+                break
+            except UNIQUE_ERRORS:
+                if not keys or idempotency_key is None:
+                    raise
+        if isinstance(got, Message):
+            return got, True
+        msg_id, fields, told = got
         self._told(told)
         return (
             Message(
@@ -111,6 +113,52 @@ class MessageRows(Database):
             ),
             False,
         )
+
+    def _add_message_once(
+        self,
+        keys: tuple[str, ...],
+        *,
+        sender_id: str,
+        receiver_id: str,
+        body: str,
+        digest: str,
+        idempotency_key: str | None,
+        now: float,
+        nonce: str,
+        waiting_reason: str | None,
+        attention: Attention | None,
+        before_commit: Callable[[], None] | None,
+    ) -> Message | tuple[int, dict[str, Any], list[MessageEvent]]:
+        """One try of a send's transaction: the earlier message of the same idempotent send, or the
+        new one's id, attention fields and events."""
+        with self._write(*keys) as conn:
+            if idempotency_key is not None:
+                prior = conn.execute(
+                    "SELECT * FROM message WHERE sender_id = ? AND idempotency_key = ?",
+                    (sender_id, idempotency_key),
+                ).fetchone()
+                if prior is not None:
+                    if prior["body_sha256"] != digest or prior["receiver_id"] != receiver_id:
+                        raise Conflict(
+                            f"idempotency key {idempotency_key!r} was already used by {sender_id} for a "
+                            f"different message (#{prior['id']}); use a new key for a new message"
+                        )
+                    return _row(Message, prior)
+            out = self._insert_message(
+                conn,
+                sender_id=sender_id,
+                receiver_id=receiver_id,
+                body=body,
+                digest=digest,
+                idempotency_key=idempotency_key,
+                now=now,
+                nonce=nonce,
+                waiting_reason=waiting_reason,
+                attention=attention,
+            )
+            if before_commit is not None:
+                before_commit()
+        return out
 
     def _insert_message(
         self,
@@ -152,7 +200,7 @@ class MessageRows(Database):
         cur = conn.execute(
             "INSERT INTO message (sender_id, receiver_id, body, body_sha256, idempotency_key, status, "
             "created_at, attempts, nonce, waiting_reason, priority, kind, if_busy, expires_at, "
-            "not_before, topic) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "not_before, topic) VALUES (?, ?, ?, ?, ?, 'pending', ?, 0, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             (
                 sender_id,
                 receiver_id,
@@ -165,7 +213,7 @@ class MessageRows(Database):
                 *fields.values(),
             ),
         )
-        msg_id = int(cur.lastrowid or 0)
+        msg_id = int(cur.fetchone()[0])
         label = f"{a.priority.value} {a.kind.value}" if a else None
         self._timeline(conn, Event.QUEUED, receiver_id, [msg_id], reason=label, actor=sender_id)
         told: list[MessageEvent] = []  # the event stream has message.queued for it (cao/core.py)
@@ -341,7 +389,7 @@ class MessageRows(Database):
         """
         token = uuid.uuid4().hex
         now = self.clock()
-        with self._write() as conn:
+        with self._write(receiver_id) as conn:  # only this receiver's rows (cao/store/backend.py)
             busy = conn.execute(
                 "SELECT 1 FROM message WHERE receiver_id = ? AND status = 'delivering' LIMIT 1",
                 (receiver_id,),
@@ -550,7 +598,7 @@ class MessageRows(Database):
                 "UPDATE message SET claimed_at = ? WHERE claim = ? AND status = 'delivering'",
                 (self.clock(), token),
             )
-            return cur.rowcount > 0
+            return bool(cur.rowcount > 0)
 
     def take_over(self, token: str) -> tuple[str, int] | None:
         """Recovery: own a stale claim under a new token and take the receiver's next pane fence.
@@ -643,7 +691,7 @@ class MessageRows(Database):
             (WorkState.TASKED.value, now, task, rid),
         )
         # when this attempt began: its CLI's responses from here on are its cost (cao/usage.py)
-        conn.execute("INSERT OR IGNORE INTO task_window VALUES (?, ?, ?)", (rid, task, began))
+        open_task_window(conn, rid, task, began)
         return rid
 
     def release(
@@ -698,7 +746,7 @@ class MessageRows(Database):
             # a task held by the receiver's budget keeps that reason: the gate opening won't send it
             cur = conn.execute(
                 "UPDATE message SET waiting_reason = ? WHERE receiver_id = ? AND status = 'pending' "
-                "AND waiting_reason IS NOT ? AND (kind != ? OR "
+                "AND waiting_reason IS DISTINCT FROM ? AND (kind != ? OR "
                 "(SELECT budget_hold FROM terminal WHERE id = ?) IS NULL)",
                 (reason, receiver_id, reason, Kind.TASK.value, receiver_id),
             )
@@ -867,7 +915,7 @@ class MessageRows(Database):
             args.append(message_id)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?) ORDER BY id", (*args, limit)
+                f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?) AS newest ORDER BY id", (*args, limit)
             ).fetchall()
         return [_row(MessageEvent, r) for r in rows]
 

@@ -27,9 +27,9 @@ class RecordRows(Database):
                 "INSERT INTO handoff_job (job_id, state, terminal_id, last_message, error_message, "
                 "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, "
-                "terminal_id = coalesce(excluded.terminal_id, terminal_id), "
-                "last_message = coalesce(excluded.last_message, last_message), "
-                "error_message = coalesce(excluded.error_message, error_message), "
+                "terminal_id = coalesce(excluded.terminal_id, handoff_job.terminal_id), "
+                "last_message = coalesce(excluded.last_message, handoff_job.last_message), "
+                "error_message = coalesce(excluded.error_message, handoff_job.error_message), "
                 "updated_at = excluded.updated_at",
                 (job_id, state, terminal_id, last_message, error_message, now, now),
             )
@@ -46,7 +46,8 @@ class RecordRows(Database):
         row = worktree.model_dump()
         with self._write() as conn:
             conn.execute(
-                f"INSERT INTO worktree ({', '.join(row)}) VALUES ({', '.join(f':{k}' for k in row)})", row
+                f"INSERT INTO worktree ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                tuple(row.values()),
             )
 
     def get_worktree(self, terminal_id: str) -> Worktree | None:
@@ -77,4 +78,4 @@ class RecordRows(Database):
                 "WHERE terminal_id = ? AND state = 'active'",
                 (state, note, self.clock(), terminal_id),
             )
-            return cur.rowcount == 1
+            return bool(cur.rowcount == 1)

@@ -3,13 +3,21 @@ migrations that create and move them forward (``PRAGMA user_version`` holds the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy import BigInteger, DefaultClause, Index, Integer, Table, text
+from sqlalchemy.dialects.postgresql import dialect as postgresql_dialect
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
+from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlmodel import Field, SQLModel
 
 from cao.states import MessageStatus, TerminalState
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
+# an old SQLite database's tables are rebuilt from the table classes at this version (base.py)
+REBUILD_VERSION = 13
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -226,58 +234,236 @@ class BoardFact(SQLModel):
     head: int = 1
 
 
-class TerminalTable(Terminal, table=True):
-    """The ``terminal`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
+# -- the tables: the one source of the schema on both backends ------------------------------------
+# Each table class below *is* its table: columns, types, NOT NULL, defaults (each field's default is
+# also the column's DEFAULT, so an INSERT that leaves a column out gets the model's value) and
+# indexes. ``schema_ddl(dialect)`` compiles them for SQLite or PostgreSQL; a new database on either
+# is created from it, and an old SQLite database ends there too (migration 13 rebuilds its tables
+# from it). tests/test_store_schema.py proves both.
+# Ids: a 64-bit identity on PostgreSQL; on SQLite an INTEGER PRIMARY KEY AUTOINCREMENT (the rowid,
+# never reused: acknowledgement cursors and timelines count on ids only growing).
+ROW_ID = BigInteger().with_variant(Integer(), "sqlite")
 
+
+def _index(name: str, *columns: str, where: str | None = None, unique: bool = False) -> Index:
+    """An index; ``where`` makes it partial (the same predicate on both backends)."""
+    kw: dict[str, Any] = {}
+    if where is not None:
+        kw = {"sqlite_where": text(where), "postgresql_where": text(where)}
+    return Index(name, *columns, unique=unique, **kw)
+
+
+PENDING = "status = 'pending'"
+
+
+class TerminalTable(Terminal, table=True):
     __tablename__ = "terminal"
+    __table_args__ = (_index("ix_terminal_session", "session_name"),)
 
 
 class MessageTable(Message, table=True):
-    """The ``message`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
-
     __tablename__ = "message"
+    __table_args__ = (
+        _index("ix_message_receiver_status", "receiver_id", "status", "id"),
+        _index("ix_message_status_created", "status", "created_at"),
+        _index("ux_message_idempotency", "sender_id", "idempotency_key", unique=True),
+        # outstanding claims only: keeps mark_delivered/release O(batch) however big the table grows
+        _index("ix_message_claim", "claim", where="status = 'delivering'"),
+        # the queue in serving order, and the deadlines still to keep
+        _index("ix_message_queue", "receiver_id", "priority", "id", where=PENDING),
+        _index("ix_message_expiry", "expires_at", where=f"{PENDING} AND expires_at IS NOT NULL"),
+        # the few rows each claim and each look must find at once, however long the queue
+        _index("ix_message_recheck", "receiver_id", "id", where=f"{PENDING} AND recheck IS NOT NULL"),
+        _index(
+            "ix_message_deferred", "receiver_id", "not_before", where=f"{PENDING} AND not_before IS NOT NULL"
+        ),
+        _index("ix_message_interrupt", "receiver_id", where=f"{PENDING} AND if_busy = 'interrupt'"),
+        # the delivered-but-unacknowledged messages of one receiver (check_inbox, the attention view)
+        _index("ix_message_unacked", "receiver_id", "id", where="status = 'delivered' AND acked_at IS NULL"),
+        {"sqlite_autoincrement": True},
+    )
+    id: int | None = Field(default=None, primary_key=True, sa_type=ROW_ID)
 
 
 class MessageEventTable(MessageEvent, table=True):
-    """The ``message_event`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
-
     __tablename__ = "message_event"
+    # one index only: each message writes two or more events; one message's events are found
+    # within its receiver's, and the weekly prune goes by id
+    __table_args__ = (
+        _index("ix_message_event_receiver", "receiver_id", "id"),
+        {"sqlite_autoincrement": True},
+    )
+    id: int | None = Field(default=None, primary_key=True, sa_type=ROW_ID)
 
 
 class TaskResultTable(TaskResult, table=True):
-    """The ``task_result`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
-
     __tablename__ = "task_result"
+    __table_args__ = (
+        _index("ux_task_result_attempt", "terminal_id", "task_id", unique=True),
+        {"sqlite_autoincrement": True},
+    )
+    id: int | None = Field(default=None, primary_key=True, sa_type=ROW_ID)
 
 
 class NotificationTable(Notification, table=True):
-    """The ``notification`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
-
     __tablename__ = "notification"
+    __table_args__ = (
+        _index("ix_notification_webhook", "id", where="webhook = 'pending'"),
+        {"sqlite_autoincrement": True},
+    )
+    id: int | None = Field(default=None, primary_key=True, sa_type=ROW_ID)
 
 
 class ScheduleTable(Schedule, table=True):
-    """The ``schedule`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
-
     __tablename__ = "schedule"
+    __table_args__ = (
+        _index("ix_schedule_due", "next_at", where="state = 'active'"),
+        {"sqlite_autoincrement": True},
+    )
+    id: int | None = Field(default=None, primary_key=True, sa_type=ROW_ID)
 
 
 class HandoffJobTable(HandoffJob, table=True):
-    """The ``handoff_job`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
-
     __tablename__ = "handoff_job"
 
 
 class WorktreeTable(Worktree, table=True):
-    """The ``worktree`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
-
     __tablename__ = "worktree"
 
 
 class BoardFactTable(BoardFact, table=True):
-    """The ``board_fact`` table's metadata; tests/test_store.py checks MIGRATIONS against it."""
-
     __tablename__ = "board_fact"
+    # each key's newest version: a listing, the key count, the oldest tombstone to purge
+    __table_args__ = (_index("ix_board_head", "session_name", "key", where="head = 1"),)
+
+
+class StoreMetaTable(SQLModel, table=True):
+    """Counters of the store itself: ``writes`` (every SQLite write transaction counts itself, so a
+    file rewound under a running server shows) and, on PostgreSQL, ``schema`` (its version)."""
+
+    __tablename__ = "store_meta"
+    key: str = Field(primary_key=True)
+    value: int
+
+
+class TaskWindowTable(SQLModel, table=True):
+    """When each task attempt of a terminal began (cao/usage.py counts a response to the task it
+    was made for). ``seq`` orders attempts that began at the same instant."""
+
+    __tablename__ = "task_window"
+    terminal_id: str = Field(primary_key=True)
+    task_id: str = Field(primary_key=True)
+    started_at: float
+    seq: int = 0  # schema 13
+
+
+class UsageTotalTable(SQLModel, table=True):
+    """Tokens per terminal, task attempt and model (cao/usage.py; the columns of store.UsageRow)."""
+
+    __tablename__ = "usage_total"
+    terminal_id: str = Field(primary_key=True)
+    task_id: str = Field(primary_key=True)
+    model: str = Field(primary_key=True)
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    responses: int
+    first_at: float | None = None
+    last_at: float | None = None
+
+
+TABLES: tuple[type[SQLModel], ...] = (
+    TerminalTable,
+    MessageTable,
+    HandoffJobTable,
+    WorktreeTable,
+    StoreMetaTable,
+    MessageEventTable,
+    TaskResultTable,
+    NotificationTable,
+    ScheduleTable,
+    BoardFactTable,
+    TaskWindowTable,
+    UsageTotalTable,
+)
+
+
+def _defaults_in_sql() -> None:
+    """Each field's default becomes its column's DEFAULT: one place says what a left-out column
+    holds, for the Python rows and for SQL alike."""
+    for model in TABLES:
+        for column in model.__table__.columns:  # type: ignore[attr-defined]
+            info = model.model_fields.get(column.name)
+            value = None if info is None else info.default
+            if column.primary_key or value is None or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float | str):
+                literal = repr(value) if not isinstance(value, str) else "'" + value.replace("'", "''") + "'"
+                column.server_default = DefaultClause(text(literal))
+
+
+_defaults_in_sql()
+
+
+def table_of(name: str) -> Table:
+    for model in TABLES:
+        table: Table = model.__table__  # type: ignore[attr-defined]
+        if table.name == name:
+            return table
+    raise KeyError(name)
+
+
+def _dialect(name: str) -> Any:
+    return sqlite_dialect() if name == "sqlite" else postgresql_dialect()  # type: ignore[no-untyped-call]
+
+
+def create_table_ddl(table: Table, dialect: str, *, name: str | None = None) -> str:
+    """``CREATE TABLE`` for one table (``name``: under another name, for a rebuild)."""
+    sql = str(CreateTable(table).compile(dialect=_dialect(dialect))).strip()
+    if name is not None:
+        head = f"CREATE TABLE {table.name} ("
+        assert sql.startswith(head), sql
+        sql = f"CREATE TABLE {name} (" + sql[len(head) :]
+    return sql
+
+
+def index_ddl(table: Table, dialect: str) -> list[str]:
+    return [
+        str(CreateIndex(ix).compile(dialect=_dialect(dialect))).strip()
+        for ix in sorted(table.indexes, key=lambda ix: str(ix.name))
+    ]
+
+
+def schema_ddl(dialect: str) -> list[str]:
+    """Every statement that creates the current schema on ``dialect`` ("sqlite" or "postgresql")."""
+    out: list[str] = []
+    for model in TABLES:
+        table: Table = model.__table__  # type: ignore[attr-defined]
+        out.append(create_table_ddl(table, dialect))
+        out += index_ddl(table, dialect)
+    return out
+
+
+def rebuild_sqlite(table: Table, existing: Sequence[str]) -> list[str]:
+    """Statements that rebuild one SQLite table exactly as the models declare it, keeping its rows
+    (``existing``: the columns it has now; a column it lacks gets its DEFAULT). SQLite can't change
+    a column's DEFAULT or a table's keys in place; this is its documented way. The caller keeps the
+    AUTOINCREMENT counter (an id is never handed out twice)."""
+    keep = [c.name for c in table.columns if c.name in existing]
+    into, pick = list(keep), list(keep)
+    if table.name == "task_window" and "seq" not in existing:
+        into.append("seq")
+        pick.append("rowid")  # the order the attempts were recorded in
+    scratch = f"_rebuild_{table.name}"
+    return [
+        create_table_ddl(table, "sqlite", name=scratch),
+        f"INSERT INTO {scratch} ({', '.join(into)}) "
+        f"SELECT {', '.join(pick)} FROM {table.name} ORDER BY rowid",
+        f"DROP TABLE {table.name}",
+        f"ALTER TABLE {scratch} RENAME TO {table.name}",
+        *index_ddl(table, "sqlite"),
+    ]
 
 
 @dataclass(frozen=True)

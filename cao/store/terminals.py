@@ -72,7 +72,7 @@ class TerminalRows(Database):
                 "WHERE id = ? AND state = 'starting'",
                 (server_pid, pane_id, pane_pid, terminal_id),
             )
-            return cur.rowcount == 1
+            return bool(cur.rowcount == 1)
 
     def adopt_identity(self, terminal_id: str, server_pid: int) -> None:
         """A terminal written before schema 3 gets its tmux server's pid (pane id + pid matched)."""

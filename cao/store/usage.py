@@ -28,8 +28,7 @@ class UsageRows(Database):
         """The terminal's task attempts and when each began, oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT task_id, started_at FROM task_window WHERE terminal_id = ? "
-                "ORDER BY started_at, rowid",
+                "SELECT task_id, started_at FROM task_window WHERE terminal_id = ? ORDER BY started_at, seq",
                 (terminal_id,),
             ).fetchall()
         return [(str(r[0]), float(r[1])) for r in rows]
@@ -40,7 +39,8 @@ class UsageRows(Database):
             conn.execute("DELETE FROM usage_total WHERE terminal_id = ?", (terminal_id,))
             if rows:
                 conn.executemany(
-                    "INSERT INTO usage_total VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [tuple(r) for r in rows]
+                    f"INSERT INTO usage_total ({', '.join(UsageRow._fields)}) VALUES ({', '.join('?' * 10)})",
+                    [tuple(r) for r in rows],
                 )
             conn.execute(
                 "UPDATE terminal SET usage_known = ? WHERE id = ?", (0 if rows is None else 1, terminal_id)
@@ -62,7 +62,7 @@ class UsageRows(Database):
         with self._write() as conn:
             cur = conn.execute(
                 "UPDATE terminal SET budget_hold = ?, budget_warned = ? WHERE id = ? "
-                "AND budget_hold IS NOT ? RETURNING id",
+                "AND budget_hold IS DISTINCT FROM ? RETURNING id",
                 (hold, warned, terminal_id, hold),
             ).fetchall()
             if not cur:
@@ -75,7 +75,7 @@ class UsageRows(Database):
         with self._write() as conn:
             conn.execute(
                 "UPDATE message SET waiting_reason = ? WHERE receiver_id = ? AND status = 'pending' "
-                "AND kind = ? AND waiting_reason IS NOT ?",
+                "AND kind = ? AND waiting_reason IS DISTINCT FROM ?",
                 (reason, receiver_id, Kind.TASK.value, reason),
             )
             other = conn.execute(
