@@ -159,7 +159,7 @@ class Cao:
         self.time = clock
         self.clock = clock.now
         now = clock.now
-        self.store = Store(settings.db_path, busy_timeout=settings.busy_timeout, clock=now)
+        self.store = Store(settings.db_location, busy_timeout=settings.busy_timeout, clock=now)
         self.tmux: PaneIO = (
             pane_io if pane_io is not None else Tmux(settings.tmux_socket, control=settings.tmux_control)
         )
@@ -863,7 +863,7 @@ class Cao:
         return {
             "version": _version(),
             "home": str(s.home),
-            "database": str(s.db_path),
+            "database": self.store.where,  # a server's URL without its password
             "tmux_socket": s.tmux_socket,
             "tmux_running": self.tmux.is_alive(),
             "eager_delivery": s.eager_delivery,

@@ -21,6 +21,7 @@ import cao
 from cao import apitoken, runfile, security
 from cao.errors import CaoError
 from cao.settings import Settings, check_environment
+from cao.settings import database_url as settings_database_url
 
 logger = logging.getLogger("cao.server")
 
@@ -29,12 +30,14 @@ Examples:
   cao-server                          # 127.0.0.1:9889, agents on your default tmux server
   CAO_TMUX_SOCKET=cao cao-server      # agents on a private tmux server (tmux -L cao attach)
   CAO_EAGER_INBOX_DELIVERY=true cao-server --port 9999
+  CAO_DATABASE_URL=postgresql://cao:PASSWORD@db:5432/cao cao-server   # a store shared by hosts
 
 \b
 Environment: CAO_HOME (default ~/.cao), CAO_TMUX_SOCKET, CAO_API_HOST, CAO_API_PORT,
 CAO_EAGER_INBOX_DELIVERY, CAO_WATCH_INTERVAL, CAO_INBOX_RECONCILE_INTERVAL,
 CAO_INBOX_RECONCILE_GRACE_SECONDS, CAO_DELIVERY_MAX_ATTEMPTS, CAO_API_TOKEN, CAO_ALLOWED_HOSTS,
-CAO_ALLOWED_ORIGINS (see docs/configuration.md and docs/security.md).
+CAO_ALLOWED_ORIGINS, CAO_DATABASE_URL (see docs/configuration.md, docs/security.md and
+docs/multi-host.md; prefer CAO_DATABASE_URL to --database-url: a command line is seen by ps).
 
 \b
 Listening beyond loopback (--host 0.0.0.0) needs a token:
@@ -179,8 +182,15 @@ def check_exposure(settings: Settings) -> None:
     show_default=True,
     help="Server log level (message bodies are never logged at info).",
 )
+@click.option(
+    "--database-url",
+    default=None,
+    metavar="URL",
+    help="The store: a postgresql:// URL shared by several hosts (default CAO_DATABASE_URL, else "
+    "the SQLite file $CAO_HOME/cao.db). docs/multi-host.md.",
+)
 @click.version_option(cao.__version__, "--version")
-def main(host: str | None, port: int | None, log_level: str) -> None:
+def main(host: str | None, port: int | None, log_level: str, database_url: str | None) -> None:
     """Run the cao HTTP API and the inbox delivery engine.
 
     Agents run in tmux windows (one per terminal, sessions named cao-NAME); this server creates
@@ -198,6 +208,11 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
         raise click.ClickException(exc.message) from None
     for warning in unknown:
         click.echo(f"warning: {warning}", err=True)
+    if database_url is not None:
+        try:
+            settings = settings.with_(database_url=settings_database_url(database_url, "--database-url"))
+        except CaoError as exc:
+            raise click.BadParameter(exc.message, param_hint="--database-url") from None
     host = host or settings.api_host
     port = settings.api_port if port is None else port
     if not 0 <= port <= 65535:
@@ -227,6 +242,7 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
     sys.setswitchinterval(settings.gil_switch_interval)
     try:
         core = Cao(settings)
+        core.store.hold_server_lock()
         apitoken.publish(settings)
         core.engine.keepers.append(lambda: apitoken.keep(settings))
         adopted = core.start()
@@ -236,10 +252,11 @@ def main(host: str | None, port: int | None, log_level: str) -> None:
     except OSError as exc:  # a file under CAO_HOME that is a directory, unreadable, on a full disk
         raise click.ClickException(_file_problem(exc)) from None
     logger.info(
-        "cao-server listening on %s:%s (home %s, tmux socket %s, adopted %d, gone %d)",
+        "cao-server listening on %s:%s (home %s, store %s, tmux socket %s, adopted %d, gone %d)",
         host,
         port,
         settings.home,
+        core.store.where,
         settings.tmux_socket or "default",
         len(adopted["adopted"]),
         len(adopted["gone"]),

@@ -44,6 +44,29 @@ def _pairs(environ: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]
     return tuple(pairs)
 
 
+def database_url(raw: str | None, name: str = "CAO_DATABASE_URL") -> str | None:
+    """A PostgreSQL URL (``postgresql://user:password@host:5432/cao``), or None for the SQLite file.
+    The error never repeats the value: it may carry a password."""
+    from urllib.parse import urlsplit
+
+    raw = (raw or "").strip()
+    if not raw:
+        return None
+    example = "e.g. postgresql://cao:PASSWORD@db.internal:5432/cao (or unset it for $CAO_HOME/cao.db)"
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - a port that isn't a number raises here
+    except ValueError:
+        raise InvalidInput(f"{name} is not a URL; give a postgresql:// URL, {example}") from None
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise InvalidInput(
+            f"{name} must be a postgresql:// URL (its scheme is {parts.scheme or 'missing'!r}); {example}"
+        )
+    if not parts.path.strip("/"):
+        raise InvalidInput(f"{name} names no database (the part after the last /); {example}")
+    return raw
+
+
 def _url(environ: Mapping[str, str], name: str) -> str | None:
     """An http(s) URL, e.g. ``CAO_NOTIFY_URL=http://127.0.0.1:8000/cao``; unset or empty: None."""
     from urllib.parse import urlsplit
@@ -97,7 +120,8 @@ class Settings:
     pane_width: int = 200
     pane_height: int = 50
     history_limit: int = 50000
-    # store
+    # store: a SQLite file in home (None), or a PostgreSQL server several hosts share
+    database_url: str | None = field(default=None, repr=False)  # may carry a password
     busy_timeout: float = 5.0
     # testing only: os._exit(1) at a named point of the delivery path
     fault_point: str | None = None
@@ -126,6 +150,11 @@ class Settings:
     @property
     def db_path(self) -> Path:
         return self.home / "cao.db"
+
+    @property
+    def db_location(self) -> Path | str:
+        """The store: ``CAO_DATABASE_URL`` when set, else ``$CAO_HOME/cao.db``."""
+        return self.database_url or self.db_path
 
     @property
     def logs_dir(self) -> Path:
@@ -188,6 +217,7 @@ class Settings:
             pipe_check_interval=_number(env, "CAO_PIPE_CHECK_INTERVAL", 5.0, minimum=0.05),
             retry_delay=_number(env, "CAO_DELIVERY_RETRY_DELAY", 1.0, minimum=0.0),
             inline_limit=int(_number(env, "CAO_INBOX_INLINE_LIMIT", 4096, minimum=256)),
+            database_url=database_url(env.get("CAO_DATABASE_URL")),
             busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
             fault_point=env.get("CAO_FAULT_POINT") or None,
             scripted_record=_flag(env, "CAO_SCRIPTED_RECORD", False),
@@ -243,6 +273,7 @@ SERVER_NAMES = (
     "CAO_LOG_CAP_INTERVAL",
     "CAO_PIPE_CHECK_INTERVAL",
     "CAO_DELIVERY_RETRY_DELAY",
+    "CAO_DATABASE_URL",
     "CAO_DB_BUSY_TIMEOUT",
     "CAO_FAULT_POINT",
     "CAO_SCRIPTED_RECORD",

@@ -23,7 +23,9 @@ The tiers (tests/conftest.py marks every test with one):
     browser      the dashboard in the system's Chromium (Playwright drives it)
 
 Where things go: ``$CAO_TEST_CACHE`` (default ``${XDG_CACHE_HOME:-~/.cache}/cao``): ``realcli/``
-holds the agent CLIs, ``refclients/`` the reference clients. Chromium comes from apt-get.
+holds the agent CLIs, ``refclients/`` the reference clients. Chromium and PostgreSQL come from
+apt-get (Debian's ``postgresql`` may set up and start its own cluster on install; the tests never
+use it: they start a server of their own in a temp dir, on a unix socket).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import glob
 import json
 import os
 import re
@@ -296,9 +299,10 @@ class Item:
 class AptPackage(Item):
     package: str = ""
     commands: tuple[str, ...] = ()
+    globs: tuple[str, ...] = ()  # programs the package puts off PATH (PostgreSQL's initdb)
 
     def present(self) -> bool:
-        return any(shutil.which(c) for c in self.commands)
+        return any(shutil.which(c) for c in self.commands) or any(glob.glob(g) for g in self.globs)
 
     def blocker(self) -> str | None:
         if shutil.which("apt-get") is None:
@@ -340,7 +344,9 @@ class AptPackage(Item):
                 f"install it yourself (`{by_hand}`) and run `make test` again"
             )
         if not self.present():
-            raise PrepareFailed(f"apt-get installed {self.package} but none of {self.commands} is on PATH")
+            raise PrepareFailed(
+                f"apt-get installed {self.package} but none of {self.commands + self.globs} is there"
+            )
 
 
 @dataclass
@@ -477,6 +483,15 @@ def items(environ: Mapping[str, str] | None = None) -> list[Item]:
             117,
             package="chromium",
             commands=("chromium", "chromium-browser"),
+        ),
+        # the store's tests on PostgreSQL start their own server from it (tests/pgserver.py)
+        AptPackage(
+            "postgresql (system package)",
+            ("integration",),
+            45,
+            package="postgresql",
+            commands=("initdb",),
+            globs=("/usr/lib/postgresql/*/bin/initdb",),
         ),
     ]
     for version, extras in REF_VERSIONS.items():
