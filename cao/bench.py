@@ -393,15 +393,21 @@ class Bench:
         }
 
 
-def run(quick: bool, client: str = "control") -> dict[str, Any]:
-    """One run on one tmux client: ``control`` (``CAO_TMUX_CONTROL=true``) or ``forked`` (the default)."""
+def run(quick: bool, client: str = "control", database_url: str | None = None) -> dict[str, Any]:
+    """One run on one tmux client: ``control`` (``CAO_TMUX_CONTROL=true``) or ``forked`` (the
+    default); on the SQLite file, or on the PostgreSQL database ``database_url`` (it should be
+    empty: the run leaves its rows there)."""
     results: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
         "quick": quick,
         "client": client,
+        "store": "postgresql" if database_url else "sqlite",
     }
     home = Path(tempfile.mkdtemp(prefix="cao-bench-"))
-    bench = Bench(home, {"CAO_TMUX_CONTROL": "true" if client == "control" else "false"})
+    env = {"CAO_TMUX_CONTROL": "true" if client == "control" else "false"}
+    if database_url:
+        env["CAO_DATABASE_URL"] = database_url
+    bench = Bench(home, env)
     try:
         results["config"] = bench.http.get("/info").json()
         one = bench.spawn(1)
@@ -438,7 +444,10 @@ def render(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"cao inbox benchmark — tmux client: {results.get('client', 'control')}")
+    table = Table(
+        title=f"cao inbox benchmark — tmux client: {results.get('client', 'control')}, "
+        f"store: {results.get('store', 'sqlite')}"
+    )
     for col in ("measure", "n", "p50 ms", "p95 ms", "max ms", "notes"):
         table.add_column(col)
 
@@ -540,11 +549,19 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="which tmux client cao-server uses: both = forked (before) then control mode (after)",
     )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="run on this (empty) PostgreSQL database instead of a SQLite file (docs/multi-host.md)",
+    )
     args = parser.parse_args(argv)
+    if args.database_url and args.client == "both":
+        parser.error("with --database-url, pick one --client per run (each run needs an empty database)")
     names = ("forked", "control") if args.client == "both" else (args.client,)
     runs: dict[str, dict[str, Any]] = {}
     for name in names:
-        runs[name] = run(args.quick, name)
+        runs[name] = run(args.quick, name, args.database_url)
         render(runs[name])
     if len(runs) > 1:
         render_compare(runs)

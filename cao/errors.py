@@ -12,7 +12,10 @@
     │   │                        one (nothing written; current_version, current_value go along)
     │   └── BoardFull            409: a session's board holds as many keys as it may (delete some)
     ├── PayloadTooLarge          413: message body over the limit (nothing stored)
-    ├── StoreBusy                503: SQLite stayed locked past the busy timeout (nothing written, retry)
+    ├── StoreBusy                503: the database stayed locked past the busy timeout (nothing written)
+    │   ├── StoreUnreachable     503: the PostgreSQL server did not answer (nothing written, retry)
+    │   │   └── (CommitUnknown   503: it went away mid-COMMIT: the write may have been kept; retry
+    │   │                        with the same idempotency key; cao/store/backend.py)
     │   └── StoreUnwritable      503: the database file could not be written (an I/O error; retry)
     ├── SchemaTooNew             the database was written by a newer cao
     ├── TmuxError                tmux failed or is missing

@@ -294,7 +294,7 @@ def _unique_errors() -> tuple[type[Exception], ...]:
 UNIQUE_ERRORS = _unique_errors()
 
 
-class CommitUnknown(StoreBusy):
+class CommitUnknown(StoreUnreachable):
     """The server went away while a COMMIT was on its way: the write may or may not have been kept."""
 
 
