@@ -18,10 +18,10 @@ import pytest
 
 from cao.core import Cao
 from cao.settings import Settings
+from cao.testing import pgserver
+from cao.testing.pgserver import PgServer
 from cao.tmux import Tmux
-from tests import pgserver
 from tests.helpers import REPO, Clock, ServerProcess
-from tests.pgserver import PgServer
 
 # -- tiers: every test is in exactly one (tests/prepare.py installs what each needs) ----------------
 #   fast         no tmux, no server process          integration  real tmux, cao-server, scripted agents
@@ -39,7 +39,7 @@ def tier_of(item: pytest.Item) -> str:
             return tier
     callspec = getattr(item, "callspec", None)
     if callspec is not None and callspec.params.get("db_backend") == "postgresql":
-        return "integration"  # a real PostgreSQL server (tests/pgserver.py)
+        return "integration"  # a real PostgreSQL server (cao/testing/pgserver.py)
     fixtures = getattr(item, "fixturenames", ())
     return "integration" if "tmux_socket" in fixtures or "pg_server" in fixtures else "fast"
 
@@ -175,7 +175,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 # -- both store backends: a module marked ``pytestmark = pytest.mark.db_backends`` runs each test
 # that takes ``db_location`` twice, on a SQLite file and on a database of a real PostgreSQL server
-# (one server for the whole run, a new database per test: tests/pgserver.py)
+# (one server for the whole run, a new database per test: cao/testing/pgserver.py)
 DB_BACKENDS = ("sqlite", "postgresql")
 
 

@@ -484,7 +484,7 @@ def items(environ: Mapping[str, str] | None = None) -> list[Item]:
             package="chromium",
             commands=("chromium", "chromium-browser"),
         ),
-        # the store's tests on PostgreSQL start their own server from it (tests/pgserver.py)
+        # the store's tests on PostgreSQL start their own server from it (cao/testing/pgserver.py)
         AptPackage(
             "postgresql (system package)",
             ("integration",),

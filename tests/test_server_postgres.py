@@ -1,5 +1,5 @@
 """cao-server on a PostgreSQL store, end to end: a real server process, a real tmux, scripted
-agents, the test PostgreSQL server (tests/pgserver.py)."""
+agents, the test PostgreSQL server (cao/testing/pgserver.py)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from cao.errors import Conflict, StoreBusy, StoreUnreachable
 from cao.store import MIGRATIONS, SCHEMA_VERSION, Store
 from cao.store.backend import redact, to_pyformat
 from cao.store.schema import TABLES
-from tests.pgserver import PgServer
+from cao.testing.pgserver import PgServer
 from tests.test_store import _terminal
 
 R1, R2 = "aaaa0001", "bbbb0002"

@@ -1,4 +1,5 @@
-"""A real PostgreSQL server for the tests: Debian's ``postgresql`` package, started in a temp dir.
+"""A real PostgreSQL server for the tests and the benchmark: Debian's ``postgresql`` package,
+started in a temp dir.
 
 ``initdb`` and ``pg_ctl`` from the system (tests/prepare.py installs the package), a cluster in a
 fresh directory, listening on a unix socket only (``listen_addresses=''``: nothing on the network),
@@ -62,6 +63,9 @@ class PgServer:
     root: Path
     bin: Path
     user: str | None  # the system user it runs as (None: this one)
+    # the multi-host lab (tests/netlab.py): run in this namespace, also listening on this address
+    netns: list[str] | None = None
+    listen: str | None = None
 
     @property
     def data(self) -> Path:
@@ -78,17 +82,28 @@ class PgServer:
         cmd = list(args)
         if self.user is not None:
             cmd = ["runuser", "-u", self.user, "--", *cmd]
+        if self.netns is not None:
+            cmd = [*self.netns, *cmd]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
         return subprocess.run(cmd, check=check, capture_output=True, text=True, env=env, cwd=self.root)
 
     @classmethod
-    def start(cls, root: Path) -> PgServer:
+    def start(
+        cls,
+        root: Path,
+        *,
+        netns: list[str] | None = None,
+        listen: str | None = None,
+        trust: str | None = None,
+    ) -> PgServer:
+        """``netns``/``listen``/``trust``: the lab's hub namespace, its address, the subnet
+        whose clients it trusts (tests/netlab.py); by default a unix socket only."""
         bindir = binaries()
         assert bindir is not None, missing_reason()
         root.mkdir(parents=True, exist_ok=True)
         user = "postgres" if os.geteuid() == 0 else None
-        server = cls(root=root, bin=bindir, user=user)
+        server = cls(root=root, bin=bindir, user=user, netns=netns, listen=listen)
         server.sockets.mkdir(exist_ok=True)
         if user is not None:
             entry = pwd.getpwnam(user)
@@ -107,12 +122,16 @@ class PgServer:
             "--no-sync",
             "--no-instructions",
         )
+        if trust is not None:
+            with open(server.data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {trust} trust\n")
         server._start()
         return server
 
     def _start(self) -> None:
         options = (
-            f"-k {self.sockets} -c listen_addresses='' -p {PORT} -c fsync=off -c synchronous_commit=off "
+            f"-k {self.sockets} -c listen_addresses='{self.listen or ''}' -p {PORT} -c fsync=off "
+            "-c synchronous_commit=off "
             "-c full_page_writes=off -c max_connections=300 -c shared_buffers=32MB"
         )
         self._run(
@@ -139,7 +158,7 @@ class PgServer:
         import psycopg
 
         with psycopg.connect(self.url(database), autocommit=True) as conn:
-            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(statement)
 
     def new_database(self) -> str:
         name = f"t_{secrets.token_hex(5)}"
