@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 import cao
 import providers
-from cao import dashboard, inputs, security
+from cao import dashboard, forward, inputs, security
 from cao.core import Cao
 from cao.errors import CaoError, InvalidInput, StoreBusy
 from cao.handoff import JOB_ID_RE, MAX_STEP_TIMEOUT
@@ -27,6 +27,7 @@ from cao.hook import TEXT_LIMIT as HOOK_TEXT_LIMIT
 from cao.hookstate import HOOK_KEY_HEADER
 from cao.names import TERMINAL_ID_RE, validate_message_id
 from cao.params import NAME_SCHEMA, Param, Params, Values, path, query
+from cao.settings import HOST_NAME_RE
 from cao.states import IfBusy, Kind, Priority, ResultStatus
 from cao.store import MESSAGE_STATUSES
 from cao.store.board import KEY_PATTERN, MAX_KEY_CHARS, MAX_VERSION, MAX_VERSIONS
@@ -55,7 +56,9 @@ _NOTIFY = Param(
     "flag",
     doc="its supervisor gets a notice when it finishes, blocks, fails or exits (default true)",
 )
+_HOST = Param("host", doc="the host whose tmux runs it (GET /hosts lists them; default: this one)")
 NEW_SESSION = Params(
+    _HOST,
     _DEFER_INIT,
     _PROVIDER,
     _PROFILE,
@@ -67,6 +70,7 @@ NEW_SESSION = Params(
     _NOTIFY,
 )
 NEW_TERMINAL = Params(
+    _HOST,
     _DEFER_INIT,
     _PROVIDER,
     _PROFILE,
@@ -101,6 +105,7 @@ RUN_STEP = Params(
     _WORKTREE,
     _NOTIFY,
 )
+FAIL_HOST = Params(Param("reason", required=True, doc="why (kept with the host and its terminals)"))
 SIBLINGS = Params()  # depth, cross_session: accepted (checked as text), no effect: cao has no groups
 KEY = Params(Param("key", required=True, doc="one named key: Escape, C-c, Enter, Up, a letter…"))
 INPUT = Params(Param("message", "message", required=True))
@@ -246,6 +251,7 @@ async def _off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 def create_app(core: Cao) -> FastAPI:
     app = FastAPI(title="cao-server", version=cao.__version__)
+    forward.install(app, core)  # pane operations on another host's terminal go to that host
     security.install(app, core.settings)  # host/origin/token/size checks, JSON errors, honest schema
     dashboard.install(app, core)  # the web dashboard, /events (SSE), the live terminal WebSocket
 
@@ -333,8 +339,24 @@ def create_app(core: Cao) -> FastAPI:
 
     # -- terminals ------------------------------------------------------------------------------
     @app.get("/terminals")
-    async def list_terminals() -> list[dict[str, Any]]:
-        return await _off_loop(core.list_terminals)
+    async def list_terminals(
+        host: Annotated[str | None, query(pattern=HOST_NAME_RE.pattern)] = None,
+    ) -> list[dict[str, Any]]:
+        """Every host's terminals (``host``: one host's), each with its live status."""
+        return await _off_loop(core.list_terminals, host=host)
+
+    # -- hosts sharing the store (cao/hosts.py, docs/multi-host.md) --------------------------------
+    @app.get("/hosts")
+    async def list_hosts() -> list[dict[str, Any]]:
+        """The cao-servers sharing this store: alive or not, version, heartbeat, agents."""
+        return await _off_loop(core.hosts.listing)
+
+    @app.post("/hosts/{name}/fail")
+    async def fail_host(
+        name: Annotated[str, path(pattern=HOST_NAME_RE.pattern)], p: Annotated[Values, Depends(FAIL_HOST)]
+    ) -> dict[str, Any]:
+        """Give up on a host that is down: its terminals become gone, their mail fails."""
+        return await _off_loop(core.fail_host, name, **p)
 
     @app.post("/terminals/run-step")
     async def run_step(p: Annotated[Values, Depends(RUN_STEP)]) -> dict[str, Any]:

@@ -96,7 +96,8 @@ def cli(ctx: click.Context) -> None:
 
 # -- terminals -----------------------------------------------------------------------------------
 @cli.command(
-    epilog="\b\nExamples:\n  cao launch --headless\n  cao launch --agents reviewer --session-name review"
+    epilog="\b\nExamples:\n  cao launch --headless\n  cao launch --agents reviewer --session-name review\n"
+    "  cao launch --headless --host build-2"
 )
 @click.option("--provider", default=None, help="Agent CLI provider (default: scripted).")
 @click.option("--agents", "agent_profile", default="developer", show_default=True, help="Agent profile name.")
@@ -111,6 +112,11 @@ def cli(ctx: click.Context) -> None:
     default=None,
     help="Run the agent in its own git worktree on a new branch (default: the profile's setting).",
 )
+@click.option(
+    "--host",
+    default=None,
+    help="Run it on this host (`cao hosts`; several cao-servers sharing a store). Default: this one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the new terminal as JSON.")
 @click.pass_context
 def launch(
@@ -121,11 +127,13 @@ def launch(
     working_directory: str | None,
     headless: bool,
     use_worktree: bool | None,
+    host: str | None,
     as_json: bool,
 ) -> None:
     """Create a session with one agent and attach to it (unless --headless)."""
     client = server.for_context(ctx)
     body = {
+        "host": host,
         "provider": provider,
         "agent_profile": agent_profile,
         "session_name": session_name,
@@ -143,6 +151,9 @@ def launch(
         if term.get("worktree"):
             wt = term["worktree"]
             console.print(f"worktree {escape(wt['path'])} on branch [bold]{escape(wt['branch'])}[/]")
+    if not headless and term.get("host") not in (None, client.get("/info").get("host")):
+        console.print(f"not attaching: it runs on host {escape(str(term['host']))}; attach there")
+        return
     if not headless:
         from cao.tmux import Tmux
 
@@ -996,7 +1007,7 @@ def main() -> NoReturn:
     sys.exit(0)
 
 
-from cao import clicoord, cliexplain, cliusage  # noqa: E402, F401 - they register their commands on the group above
+from cao import clicoord, cliexplain, clihosts, cliusage  # noqa: E402, F401 - they register their commands on the group above
 
 if __name__ == "__main__":
     main()

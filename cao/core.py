@@ -11,7 +11,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +34,11 @@ from cao.errors import (
 )
 from cao.events import EventBus
 from cao.handoff import Handoffs, StepFailed  # noqa: F401 - StepFailed: the API maps it
+from cao.hosts import Hosts, StoreClock
 from cao.inbox import Inbox, event_view
 from cao.launch import LaunchPlanner
 from cao.lifecycle import Lifecycle
-from cao.names import TERMINAL_ID_RE, validate_terminal_id
+from cao.names import TERMINAL_ID_RE, validate_host_name, validate_terminal_id
 from cao.panelog import PaneLogs
 from cao.panes import PaneIO, Panes
 from cao.paste import is_blank
@@ -156,6 +157,8 @@ class Cao:
         # the user's screen-rule fixes ($CAO_HOME/providers/*.rules): checked before anything starts
         self.rule_overrides = screenrules.install(settings.home)
         self.settings = settings
+        if settings.database_url is not None:  # hosts share the store: one time, the database's
+            clock = StoreClock(clock)
         self.time = clock
         self.clock = clock.now
         now = clock.now
@@ -227,7 +230,37 @@ class Cao:
         self.engine.ticks.append(self.usage.tick)
         self.lifecycle.retiring.append(self.usage.read)
         self.provider_aliases = _check_aliases(settings.provider_aliases)
+        # the other cao-servers sharing the store (cao/hosts.py): who owns a terminal, forwarding
+        self.hosts = Hosts(
+            settings,
+            self.store,
+            clock,
+            home_tag,
+            _version(),
+            on_wake=self._woken_elsewhere,
+            on_fenced=self._fenced,
+        )
+        self.status.remote = self.hosts.remote_statuses
+        self.inbox.host_down = self.hosts.down_reason
+        self.engine.foreign = self.hosts.is_foreign
+        self.on_fenced: list[Callable[[str], None]] = []  # cao-server: stop the process
         self.started = False
+
+    def _woken_elsewhere(self, receiver_ids: list[str]) -> None:
+        """Another host committed mail for these receivers of ours ([]: the wake listener
+        reconnected, and notices sent meanwhile are lost: look at every receiver with mail)."""
+        if not self.started:
+            return
+        for rid in receiver_ids or self.store.receivers_with_pending():
+            self.engine.immediate(rid)
+
+    def _fenced(self, why: str) -> None:
+        """This process lost its host name: deliver nothing more, and let cao-server stop."""
+        if self.started:
+            self.engine.stop()
+            self.started = False
+        for listener in self.on_fenced:
+            listener(why)
 
     def _follow_work(self) -> None:
         """Coordination hears every status read and pane loss, and wakes delivery and status reads
@@ -258,19 +291,21 @@ class Cao:
             )
 
     def start(self) -> dict[str, list[str]]:
+        self.hosts.register()  # before anything looks at panes: the engine sees this host's only
         adopted = self.lifecycle.adopt()
         self.coordination.start()
-        rows = {t.id: t for t in self.store.list_terminals(include_deleted=True)}
+        rows = {t.id: t for t in self.store.list_terminals(include_deleted=True, local=True)}
         trees = self.workspaces.adopt(rows)  # orphans are listed, never removed
         adopted["worktrees_adopted"], adopted["worktree_orphans"] = trees["adopted"], trees["orphans"]
         self.engine.start()
         self.started = True
+        self.hosts.start()
         logger.info("cao started", extra={"adopted": len(adopted["adopted"]), "gone": len(adopted["gone"])})
         return adopted
 
     def _watch_output(self) -> None:
         """Housekeeping: an output watch on each session with terminals (new ones, a tmux restart)."""
-        sessions = {t.session_name for t in self.store.list_terminals() if t.state not in ENDED}
+        sessions = {t.session_name for t in self.store.list_terminals(local=True) if t.state not in ENDED}
         self.engine.forget_panes()
         self.tmux.refresh_output_watch(sorted(sessions))
 
@@ -279,6 +314,7 @@ class Cao:
             self.engine.stop()
             self.coordination.stop()
             self.started = False
+        self.hosts.stop()
         self.tmux.shutdown()
         self.store.close()
 
@@ -541,6 +577,7 @@ class Cao:
         supervisor_id: str | None = None,
         initial_message: str | None = None,
         notify: bool | None = None,
+        host: str | None = None,
         **kwargs: Any,
     ) -> dict[str, object]:
         """A new terminal. ``caller_id`` (the reference's name) and ``supervisor_id`` (ours) are one
@@ -555,6 +592,15 @@ class Cao:
         supervisor = caller_id or supervisor_id
         if supervisor:
             validate_terminal_id(supervisor)
+        if host is not None and host != self.hosts.name:  # that host's tmux runs it: it creates it
+            params = dict(
+                kwargs,
+                provider=provider,
+                caller_id=supervisor,
+                initial_message=initial_message,
+                notify=notify,
+            )
+            return self.hosts.create_on(validate_host_name(host), params)
         if initial_message is not None:
             if is_blank(initial_message):
                 raise InvalidInput("initial_message is empty (only whitespace or invisible characters)")
@@ -615,6 +661,7 @@ class Cao:
         ``initial_delivery`` (``status``: already read, by a listing's batched look)."""
         out = self.status.view(terminal, status=status).as_dict()
         out["caller_id"] = terminal.supervisor_id
+        out["host"] = terminal.host or self.hosts.name  # the host whose tmux runs it
         # In the reference's vocabulary: cao keeps none of its own tools from an agent (a profile's
         # native allowed_tools limit what its CLI may do, which that vocabulary can't express).
         out["allowed_tools"] = ["*"]
@@ -653,9 +700,18 @@ class Cao:
     def terminal_view(self, terminal_id: str) -> dict[str, object]:
         return self.view(self.terminal_row(terminal_id))
 
-    def list_terminals(self, session_name: str | None = None) -> list[dict[str, object]]:
+    def list_terminals(
+        self, session_name: str | None = None, *, host: str | None = None
+    ) -> list[dict[str, object]]:
+        """Every host's terminals (``host``: one host's), with live statuses: this host's from one
+        batched look, each other host's from one request to it (cao/hosts.py)."""
         session = session_name_for(session_name) if session_name else None
         rows = self.store.list_terminals(session_name=session)
+        if host is not None:
+            validate_host_name(host)
+            if host != self.hosts.name and host not in {h.name for h in self.store.list_hosts()}:
+                raise NotFound(self.hosts.unknown_host(host))
+            rows = [t for t in rows if (t.host or self.hosts.name) == host]
         if session is not None and not rows and not self.tmux.has_session(session):
             raise NotFound(f"session {session} not found; list sessions with `cao status`")
         statuses = self.status.statuses(rows)  # one tmux call for the lot
@@ -787,13 +843,38 @@ class Cao:
         counts: dict[str, int] = {}
         for t in self.store.list_terminals():
             counts[t.session_name] = counts.get(t.session_name, 0) + 1
+            if self.hosts.is_foreign(t) and t.state not in ENDED:
+                live.add(t.session_name)  # its tmux session is on that host
         return [
             {"id": n, "name": n, "status": "active" if n in live else "gone", "terminal_count": counts[n]}
             for n in sorted(counts)
         ]
 
     def delete_session(self, name: str) -> list[str]:
-        return self.lifecycle.delete_session(name)
+        """Delete the session's terminals: this host's here, each other host's by that host."""
+        session = session_name_for(name)
+        elsewhere = sorted(
+            {str(t.host) for t in self.store.list_terminals(session_name=session) if self.hosts.is_foreign(t)}
+        )
+        deleted: list[str] = []
+        for host in elsewhere:
+            deleted += self.hosts.delete_session_on(str(host), name)
+        try:
+            deleted += self.lifecycle.delete_session(name)
+        except NotFound:
+            if not elsewhere:
+                raise
+        return deleted
+
+    def fail_host(self, name: str, *, reason: str) -> dict[str, object]:
+        """An operator gives up on a host that is down (cao/store/hosts.py ``fail_host``)."""
+        validate_host_name(name)
+        if name == self.hosts.name:
+            raise Conflict(f"host {name} is this cao-server, which is running; stop it instead")
+        done = self.store.fail_host(name, reason=reason)
+        for tid in done["terminals_gone"]:
+            self.events.publish("terminal.gone", terminal_id=tid, reason=f"host {name} failed: {reason}")
+        return done
 
     # -- a session's coordination board (cao/board.py): facts that wake no one -------------------
     # A session some terminal of this server ever ran in has a board (404 otherwise), also once its
@@ -864,6 +945,8 @@ class Cao:
             "version": _version(),
             "home": str(s.home),
             "database": self.store.where,  # a server's URL without its password
+            "host": self.hosts.name,  # this server's name among the hosts sharing the store
+            "host_fenced": self.hosts.fenced,
             "tmux_socket": s.tmux_socket,
             "tmux_running": self.tmux.is_alive(),
             "eager_delivery": s.eager_delivery,

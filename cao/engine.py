@@ -127,6 +127,7 @@ class DeliveryEngine:
         self.stats: dict[str, int] = {"kicks": 0, "runs": 0, "delivered": 0, "sweeps": 0, "logs_capped": 0}
         self._panes: dict[str, tuple[str, float]] = {}  # pane id -> (terminal id, its output_quiet)
         self._panes_read = 0.0  # monotonic time of that map's read; 0: read it again
+        self.foreign: Callable[[str], bool] = lambda _rid: False  # another host's receiver (cao/hosts.py)
 
     # -- waking -------------------------------------------------------------------------------
     def kick(self, receiver_id: str, trigger: str) -> None:
@@ -145,8 +146,12 @@ class DeliveryEngine:
                 self._running.pop(receiver_id, None)
 
     def immediate(self, receiver_id: str) -> None:
-        """Trigger 1: right after a send commits (never waits for tmux)."""
+        """Trigger 1: right after a send commits (never waits for tmux). Another host's receiver:
+        that host is told through the store (LISTEN/NOTIFY) and its engine takes it from there."""
         if self.delivery.faults.active("skip_immediate"):  # DELIVERY.md scenario 12: make it miss
+            return
+        if self.foreign(receiver_id):
+            self.store.notify_wake([receiver_id])
             return
         self.kick(receiver_id, Trigger.IMMEDIATE)
 
@@ -315,7 +320,7 @@ class DeliveryEngine:
             return self._panes
         fresh: dict[str, tuple[str, float]] = {}
         try:
-            for t in self.store.list_terminals():
+            for t in self.store.list_terminals(local=True):
                 if t.pane_id is not None and t.state not in ENDED:
                     try:
                         quiet = providers.get(t.provider).output_quiet
@@ -340,7 +345,7 @@ class DeliveryEngine:
         if self.events.listening:
             with self._lock:
                 self._ensure_watchdog()
-            for t in self.store.list_terminals():
+            for t in self.store.list_terminals(local=True):
                 self.refresh_status(t.id)
         else:
             self._park_watchdog()

@@ -28,6 +28,8 @@
     │   └── TmuxServerDown       no tmux server answers on the socket
     ├── NotReady                 409: input held for an agent that never became ready (nothing typed)
     │   └── BoxOccupied          409: the agent's input box holds someone's text (nothing typed)
+    ├── ForeignTerminal          409: the terminal's pane is on another host (only that host touches it)
+    ├── HostUnreachable          503: another host's API did not answer (its terminals: held, not failed)
     ├── StoreGone                503: cao.db was deleted or replaced under the running server
     ├── DiskFull                 507: the disk is full (nothing was written)
     ├── Unwritable               503: a file can't be written (read-only mount, permissions; nothing written)
@@ -175,6 +177,24 @@ class TmuxServerDown(TmuxError):
 
 class BoxOccupied(NotReady):
     """Typed input found someone's text in the agent's input box (nothing was typed)."""
+
+
+class ForeignTerminal(CaoError):
+    """The terminal's pane runs on another host's tmux: this host never reads, types into or kills
+    it (the API forwards such requests to that host, cao/hosts.py)."""
+
+    status_code = 409
+
+    def __init__(self, message: str, *, host: str) -> None:
+        super().__init__(message)
+        self.host = host
+
+
+class HostUnreachable(CaoError):
+    """Another host's API did not answer a forwarded request (nothing was done there that cao
+    knows of; retry once it is back)."""
+
+    status_code = 503
 
 
 class StoreGone(CaoError):

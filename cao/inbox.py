@@ -35,6 +35,8 @@ class Inbox:
     def __init__(self, store: Store, clock: Callable[[], float]) -> None:
         self.store = store
         self.clock = clock
+        # why a receiver's mail can't move at all: its host is down (cao/hosts.py), else None
+        self.host_down: Callable[[str], str | None] = lambda _rid: None
 
     # -- views ------------------------------------------------------------------------------------
     def view(self, m: Message) -> dict[str, object]:
@@ -44,6 +46,8 @@ class Inbox:
         if m.status == MessageStatus.PENDING:
             deferred = m.not_before is not None and m.not_before > now
             waiting = f"deferred until {iso(m.not_before)}" if deferred else m.waiting_reason
+            if not deferred and (down := self.host_down(m.receiver_id)) is not None:
+                waiting = down
             if m.expires_at is not None and m.expires_at <= now and m.recheck is None:
                 waiting = "its deadline passed: expiring (never pasted now)"  # until the next tick
         return {

@@ -119,6 +119,7 @@ class Lifecycle:
             hook_key=self.status.hook_key(terminal_id),
         )
         terminal = plan.terminal
+        terminal.host = self.store.host  # this host's tmux runs it: only this host touches its pane
         terminal.turn_channel = plan.spec.turn_channel  # the hook that can hand text to its turns
         try:
             plan.home.mkdir(parents=True, exist_ok=True)
@@ -262,7 +263,9 @@ class Lifecycle:
     def finish_deletes(self) -> list[str]:
         """Finish deletes that were interrupted (rows left ``deleting``); called by the sweep."""
         done = []
-        for t in self.store.list_terminals(include_deleted=True, state=TerminalState.DELETING.value):
+        for t in self.store.list_terminals(
+            include_deleted=True, state=TerminalState.DELETING.value, local=True
+        ):
             try:
                 with self.panes.lock(t.id):
                     self._kill_and_finish(t)
@@ -277,7 +280,7 @@ class Lifecycle:
         the same tmux server) or a person's windows; tmux removes the session itself when its last
         pane goes."""
         session = session_name_for(session_name)
-        terms = self.store.list_terminals(session_name=session)
+        terms = self.store.list_terminals(session_name=session, local=True)
         if not terms:
             if self.io.has_session(session):
                 raise NotFound(
@@ -298,7 +301,7 @@ class Lifecycle:
         fills up): without it the watchdog trigger and the dashboard's live view of that pane stop
         silently; and of one whose log file was deleted under it. One ``list-panes`` for all; each
         reopen checks the pane's identity."""
-        live = {t.id: t for t in self.store.list_terminals(state=TerminalState.LIVE.value)}
+        live = {t.id: t for t in self.store.list_terminals(state=TerminalState.LIVE.value, local=True)}
         if not live:
             return []
         reopened = []
@@ -339,7 +342,7 @@ class Lifecycle:
         panes = self.io.list_panes()
         by_id = {p.pane_id: p for p in panes}
         result: dict[str, list[str]] = {"adopted": [], "gone": [], "orphans_killed": [], "orphans_kept": []}
-        rows = {t.id: t for t in self.store.list_terminals(include_deleted=True)}
+        rows = {t.id: t for t in self.store.list_terminals(include_deleted=True, local=True)}
         self.orphans = []
         for pane in panes:
             if pane.home_tag != self.home_tag or not pane.terminal_id:

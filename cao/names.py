@@ -43,6 +43,11 @@ def validate_session_name(value: str) -> str:
     return validate_name(value, "session_name")
 
 
+def quote_segment(value: str) -> str:
+    """One URL path segment, quoted so no client rewrites it ('.' escaped too: see board_path)."""
+    return quote(value, safe="").replace(".", "%2E")
+
+
 def board_path(session: str, key: str | None = None) -> str:
     """The URL path of a session's board, or of one key on it, quoted so that no client rewrites
     it: '.' is escaped too (an HTTP client resolves a "." or ".." between slashes away, so a bad
@@ -52,3 +57,15 @@ def board_path(session: str, key: str | None = None) -> str:
     if key is None:
         return base
     return f"{base}/{quote(key, safe='/').replace('.', '%2E')}"
+
+
+def validate_host_name(name: str) -> str:
+    """A host's name (``CAO_HOST_NAME``'s rule), or a 422 naming the rule."""
+    from cao.settings import HOST_NAME_RE
+
+    if not isinstance(name, str) or not HOST_NAME_RE.fullmatch(name):
+        raise InvalidInput(
+            f"host {str(name)[:80]!r} is not a host name: 1-63 letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit; `cao hosts` lists them"
+        )
+    return name

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 import providers
-from cao.errors import DiskFull, PaneGone, StoreBusy, TmuxServerDown
+from cao.errors import DiskFull, ForeignTerminal, PaneGone, StoreBusy, TmuxServerDown
 from cao.events import EventBus
 from cao.states import ENDED, Status, TerminalState
 from cao.store import Store, Terminal
@@ -146,7 +146,15 @@ class Panes:
             yield
 
     def ref(self, terminal: Terminal) -> PaneRef:
-        """The terminal's pane identity; :class:`PaneGone` if it has none any more."""
+        """The terminal's pane identity; :class:`PaneGone` if it has none any more,
+        :class:`ForeignTerminal` if another host's tmux runs it (never looked at here: its pane id
+        would name some other pane of ours, and a mismatch would make it gone for good)."""
+        if terminal.host is not None and self.store.host is not None and terminal.host != self.store.host:
+            raise ForeignTerminal(
+                f"terminal {terminal.id} runs on host {terminal.host}; only that host reads or types "
+                "into its pane (ask its cao-server, or any host's API, which forwards it there)",
+                host=terminal.host,
+            )
         if terminal.state in ENDED:
             raise PaneGone(
                 f"terminal {terminal.id} is {terminal.state}"

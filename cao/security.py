@@ -26,6 +26,7 @@ import unicodedata
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from starlette.responses import JSONResponse
@@ -88,6 +89,10 @@ class Policy:
     def from_settings(cls, settings: Settings) -> Policy:
         bound = settings.api_host.strip("[]").lower()
         own = LOOPBACK_NAMES if bound in WILDCARD_ADDRESSES else LOOPBACK_NAMES | {bound}
+        # the name it gives other hosts sharing its store (CAO_SERVER_URL): they reach it by that
+        advertised = split_host(urlsplit(settings.server_url).netloc)
+        if advertised is not None and advertised[0] not in WILDCARD_ADDRESSES:
+            own = own | {advertised[0]}
         hosts = {parsed for word in settings.allowed_hosts if (parsed := split_host(word)) is not None}
         return cls(
             port=settings.api_port,

@@ -31,13 +31,14 @@ Examples:
   CAO_TMUX_SOCKET=cao cao-server      # agents on a private tmux server (tmux -L cao attach)
   CAO_EAGER_INBOX_DELIVERY=true cao-server --port 9999
   CAO_DATABASE_URL=postgresql://cao:PASSWORD@db:5432/cao cao-server   # a store shared by hosts
+  CAO_HOST_NAME=build-2 CAO_SERVER_URL=http://build-2:9889 cao-server --host 0.0.0.0   # one of them
 
 \b
 Environment: CAO_HOME (default ~/.cao), CAO_TMUX_SOCKET, CAO_API_HOST, CAO_API_PORT,
 CAO_EAGER_INBOX_DELIVERY, CAO_WATCH_INTERVAL, CAO_INBOX_RECONCILE_INTERVAL,
 CAO_INBOX_RECONCILE_GRACE_SECONDS, CAO_DELIVERY_MAX_ATTEMPTS, CAO_API_TOKEN, CAO_ALLOWED_HOSTS,
-CAO_ALLOWED_ORIGINS, CAO_DATABASE_URL (see docs/configuration.md, docs/security.md and
-docs/multi-host.md; prefer CAO_DATABASE_URL to --database-url: a command line is seen by ps).
+CAO_ALLOWED_ORIGINS, CAO_DATABASE_URL, CAO_HOST_NAME (see docs/configuration.md, docs/security.md
+and docs/multi-host.md; prefer CAO_DATABASE_URL to --database-url: a command line is seen by ps).
 
 \b
 Listening beyond loopback (--host 0.0.0.0) needs a token:
@@ -242,7 +243,8 @@ def main(host: str | None, port: int | None, log_level: str, database_url: str |
     sys.setswitchinterval(settings.gil_switch_interval)
     try:
         core = Cao(settings)
-        core.store.hold_server_lock()
+        # this process lost its host name (an operator failed the host, or it was taken over): stop
+        core.on_fenced.append(lambda _why: os.kill(os.getpid(), signal.SIGTERM))
         apitoken.publish(settings)
         core.engine.keepers.append(lambda: apitoken.keep(settings))
         adopted = core.start()

@@ -7,6 +7,8 @@ takes a ``Settings`` object, so tests pass ``environ={...}`` instead of patching
 from __future__ import annotations
 
 import os
+import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -67,6 +69,24 @@ def database_url(raw: str | None, name: str = "CAO_DATABASE_URL") -> str | None:
     return raw
 
 
+HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def host_name(raw: str | None, name: str = "CAO_HOST_NAME") -> str:
+    """This server's name among the hosts sharing a store: ``raw``, else the machine's hostname."""
+    value = (raw or "").strip()
+    if not value:
+        value = socket.gethostname().split(".")[0] or "localhost"
+        if not HOST_NAME_RE.fullmatch(value):
+            value = "localhost"
+    if not HOST_NAME_RE.fullmatch(value):
+        raise InvalidInput(
+            f"{name}={value[:80]!r} is not a host name cao can use: 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. CAO_HOST_NAME=build-2)"
+        )
+    return value
+
+
 def _url(environ: Mapping[str, str], name: str) -> str | None:
     """An http(s) URL, e.g. ``CAO_NOTIFY_URL=http://127.0.0.1:8000/cao``; unset or empty: None."""
     from urllib.parse import urlsplit
@@ -123,6 +143,11 @@ class Settings:
     # store: a SQLite file in home (None), or a PostgreSQL server several hosts share
     database_url: str | None = field(default=None, repr=False)  # may carry a password
     busy_timeout: float = 5.0
+    # hosts sharing one store (cao/hosts.py, docs/multi-host.md): this server's name among them, how
+    # often it renews its lease and how long a lease lasts without renewal
+    host_name: str = "localhost"
+    host_heartbeat: float = 2.0
+    host_lease: float = 15.0
     # testing only: os._exit(1) at a named point of the delivery path
     fault_point: str | None = None
     # bundled scripted agent
@@ -219,6 +244,9 @@ class Settings:
             inline_limit=int(_number(env, "CAO_INBOX_INLINE_LIMIT", 4096, minimum=256)),
             database_url=database_url(env.get("CAO_DATABASE_URL")),
             busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
+            host_name=host_name(env.get("CAO_HOST_NAME")),
+            host_heartbeat=(beat := _number(env, "CAO_HOST_HEARTBEAT", 2.0, minimum=0.05)),
+            host_lease=_number(env, "CAO_HOST_LEASE", max(15.0, 3 * beat), minimum=3 * beat),
             fault_point=env.get("CAO_FAULT_POINT") or None,
             scripted_record=_flag(env, "CAO_SCRIPTED_RECORD", False),
             api_token=(env.get("CAO_API_TOKEN") or "").strip() or None,
@@ -275,6 +303,9 @@ SERVER_NAMES = (
     "CAO_DELIVERY_RETRY_DELAY",
     "CAO_DATABASE_URL",
     "CAO_DB_BUSY_TIMEOUT",
+    "CAO_HOST_NAME",
+    "CAO_HOST_HEARTBEAT",
+    "CAO_HOST_LEASE",
     "CAO_FAULT_POINT",
     "CAO_SCRIPTED_RECORD",
     "CAO_API_TOKEN",

@@ -46,6 +46,16 @@ class Status(StrEnum):
     ERROR = "error"
     UNKNOWN = "unknown"
     GONE = "gone"
+    # its host's lease lapsed (or its API does not answer): nobody can read its pane from here
+    HOST_UNREACHABLE = "host_unreachable"
+
+
+class HostState(StrEnum):
+    """A cao-server sharing the store (cao/hosts.py)."""
+
+    UP = "up"  # running; live while its lease is
+    STOPPED = "stopped_cleanly"  # its cao-server stopped; its terminals wait for it to start again
+    FAILED = "failed"  # an operator failed it: its terminals are gone, its name is free
 
 
 # ready for input: the idle prompt, a finished turn, a turn that failed with the prompt back
@@ -216,6 +226,8 @@ class WaitReason(StrEnum):
     RETRY = "retrying after a failed attempt"
     # an urgent interrupt's key would discard what can't be seen: its CLI hides the box mid-turn
     INTERRUPT_BOX = "urgent interrupt held: the input box can't be seen while the agent works"
+    # its host is down or cut off: held, never failed by itself (cao hosts fail NAME to give up)
+    HOST_UNREACHABLE = "receiver's host unreachable"
 
 
 class Blocked(StrEnum):

@@ -82,7 +82,14 @@ class StatusReader:
         self._reasons: dict[str, str] = {}  # why a terminal reads unknown (shown with its status)
         # told of every live status read (cao/coordination.py follows workers' work with it)
         self.on_status: Callable[[Terminal, str], None] | None = None
+        # statuses of other hosts' terminals (cao/hosts.py asks their hosts; their panes aren't ours)
+        self.remote: Callable[[Sequence[Terminal]], dict[str, str]] = lambda ts: {
+            t.id: Status.HOST_UNREACHABLE.value for t in ts
+        }
         panes.on_gone(self._gone)
+
+    def _foreign(self, terminal: Terminal) -> bool:
+        return terminal.host is not None and self.store.host is not None and terminal.host != self.store.host
 
     def keep_secret(self) -> None:
         """Write the hook secret again if it was deleted or changed under the running server."""
@@ -110,6 +117,8 @@ class StatusReader:
             return Status.GONE
         if terminal.state == TerminalState.STARTING:
             return Status.STARTING
+        if screen is None and self._foreign(terminal):
+            return self.remote([terminal])[terminal.id]
         if screen is None:
             try:
                 screen = self.panes.screen(terminal)
@@ -194,9 +203,11 @@ class StatusReader:
     def statuses(self, terminals: Sequence[Terminal]) -> dict[str, str]:
         """:meth:`status` of many terminals from one batched look at their panes (a listing of 200
         terminals is four tmux calls, not 200)."""
+        foreign = [t for t in terminals if self._foreign(t)]
+        out: dict[str, str] = self.remote(foreign) if foreign else {}
+        terminals = [t for t in terminals if t.id not in out]
         live = [t for t in terminals if t.state not in ENDED and t.state != TerminalState.STARTING]
         screens = self.panes.screens(live) if live else {}
-        out: dict[str, str] = {}
         for t in terminals:
             got = screens.get(t.id)
             if isinstance(got, (PaneGone, TmuxServerDown)):

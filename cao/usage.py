@@ -399,7 +399,8 @@ class UsageBook:
         """Read the given terminals (default: every live one) and apply the budgets."""
         with self._lock:
             self._reload()
-            rows = self.store.list_terminals(include_deleted=True)
+            # only this host's: their CLIs' records are on this machine
+            rows = self.store.list_terminals(include_deleted=True, local=True)
             live = [t for t in rows if t.state == TerminalState.LIVE]
             for t in live:
                 if terminal_ids is None or t.id in terminal_ids:

@@ -61,6 +61,8 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         self.home.mkdir(parents=True, exist_ok=True)
+        if hasattr(self, "stderr"):  # started again after a kill: the last run's file is done
+            self.stderr.close()
         self.stderr = open(self.home / f"server-{self.port}.stderr", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cao.server", "--log-level", "debug"],

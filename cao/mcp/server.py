@@ -214,6 +214,13 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
                 "exits (default: true)."
             ),
         ] = None,
+        host: Annotated[
+            str | None,
+            Field(
+                description="The machine to run the worker on, when several cao-servers share one store "
+                "(a host name; default: yours). Its working_directory must exist there."
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Start a new worker agent on a task and return its terminal id at once (don't wait for it).
 
@@ -222,7 +229,7 @@ def build_server(tools: AgentTools) -> MCPServer[Any]:
         notices tell you when it finishes, waits at a permission prompt, fails or exits (no polling).
         Use it for parallel or long tasks; use handoff when you need the answer before going on.
         """
-        return await tools.assign(agent_profile, message, working_directory, use_worktree, notify)
+        return await tools.assign(agent_profile, message, working_directory, use_worktree, notify, host)
 
     @server.tool()
     async def handoff(

@@ -258,9 +258,11 @@ class AgentTools:
         working_directory: str | None,
         use_worktree: bool | None = None,
         notify: bool | None = None,
+        host: str | None = None,
     ) -> dict[str, Any]:
         """A worker in the caller's session, supervised by the caller; cao-server chooses its
-        provider (the profile's pinned one, else the caller's: cao/launch.py)."""
+        provider (the profile's pinned one, else the caller's: cao/launch.py). ``host``: the host
+        whose tmux runs it (several cao-servers sharing a store; cao/hosts.py)."""
         body: dict[str, Any] = {
             "agent_profile": agent_profile,
             "supervisor_id": me["id"],
@@ -270,6 +272,8 @@ class AgentTools:
             body["use_worktree"] = use_worktree
         if notify is not None:
             body["notify"] = notify
+        if host is not None:
+            body["host"] = host
         worker: dict[str, Any] = await self._call(
             "POST",
             f"/sessions/{me['session_name']}/terminals",
@@ -305,11 +309,12 @@ class AgentTools:
         working_directory: str | None = None,
         use_worktree: bool | None = None,
         notify: bool | None = None,
+        host: str | None = None,
     ) -> dict[str, Any]:
         if not message.strip():
             raise ToolError("message is empty; describe the task for the worker")
         me = await self.me()
-        worker = await self._start_worker(me, agent_profile, working_directory, use_worktree, notify)
+        worker = await self._start_worker(me, agent_profile, working_directory, use_worktree, notify, host)
         wid = worker["id"]
         note = ASSIGN_NOTE.format(worker=wid, profile=agent_profile, supervisor=me["id"])
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from cao.store.base import Database, body_digest, disk_error
 from cao.store.board import BoardRows
 from cao.store.coordination import CoordinationRows
+from cao.store.hosts import HostRows
 from cao.store.messages import MessageRows  # noqa: F401 - CoordinationRows builds on it
 from cao.store.records import RecordRows
 from cao.store.schema import (
@@ -32,6 +33,7 @@ from cao.store.schema import (
     BoardFact,
     Claim,
     HandoffJob,
+    Host,
     Message,
     MessageEvent,
     Notification,
@@ -40,11 +42,10 @@ from cao.store.schema import (
     Terminal,
     Worktree,
 )
-from cao.store.terminals import TerminalRows
 from cao.store.usage import UsageRow, UsageRows
 
 
-class Store(TerminalRows, RecordRows, CoordinationRows, BoardRows, UsageRows):
+class Store(HostRows, RecordRows, CoordinationRows, BoardRows, UsageRows):
     """All reads and writes of the cao database. Thread-safe; many processes may share the file."""
 
 
@@ -59,6 +60,7 @@ __all__ = [
     "Claim",
     "Database",
     "HandoffJob",
+    "Host",
     "Message",
     "MessageEvent",
     "Notification",

@@ -37,7 +37,7 @@ from cao.errors import InvalidInput, StoreBusy, StoreUnreachable
 
 # advisory lock ids: the store lock, and (hashed) one per receiver; both in cao's own key space
 STORE_LOCK = 0x63616F00  # "cao\0"
-SERVER_LOCK = 0x63616F01  # held by the one cao-server of a database (base.hold_server_lock)
+WAKE_CHANNEL = "cao_wake"  # LISTEN/NOTIFY: receivers whose mail may be due (base.notify_wake)
 
 
 def redact(url: str) -> str:

@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 
 from cao.errors import (
     CaoError,
-    Conflict,
     DiskFull,
     SchemaTooNew,
     StoreBusy,
@@ -42,7 +41,7 @@ from cao.errors import (
 )
 from cao.store.backend import (
     DRIVER_ERRORS,
-    SERVER_LOCK,
+    WAKE_CHANNEL,
     Backend,
     CommitUnknown,
     PostgresBackend,
@@ -51,6 +50,7 @@ from cao.store.backend import (
     pg_error,
 )
 from cao.store.schema import (
+    CATCH_UP_VERSIONS,
     MIGRATIONS,
     POOL_SIZE,
     REBUILD_VERSION,
@@ -59,6 +59,7 @@ from cao.store.schema import (
     WAL_SUFFIX,
     BoardFact,
     HandoffJob,
+    Host,
     Message,
     MessageEvent,
     Notification,
@@ -66,6 +67,7 @@ from cao.store.schema import (
     TaskResult,
     Terminal,
     Worktree,
+    column_ddl,
     create_table_ddl,
     index_ddl,
     rebuild_sqlite,
@@ -75,7 +77,17 @@ from cao.store.schema import (
 logger = logging.getLogger("cao.store")
 
 M = TypeVar(
-    "M", Terminal, Message, MessageEvent, HandoffJob, Worktree, TaskResult, Notification, Schedule, BoardFact
+    "M",
+    Terminal,
+    Message,
+    MessageEvent,
+    HandoffJob,
+    Worktree,
+    TaskResult,
+    Notification,
+    Schedule,
+    BoardFact,
+    Host,
 )
 T = TypeVar("T")
 
@@ -159,7 +171,10 @@ class Database:
         self._identity: tuple[int, int] | None = None  # the database file's (device, inode)
         self._wal_identity: tuple[int, int] | None = None  # and its write-ahead log's
         self._writes_seen = -1  # the write count this store last committed (-1: not counting yet)
-        self._server_conn: Any = None  # PostgreSQL: the connection holding the server lock
+        # the host this store serves (cao/hosts.py sets both once it holds its name): the engine's
+        # own queries see only its terminals, and on PostgreSQL a claim is fenced by the instance
+        self.host: str | None = None
+        self.host_instance: str | None = None
         # told of each timeline event once its transaction committed (Cao: the event bus)
         self.on_event: Callable[[MessageEvent], None] | None = None
         # a delivery gave a terminal work (store/messages.py _note_tasked): coordination follows it
@@ -385,33 +400,64 @@ class Database:
             return exc
         return pg_error(exc, self.where)
 
-    def hold_server_lock(self) -> None:
-        """One cao-server per PostgreSQL database, until hosts are built (docs/multi-host.md): a
-        second server on the same database would sweep and deliver for panes it can't see. Held on
-        a connection of its own for the server's life; released when it closes or the process dies.
-        (SQLite: the lock on ``$CAO_HOME`` already makes it one server per file.)"""
-        if self.path is not None or self._server_conn is not None:
+    # -- hosts: what this one owns ---------------------------------------------------------------
+    def _own_receivers(self) -> tuple[str, tuple[Any, ...]]:
+        """A ``WHERE`` fragment keeping the engine's queries to this host's receivers."""
+        if self.host is None:
+            return "", ()
+        return " AND receiver_id IN (SELECT id FROM terminal WHERE host = ?)", (self.host,)
+
+    def _holds_receiver(self, conn: Any, receiver_id: str) -> bool:
+        """Inside a claim (PostgreSQL, several hosts): this process still holds its host's name and
+        the receiver is that host's. A process that lost its name (an operator failed it, or it was
+        restarted elsewhere) claims nothing more, whatever it still believes."""
+        if self.host_instance is None or self.path is not None:
+            return True  # one host on a SQLite file: the lock on CAO_HOME makes it so
+        row = conn.execute(
+            "SELECT 1 FROM terminal t JOIN host h ON h.name = t.host WHERE t.id = ? AND h.name = ? "
+            "AND h.instance = ? AND h.state = 'up'",
+            (receiver_id, self.host, self.host_instance),
+        ).fetchone()
+        return row is not None
+
+    # -- wakes across hosts (PostgreSQL LISTEN/NOTIFY) -------------------------------------------
+    def notify_wake(self, receiver_ids: Sequence[str]) -> None:
+        """Tell every host listening that these receivers have mail that may be due now (the
+        owning host kicks its delivery; the others ignore it). Best effort: the watchdog and the
+        sweep stay the safety nets. Nothing to do on SQLite (one host)."""
+        if self.path is not None or not receiver_ids:
             return
-        conn = self.backend.open()
         try:
-            got = conn.execute("SELECT pg_try_advisory_lock(?)", (SERVER_LOCK,)).fetchone()[0]
-        except DRIVER_ERRORS as exc:
-            conn.close()
-            raise self._busy(exc) from exc
-        if not got:
-            conn.close()
-            raise Conflict(
-                f"another cao-server already uses the database {self.where}; one cao-server per "
-                "database until several hosts are supported (docs/multi-host.md): stop the other one, "
-                "or give this one its own database (CAO_DATABASE_URL)"
-            )
-        self._server_conn = conn
+            with self._read() as conn:
+                conn.execute("SELECT pg_notify(?, ?)", (WAKE_CHANNEL, ",".join(receiver_ids)))
+        except CaoError:
+            logger.debug("wake not sent (the sweep will find the mail)", exc_info=True)
+
+    def listen_wakes(self, on_wake: Callable[[list[str]], None], stop: threading.Event) -> None:
+        """Until ``stop``: hear :meth:`notify_wake` from every host, on a connection of its own
+        (reconnecting with back-off while the server is away), and pass the receiver ids on."""
+        delay = 0.2
+        while not stop.is_set():
+            try:
+                conn: Any = self.backend.open()
+            except Exception:
+                stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                conn.execute(f"LISTEN {WAKE_CHANNEL}")
+                delay = 0.2
+                on_wake([])  # (re)connected: notices sent while away were lost; the caller looks
+                while not stop.is_set():
+                    for note in conn.raw.notifies(timeout=0.5, stop_after=64):
+                        on_wake([r for r in note.payload.split(",") if r])
+            except Exception:
+                logger.debug("wake listener lost its connection; reconnecting", exc_info=True)
+            finally:
+                with contextlib.suppress(Exception):
+                    conn.close()
 
     def close(self) -> None:
-        if self._server_conn is not None:
-            with contextlib.suppress(Exception):
-                self._server_conn.close()
-            self._server_conn = None
         while True:
             try:
                 conn = self._pool.get_nowait()
@@ -443,6 +489,8 @@ class Database:
         with self._write() as conn:
             # PostgreSQL: two servers starting on an empty database at once: one creates it
             current = self.backend.version(conn)
+            if 0 < current < SCHEMA_VERSION:
+                self._refuse_under_older_hosts(conn)
             if current == 0:
                 for statement in schema_ddl(self.kind):
                     conn.execute(statement)
@@ -451,23 +499,73 @@ class Database:
                 return
         for version in range(current + 1, SCHEMA_VERSION + 1):
             with self._write() as conn:
-                if version == REBUILD_VERSION:
+                if version == REBUILD_VERSION and self.path is not None:
                     self._rebuild_from_models(conn)
+                elif version in CATCH_UP_VERSIONS:
+                    self._catch_up(conn)
                 else:
                     for statement in MIGRATIONS[version]:
                         conn.execute(statement)
                 self.backend.set_version(conn, version)
 
-    def _rebuild_from_models(self, conn: Any) -> None:
+    def _refuse_under_older_hosts(self, conn: Any) -> None:
+        """A shared store is not migrated under hosts that still run an older cao: they would
+        read and write tables they don't know. Stop (or upgrade) them first."""
+        if self.path is not None or "name" not in self._columns(conn, "host"):
+            return
+        rows = conn.execute(
+            "SELECT name, version, schema_version FROM host WHERE state = 'up' AND schema_version < ? "
+            "AND lease_until > extract(epoch from clock_timestamp())::float8 ORDER BY name",
+            (SCHEMA_VERSION,),
+        ).fetchall()
+        if rows:
+            names = ", ".join(f"{r[0]} (cao {r[1]}, schema {r[2]})" for r in rows)
+            raise SchemaTooNew(
+                f"{self.where} is shared with hosts still running an older cao: {names}. This cao would "
+                f"move the store to schema {SCHEMA_VERSION} under them; nothing was changed. Stop those "
+                "cao-servers (or upgrade them first), then start this one"
+            )
+
+    def _columns(self, conn: Any, table: str) -> list[str]:
+        if self.path is not None:
+            return [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = ? ORDER BY ordinal_position",
+            (table,),
+        )
+        return [str(r[0]) for r in rows]
+
+    def _catch_up(self, conn: Any) -> None:
+        """A migration from the classes alone (both backends): a table they add is created, a column
+        they add is added (SQLite: its table rebuilt, so the file ends as a new one begins)."""
+        if self.path is not None:
+            self._rebuild_from_models(conn, only_changed=True)
+            return
+        for model in TABLES:
+            table = model.__table__  # type: ignore[attr-defined]
+            have = self._columns(conn, table.name)
+            if not have:
+                for statement in [create_table_ddl(table, self.kind), *index_ddl(table, self.kind)]:
+                    conn.execute(statement)
+                continue
+            for column in table.columns:
+                if column.name not in have:
+                    conn.execute(f"ALTER TABLE {table.name} ADD COLUMN {column_ddl(column, self.kind)}")
+
+    def _rebuild_from_models(self, conn: Any, *, only_changed: bool = False) -> None:
         """Migration 13 (SQLite): every table rebuilt from its class, rows and id counters kept, so
-        an old database ends exactly where a new one begins (hand-written DDL had drifted)."""
+        an old database ends exactly where a new one begins (hand-written DDL had drifted).
+        ``only_changed``: only tables whose columns differ from their class (a later catch-up)."""
         seqs = {str(r[0]): int(r[1]) for r in conn.execute("SELECT name, seq FROM sqlite_sequence")}
         for model in TABLES:
             table = model.__table__  # type: ignore[attr-defined]
-            have = [r[1] for r in conn.execute(f"PRAGMA table_info({table.name})")]
+            have = self._columns(conn, table.name)
             if not have:
                 for statement in [create_table_ddl(table, "sqlite"), *index_ddl(table, "sqlite")]:
                     conn.execute(statement)
+                continue
+            if only_changed and have == [c.name for c in table.columns]:
                 continue
             for statement in rebuild_sqlite(table, have):
                 conn.execute(statement)

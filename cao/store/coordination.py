@@ -227,7 +227,11 @@ class CoordinationRows(MessageRows):
     def work_states(self) -> dict[str, str | None]:
         """Live terminals' work states (coordination's cache at start)."""
         with self._read() as conn:
-            rows = conn.execute("SELECT id, work_state FROM terminal WHERE state = 'live'").fetchall()
+            mine = "" if self.host is None else " AND host = ?"
+            args = () if self.host is None else (self.host,)
+            rows = conn.execute(
+                f"SELECT id, work_state FROM terminal WHERE state = 'live'{mine}", args
+            ).fetchall()
         return {str(r[0]): r[1] for r in rows}
 
     def change_work(
@@ -321,8 +325,11 @@ class CoordinationRows(MessageRows):
 
     def webhook_pending(self, *, limit: int = 50) -> list[Notification]:
         with self._read() as conn:
+            # each host posts the notices about its own workers (several hosts would post each twice)
+            mine = "" if self.host is None else " AND terminal_id IN (SELECT id FROM terminal WHERE host = ?)"
+            args = (limit,) if self.host is None else (self.host, limit)
             rows = conn.execute(
-                "SELECT * FROM notification WHERE webhook = 'pending' ORDER BY id LIMIT ?", (limit,)
+                f"SELECT * FROM notification WHERE webhook = 'pending'{mine} ORDER BY id LIMIT ?", args
             ).fetchall()
         return [_row(Notification, r) for r in rows]
 

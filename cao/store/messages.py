@@ -340,11 +340,11 @@ class MessageRows(Database):
 
     def receivers_with_pending(self, *, older_than: float | None = None) -> list[str]:
         """Receivers with pending messages (created before ``older_than`` if given)."""
-        sql = "SELECT DISTINCT receiver_id FROM message WHERE status = 'pending'"
-        args: tuple[Any, ...] = ()
+        mine, args = self._own_receivers()
+        sql = f"SELECT DISTINCT receiver_id FROM message WHERE status = 'pending'{mine}"
         if older_than is not None:
             sql += " AND created_at <= ?"
-            args = (older_than,)
+            args += (older_than,)
         with self._read() as conn:
             return [r[0] for r in conn.execute(sql, args).fetchall()]
 
@@ -390,6 +390,8 @@ class MessageRows(Database):
         token = uuid.uuid4().hex
         now = self.clock()
         with self._write(receiver_id) as conn:  # only this receiver's rows (cao/store/backend.py)
+            if not self._holds_receiver(conn, receiver_id):
+                return None
             busy = conn.execute(
                 "SELECT 1 FROM message WHERE receiver_id = ? AND status = 'delivering' LIMIT 1",
                 (receiver_id,),
@@ -758,11 +760,11 @@ class MessageRows(Database):
 
     def stale_claims(self, *, older_than: float | None = None) -> list[tuple[str, list[Message]]]:
         """Outstanding claims (``delivering`` rows), grouped by claim, oldest first."""
-        sql = "SELECT * FROM message WHERE status = 'delivering'"
-        args: tuple[Any, ...] = ()
+        mine, args = self._own_receivers()
+        sql = f"SELECT * FROM message WHERE status = 'delivering'{mine}"
         if older_than is not None:
             sql += " AND claimed_at <= ?"
-            args = (older_than,)
+            args += (older_than,)
         sql += " ORDER BY id"
         with self._read() as conn:
             rows = conn.execute(sql, args).fetchall()

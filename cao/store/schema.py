@@ -10,14 +10,17 @@ from typing import Any
 from sqlalchemy import BigInteger, DefaultClause, Index, Integer, Table, text
 from sqlalchemy.dialects.postgresql import dialect as postgresql_dialect
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 from sqlmodel import Field, SQLModel
 
 from cao.states import MessageStatus, TerminalState
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 # an old SQLite database's tables are rebuilt from the table classes at this version (base.py)
 REBUILD_VERSION = 13
+# from here on a version's new tables and columns come from the classes alone, on both backends
+# (base.py ``_catch_up``): no hand-written DDL to drift from them
+CATCH_UP_VERSIONS = frozenset({14})
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -69,6 +72,8 @@ class Terminal(SQLModel):
     usage_known: int | None = None
     budget_hold: str | None = None  # a budget it is over: new tasks to it wait, with this reason
     budget_warned: str | None = None  # the budgets it was warned about (once each)
+    # schema 14: the host whose tmux runs it (cao/hosts.py): only that host touches its pane
+    host: str | None = None
 
 
 class Message(SQLModel):
@@ -346,6 +351,33 @@ class StoreMetaTable(SQLModel, table=True):
     value: int
 
 
+class Host(SQLModel):
+    """A cao-server sharing the store (schema 14; cao/hosts.py, docs/multi-host.md).
+
+    ``instance`` is the running process's own random token: a host renews its lease only while the
+    row still names it, so a process that lost its name (to a restart elsewhere, or an operator who
+    failed it) can never act for it again. ``machine`` says where it runs (the machine's id and the
+    ``CAO_HOME`` it serves): a name moves to another machine only once an operator failed it.
+    Times are the store's clock (each host corrects its own by the database server's)."""
+
+    name: str = Field(primary_key=True)
+    instance: str
+    machine: str
+    url: str
+    version: str
+    schema_version: int
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    lease_until: float
+    state: str = "up"  # states.HostState
+    note: str | None = None  # why it stopped or was failed
+
+
+class HostTable(Host, table=True):
+    __tablename__ = "host"
+
+
 class TaskWindowTable(SQLModel, table=True):
     """When each task attempt of a terminal began (cao/usage.py counts a response to the task it
     was made for). ``seq`` orders attempts that began at the same instant."""
@@ -386,6 +418,7 @@ TABLES: tuple[type[SQLModel], ...] = (
     BoardFactTable,
     TaskWindowTable,
     UsageTotalTable,
+    HostTable,
 )
 
 
@@ -426,6 +459,11 @@ def create_table_ddl(table: Table, dialect: str, *, name: str | None = None) -> 
         assert sql.startswith(head), sql
         sql = f"CREATE TABLE {name} (" + sql[len(head) :]
     return sql
+
+
+def column_ddl(column: Any, dialect: str) -> str:
+    """One column as ``ALTER TABLE … ADD COLUMN`` takes it (name, type, NOT NULL, DEFAULT)."""
+    return str(CreateColumn(column).compile(dialect=_dialect(dialect))).strip()
 
 
 def index_ddl(table: Table, dialect: str) -> list[str]:

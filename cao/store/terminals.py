@@ -38,9 +38,14 @@ class TerminalRows(Database):
         session_name: str | None = None,
         include_deleted: bool = False,
         state: str | None = None,
+        local: bool = False,
     ) -> list[Terminal]:
+        """Terminals, oldest first (``local``: only this host's, those whose panes it may touch)."""
         sql = "SELECT * FROM terminal WHERE 1=1"
         args: list[Any] = []
+        if local and self.host is not None:
+            sql += " AND host = ?"
+            args.append(self.host)
         if not include_deleted:
             sql += " AND state NOT IN ('deleting', 'deleted')"
         if session_name is not None:

@@ -1,0 +1,423 @@
+"""Hosts: several cao-servers sharing one store (PostgreSQL), each driving only its own tmux.
+
+A host registers under its name (``CAO_HOST_NAME``, default the machine's hostname) with a lease it
+renews every ``CAO_HOST_HEARTBEAT`` seconds. A terminal belongs to the host whose tmux runs it:
+only that host's engine claims its mail, and only that host reads, types into or kills its pane
+(cao/panes.py refuses a foreign terminal). Any host answers for every terminal: the store is
+shared, and pane operations on another host's terminal are forwarded to that host's API with the
+shared token (:class:`Peers`). A host whose lease lapsed is *unreachable*: its terminals read
+``host_unreachable``, their mail waits (never failed by itself), nobody else delivers for them.
+
+Time: every host's clock is corrected by the database server's (:class:`StoreClock`), so leases,
+deadlines and timestamps written by different hosts agree however far off a host's own clock is.
+
+Fencing: a host renews its lease only while its row still names its own ``instance`` (a random
+token per process). A process that lost its name (an operator failed the host, or the name was
+taken on the same machine by a restart) stops: it can't renew, and its claims are refused inside
+the claim's own transaction (cao/store/base.py ``_holds_receiver``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cao.clock import Clock
+from cao.errors import CaoError, HostUnreachable, InvalidInput, NotFound
+from cao.names import quote_segment
+from cao.settings import Settings
+from cao.states import HostState, Status, WaitReason
+from cao.store import Host, Store, Terminal
+from cao.store.schema import SCHEMA_VERSION
+
+logger = logging.getLogger(__name__)
+
+FORWARD_TIMEOUT = 30.0  # a forwarded request (an output, a delete) may take a while there
+CONNECT_TIMEOUT = 3.0
+
+
+class StoreClock(Clock):
+    """The wall clock corrected by the database server's (``offset``, measured at every
+    heartbeat): what every host writes and compares is one time."""
+
+    def __init__(self, base: Clock) -> None:
+        self.base = base
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return self.base.now() + self.offset
+
+    def monotonic(self) -> float:
+        return self.base.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        self.base.sleep(seconds)
+
+
+def machine_id(home_tag: str) -> str:
+    """Where a host runs: the machine's id and the ``CAO_HOME`` it serves (its tag)."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path) as f:
+                ident = f.read().strip()
+        except OSError:
+            continue
+        if ident:
+            return f"{ident[:16]}:{home_tag}"
+    import socket
+
+    return f"{socket.gethostname()}:{home_tag}"
+
+
+def alive(host: Host, now: float) -> bool:
+    return host.state == HostState.UP and host.lease_until > now
+
+
+def host_view(host: Host, now: float, *, me: str | None, agents: int) -> dict[str, Any]:
+    # the host answering is alive whatever its row says (a SQLite file's one host renews nothing)
+    up = alive(host, now) or (host.name == me and host.state == HostState.UP)
+    return {
+        "name": host.name,
+        "url": host.url,
+        "version": host.version,
+        "schema_version": host.schema_version,
+        "state": host.state if not (host.state == HostState.UP and not up) else "lapsed",
+        "alive": up,
+        "this_host": host.name == me,
+        "pid": host.pid,
+        "started_at": host.started_at,
+        "heartbeat_age": round(max(0.0, now - host.heartbeat_at), 3),
+        "lease_left": round(host.lease_until - now, 3),
+        "agents": agents,
+        "note": host.note,
+    }
+
+
+class Peers:
+    """HTTP to the other hosts' APIs, with the shared token (a peer's URL comes from its own row)."""
+
+    def __init__(self, settings: Settings) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
+        headers["X-Cao-Forwarded"] = "1"
+        self.client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(FORWARD_TIMEOUT, connect=CONNECT_TIMEOUT),
+            trust_env=False,  # a peer is reached directly, never through an HTTP proxy
+            follow_redirects=False,
+        )
+
+    def request(
+        self,
+        host: Host,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, bytes, str]:
+        """One request to ``host``: (status, body, content type). :class:`HostUnreachable` when it
+        does not answer."""
+        import httpx
+
+        headers = {"Content-Type": content_type} if content_type else {}
+        try:
+            r = self.client.request(
+                method,
+                host.url + path,
+                params=params,
+                content=body,
+                headers=headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.HTTPError as exc:
+            raise HostUnreachable(
+                f"host {host.name} ({host.url}) did not answer: {type(exc).__name__}: "
+                f"{str(exc)[:200] or 'no answer'}; nothing was done there that cao knows of. Retry once it "
+                "is back (`cao hosts` shows it)"
+            ) from None
+        if r.status_code == 401:
+            raise HostUnreachable(
+                f"host {host.name} ({host.url}) refused this host's token: every host sharing a store "
+                "needs the same CAO_API_TOKEN"
+            )
+        return r.status_code, r.content, r.headers.get("content-type", "application/json")
+
+    def get_json(self, host: Host, path: str, *, params: Mapping[str, str] | None = None) -> Any:
+        import json
+
+        status, body, _ = self.request(host, "GET", path, params=params, timeout=5.0)
+        if status != 200:
+            raise HostUnreachable(f"host {host.name} answered {status} to GET {path}: {body[:200]!r}")
+        return json.loads(body)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class Hosts:
+    settings: Settings
+    store: Store
+    clock: Clock  # a StoreClock on a shared store: corrected at every heartbeat
+    home_tag: str
+    version: str
+    on_wake: Callable[[list[str]], None] = lambda _ids: None
+    on_fenced: Callable[[str], None] = lambda _why: None
+
+    def __post_init__(self) -> None:
+        self.name = self.settings.host_name
+        self.instance = secrets.token_hex(8)
+        self.machine = machine_id(self.home_tag)
+        self.fenced: str | None = None  # why this process may no longer act for its name
+        self.peers = Peers(self.settings)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._owners: dict[str, str | None] = {}  # terminal id -> host (never changes)
+        self.shared = self.store.path is None  # PostgreSQL: other hosts may share the store
+        self._rows: dict[str, Host] = {}  # host rows, as down_reason last read them
+        self._rows_read = float("-inf")
+
+    # -- time --------------------------------------------------------------------------------------
+    def measure_clock(self) -> None:
+        """Correct this host's clock by the database server's (half the round trip as the error)."""
+        if not isinstance(self.clock, StoreClock):
+            return
+        before = self.clock.base.now()
+        server = self.store.server_time()
+        after = self.clock.base.now()
+        if server is not None:
+            self.clock.offset = server - (before + after) / 2
+
+    # -- life --------------------------------------------------------------------------------------
+    def register(self) -> Host | None:
+        """Take this host's name in the store (409 when another process holds it, see
+        store/hosts.py); from now on the store's engine queries see only this host's terminals."""
+        self.measure_clock()
+        now = self.clock.now()
+        me = Host(
+            name=self.name,
+            instance=self.instance,
+            machine=self.machine,
+            url=self.settings.server_url,
+            version=self.version,
+            schema_version=SCHEMA_VERSION,
+            pid=os.getpid(),
+            started_at=now,
+            heartbeat_at=now,
+            lease_until=now + self.settings.host_lease,
+            state=HostState.UP.value,
+            note=None,
+        )
+        prev = self.store.register_host(me)
+        if self.shared:  # a SQLite file has one host: nothing to scope, nothing to fence
+            self.store.host = self.name
+            self.store.host_instance = self.instance
+        logger.info(
+            "host registered",
+            extra={
+                "host": self.name,
+                "url": me.url,
+                "took_over": prev is not None and prev.instance != me.instance,
+            },
+        )
+        return prev
+
+    def start(self) -> None:
+        if not self.shared:
+            return  # one host on a SQLite file: nothing to renew, nobody to hear from
+        for target, name in ((self._heartbeat_loop, "cao-heartbeat"), (self._listen, "cao-wakes")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self.fenced is None and self.store.host is not None:
+            try:
+                self.store.stop_host(self.name, self.instance)
+            except CaoError:
+                logger.warning("host not marked stopped (the store did not answer); its lease lapses")
+        self.peers.close()
+
+    def heartbeat(self) -> bool:
+        """One renewal (the loop's step): False once this process lost its name."""
+        if self.fenced is not None:
+            return False
+        try:
+            self.measure_clock()
+            version = self.store.schema_version()
+            if version > SCHEMA_VERSION:  # a newer cao moved the store on while this one was away
+                self.fence(
+                    f"the store was moved to schema {version} by a newer cao; this cao understands up to "
+                    f"{SCHEMA_VERSION}: upgrade it, then start it again"
+                )
+                return False
+            if self.store.renew_host(self.name, self.instance, self.settings.host_lease):
+                return True
+        except CaoError as exc:
+            logger.warning("host lease not renewed (the store did not answer)", extra={"error": exc.message})
+            return True  # nobody can take the name while the store is away; the claim fences anyway
+        try:
+            row = self.store.get_host(self.name)
+            why = (
+                f"host {self.name} was failed by an operator ({row.note})"
+                if row.state == HostState.FAILED
+                else f"host name {self.name} was taken by another cao-server (pid {row.pid}, {row.url})"
+            )
+        except CaoError:
+            why = f"host {self.name}'s row is gone from the store"
+        self.fence(why)
+        return False
+
+    def fence(self, why: str) -> None:
+        if self.fenced is None:
+            self.fenced = why
+            logger.error("this cao-server lost its host name; it stops acting for it", extra={"reason": why})
+            self.on_fenced(why)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.settings.host_heartbeat):
+            if not self.heartbeat():
+                return
+
+    def _listen(self) -> None:
+        self.store.listen_wakes(self._heard, self._stop)
+
+    def _heard(self, receiver_ids: list[str]) -> None:
+        mine = [rid for rid in receiver_ids if self.owner(rid) == self.name]
+        if mine or not receiver_ids:
+            self.on_wake(mine)
+
+    # -- who owns what -----------------------------------------------------------------------------
+    def owner(self, terminal_id: str) -> str | None:
+        """The host a terminal belongs to (cached: it never changes); None when unknown."""
+        if terminal_id in self._owners:
+            return self._owners[terminal_id]
+        try:
+            host = self.store.host_of(terminal_id)
+        except CaoError:
+            return None
+        if host is not None:
+            self._owners[terminal_id] = host
+        return host
+
+    def is_foreign(self, terminal: Terminal | str) -> bool:
+        if not self.shared:
+            return False  # a SQLite file has one host: no read on the hot path
+        host = terminal.host if isinstance(terminal, Terminal) else self.owner(terminal)
+        return host is not None and host != self.name
+
+    def peer(self, name: str) -> Host:
+        """Another host's row, to reach it: :class:`HostUnreachable` when its lease lapsed."""
+        try:
+            host = self.store.get_host(name)
+        except NotFound:
+            raise InvalidInput(self.unknown_host(name)) from None
+        if not alive(host, self.clock.now()):
+            raise HostUnreachable(self.down_message(host))
+        return host
+
+    def unknown_host(self, name: str) -> str:
+        known = ", ".join(h.name for h in self.store.list_hosts()) or "none"
+        return f"host {name!r} is not one of this store's hosts ({known}); see `cao hosts`"
+
+    def down_message(self, host: Host) -> str:
+        now = self.clock.now()
+        if host.state == HostState.FAILED:
+            return f"host {host.name} was failed by an operator ({host.note}); its terminals are gone"
+        since = f"its heartbeat stopped {max(0.0, now - host.heartbeat_at):.0f} s ago"
+        if host.state == HostState.STOPPED:
+            since = "its cao-server was stopped"
+        return (
+            f"host {host.name} ({host.url}) is unreachable: {since}. Its terminals' mail waits for it "
+            "(nothing is failed); start its cao-server again, or give up on it with "
+            f"`cao hosts fail {host.name}`"
+        )
+
+    def down_reason(self, terminal_id: str) -> str | None:
+        """Why another host's terminal can't be reached now (its lease lapsed, it stopped or was
+        failed), else None. Host rows are read at most once a second for a listing's many rows."""
+        host = self.owner(terminal_id)
+        if host is None or host == self.name:
+            return None
+        now = self.clock.now()
+        if now - self._rows_read > 1.0:
+            self._rows = {h.name: h for h in self.store.list_hosts()}
+            self._rows_read = now
+        row = self._rows.get(host)
+        if row is None or alive(row, now):
+            return None
+        return f"{WaitReason.HOST_UNREACHABLE.value}: {self.down_message(row)}"
+
+    # -- asking another host ----------------------------------------------------------------------
+    def ask(self, name: str, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+        """One JSON request to host ``name``; its error answer raised as it came (status, words)."""
+        host = self.peer(name)
+        body = None if payload is None else json.dumps(payload).encode()
+        status, content, _ = self.peers.request(
+            host, method, path, body=body, content_type="application/json" if body else None
+        )
+        try:
+            data = json.loads(content) if content else {}
+        except ValueError:
+            data = {"detail": content[:200].decode("utf-8", "replace")}
+        if status >= 400:
+            detail = data.get("detail") if isinstance(data, dict) else None
+            err = CaoError(f"host {name}: {detail if isinstance(detail, str) else data}")
+            err.status_code = status
+            raise err
+        return data
+
+    def create_on(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        """A terminal created by host ``name`` (its tmux runs it): a new session, or one more
+        terminal in ``params['session_name']`` when ``new_session`` is false."""
+        params = {k: v for k, v in params.items() if v is not None}
+        new_session = params.pop("new_session", True)
+        if new_session:
+            return dict(self.ask(name, "POST", "/sessions", params))
+        session = str(params.pop("session_name"))
+        return dict(self.ask(name, "POST", f"/sessions/{quote_segment(session)}/terminals", params))
+
+    def delete_session_on(self, name: str, session: str) -> list[str]:
+        """Host ``name`` deletes its terminals of ``session``: their ids."""
+        done = self.ask(name, "DELETE", f"/sessions/{quote_segment(session)}")
+        return [str(t) for t in done.get("deleted_terminals", [])]
+
+    # -- statuses of other hosts' terminals --------------------------------------------------------
+    def remote_statuses(self, terminals: Sequence[Terminal]) -> dict[str, str]:
+        """Live statuses of other hosts' terminals: one request per host (its own batched look);
+        ``host_unreachable`` for a host that is down or does not answer."""
+        by_host: dict[str, list[Terminal]] = {}
+        for t in terminals:
+            by_host.setdefault(str(t.host), []).append(t)
+        out: dict[str, str] = {}
+        for name, rows in by_host.items():
+            try:
+                host = self.peer(name)
+                listing = self.peers.get_json(host, "/terminals", params={"host": name})
+                found = {str(v.get("id")): str(v.get("status")) for v in listing if isinstance(v, dict)}
+            except CaoError as exc:
+                logger.debug("remote statuses not read", extra={"host": name, "error": exc.message})
+                found = {}
+            for t in rows:
+                out[t.id] = found.get(t.id) or Status.HOST_UNREACHABLE.value
+        return out
+
+    def listing(self) -> list[dict[str, Any]]:
+        now = self.clock.now()
+        counts = self.store.host_terminal_counts()
+        return [
+            host_view(h, now, me=self.name, agents=counts.get(h.name, 0)) for h in self.store.list_hosts()
+        ]

@@ -1,0 +1,158 @@
+"""Host rows: the cao-servers sharing one store, their leases, and which terminals each one owns
+(cao/hosts.py runs them; docs/multi-host.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cao.errors import Conflict, NotFound
+from cao.states import RECEIVER_GONE, HostState
+from cao.store.base import _row
+from cao.store.schema import Host
+from cao.store.terminals import TerminalRows
+
+
+class HostRows(TerminalRows):
+    # -- time ------------------------------------------------------------------------------------
+    def server_time(self) -> float | None:
+        """The database server's clock (PostgreSQL), None for a SQLite file (its clock is ours)."""
+        if self.path is not None:
+            return None
+        with self._read() as conn:
+            return float(conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0])
+
+    # -- registration and the lease --------------------------------------------------------------
+    def register_host(self, me: Host) -> Host | None:
+        """Take ``me.name`` for this process (``me.instance``), with a lease from now; the row it
+        replaced, if any. Refused (409, nothing written) while another process holds the name and
+        may still act for it: its lease is live, or it ran on another machine and was not failed by
+        an operator (its terminals are still its own)."""
+        now = self.clock()
+        me.heartbeat_at = now
+        with self._write() as conn:
+            row = conn.execute("SELECT * FROM host WHERE name = ?", (me.name,)).fetchone()
+            prev = None if row is None else _row(Host, row)
+            # the same machine and home may take it over at once, live lease or not: the home's
+            # lock is ours (cao/server.py), so the process that held it is gone
+            if (
+                prev is not None
+                and prev.instance != me.instance
+                and prev.state != HostState.FAILED
+                and prev.machine != me.machine
+            ):
+                raise Conflict(_other_machine(prev, me, now))
+            values = me.model_dump()
+            cols = ", ".join(values)
+            marks = ", ".join(f":{k}" for k in values)
+            updates = ", ".join(f"{k} = excluded.{k}" for k in values if k != "name")
+            conn.execute(
+                f"INSERT INTO host ({cols}) VALUES ({marks}) ON CONFLICT (name) DO UPDATE SET {updates}",
+                values,
+            )
+            if self.path is None:
+                # PostgreSQL: terminals from before hosts (schema 13) are the first host's to start.
+                # (A SQLite file has one host: its terminals keep no host, so a renamed machine
+                # still owns them.)
+                conn.execute("UPDATE terminal SET host = ? WHERE host IS NULL", (me.name,))
+        return prev
+
+    def renew_host(self, name: str, instance: str, lease: float) -> bool:
+        """Extend this process's lease; False when the row no longer names it (it lost its name:
+        it must stop acting for it at once)."""
+        now = self.clock()
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE host SET heartbeat_at = ?, lease_until = ? WHERE name = ? AND instance = ? "
+                "AND state = 'up'",
+                (now, now + lease, name, instance),
+            )
+            return bool(cur.rowcount == 1)
+
+    def stop_host(self, name: str, instance: str) -> None:
+        """A clean stop: the lease ends now (peers see it down at once); its terminals wait for it."""
+        now = self.clock()
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE host SET state = 'stopped_cleanly', lease_until = ?, note = 'stopped cleanly' "
+                "WHERE name = ? AND instance = ? AND state = 'up'",
+                (now, name, instance),
+            )
+
+    def list_hosts(self) -> list[Host]:
+        with self._read() as conn:
+            rows = conn.execute("SELECT * FROM host ORDER BY name").fetchall()
+        return [_row(Host, r) for r in rows]
+
+    def get_host(self, name: str) -> Host:
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM host WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"host {name} is not known to this store; list hosts with `cao hosts`")
+        return _row(Host, row)
+
+    def host_of(self, terminal_id: str) -> str | None:
+        """The host a terminal belongs to (None: not found, or a row from before hosts)."""
+        with self._read() as conn:
+            row = conn.execute("SELECT host FROM terminal WHERE id = ?", (terminal_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def host_terminal_counts(self) -> dict[str, int]:
+        """Terminals not ended, per host."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT host, COUNT(*) FROM terminal WHERE state IN ('starting', 'live') GROUP BY host"
+            ).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows if r[0] is not None}
+
+    def fail_host(self, name: str, *, reason: str) -> dict[str, Any]:
+        """An operator gives up on a host that is down: its terminals are gone for good, their
+        undelivered mail fails (``receiver_gone``), and its name is free for another machine. A
+        host whose lease is live is refused (409): stop it, or wait for its lease to lapse."""
+        now = self.clock()
+        with self._write() as conn:
+            row = conn.execute("SELECT * FROM host WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise NotFound(f"host {name} is not known to this store; list hosts with `cao hosts`")
+            host = _row(Host, row)
+            if host.state == HostState.UP and host.lease_until > now:
+                raise Conflict(
+                    f"host {name} is up (its lease runs {host.lease_until - now:.0f} s more, heartbeat "
+                    f"{max(0.0, now - host.heartbeat_at):.1f} s ago); nothing was changed. Stop its "
+                    "cao-server, or wait until `cao hosts` shows it down, then fail it"
+                )
+            ids = [
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT id FROM terminal WHERE host = ? AND state IN ('starting', 'live')", (name,)
+                ).fetchall()
+            ]
+            failed = 0
+            why = f"its host {name} was failed by an operator: {reason}"
+            for tid in ids:
+                conn.execute(
+                    "UPDATE terminal SET state = 'gone', status = 'gone', gone_reason = ?, last_active = ? "
+                    "WHERE id = ?",
+                    (why, now, tid),
+                )
+                failed += self._fail_mail(conn, tid, f"{RECEIVER_GONE}: {why}")
+            conn.execute(
+                "UPDATE host SET state = 'failed', lease_until = ?, note = ? WHERE name = ?",
+                (min(host.lease_until, now), reason, name),
+            )
+        return {"host": name, "terminals_gone": ids, "messages_failed": failed}
+
+
+def _other_machine(prev: Host, me: Host, now: float) -> str:
+    if prev.state == HostState.UP and prev.lease_until > now:
+        ago = now - prev.heartbeat_at
+        held = f"is held by a running cao-server (pid {prev.pid}, {prev.url}, heartbeat {ago:.0f} s ago)"
+    else:
+        held = (
+            f"belongs to a cao-server on another machine or CAO_HOME ({prev.url}, {prev.state}), whose "
+            "terminals are still its own"
+        )
+    return (
+        f"host name {me.name} {held}; nothing was changed. Give this server its own name "
+        f"(CAO_HOST_NAME), or, if that host is gone for good, fail it first: `cao hosts fail {me.name}` "
+        "(its terminals become gone and their mail fails)"
+    )

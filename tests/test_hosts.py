@@ -1,0 +1,312 @@
+"""Several cao-servers ("hosts") sharing one PostgreSQL store (cao/hosts.py, docs/multi-host.md).
+
+Each host here is a real cao-server with its own CAO_HOME and its own tmux server, all on one
+database of the test PostgreSQL server. A delivery is proven by the receiving agent's own record,
+on the host whose tmux runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import REPO, ServerProcess, received_bodies, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAST_HOSTS = {
+    "CAO_SCRIPTED_RECORD": "1",  # the agents keep what they received: the proof of each delivery
+    "CAO_HOST_HEARTBEAT": "0.2",
+    "CAO_HOST_LEASE": "1.5",
+    # the sweep would find cross-host mail by itself after 30 s + 30 s: these tests must not lean on it
+    "CAO_INBOX_RECONCILE_INTERVAL": "600",
+}
+
+
+class Hosts:
+    """cao-servers on one database, each with its own home and tmux server; all stopped at the end."""
+
+    def __init__(self, root: Path, url: str) -> None:
+        self.root = root
+        self.url = url
+        self.servers: dict[str, ServerProcess] = {}
+        self.sockets: list[str] = []
+        self._clients: dict[str, httpx.Client] = {}
+        self.all: list[ServerProcess] = []  # every server started, also one a later start replaced
+
+    def start(self, name: str, *, home: str | None = None, **env: str) -> ServerProcess:
+        socket = f"cao-test-{uuid.uuid4().hex[:8]}"
+        self.sockets.append(socket)
+        srv = ServerProcess(
+            self.root / (home or name),
+            socket,
+            REPO,
+            CAO_DATABASE_URL=self.url,
+            CAO_HOST_NAME=name,
+            **{**FAST_HOSTS, **env},
+        )
+        self.servers[name] = srv
+        self.all.append(srv)
+        return srv.start()
+
+    def client(self, name: str) -> httpx.Client:
+        srv = self.servers[name]
+        if name not in self._clients or self._clients[name].base_url != httpx.URL(srv.url):
+            self._clients[name] = srv.client()
+        return self._clients[name]
+
+    def stop(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        for srv in self.all:
+            srv.stop()
+        for socket in self.sockets:
+            subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def hosts(tmp_path: Path, pg_url: str) -> Iterator[Hosts]:
+    made = Hosts(tmp_path, pg_url)
+    yield made
+    made.stop()
+
+
+def _launch(client: httpx.Client, **body: object) -> dict[str, object]:
+    r = client.post("/sessions", json={"provider": "scripted", **body})
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def _idle(client: httpx.Client, tid: str) -> bool:
+    return client.get(f"/terminals/{tid}").json().get("status") == "idle"
+
+
+def test_every_host_registers_and_lists_the_others(hosts: Hosts):
+    for name in ("a", "b", "c"):
+        hosts.start(name)
+    for name in ("a", "b", "c"):
+        listed = hosts.client(name).get("/hosts").json()
+        assert [h["name"] for h in listed] == ["a", "b", "c"]
+        assert all(h["alive"] and h["state"] == "up" for h in listed), listed
+        assert [h["name"] for h in listed if h["this_host"]] == [name]
+        assert hosts.client(name).get("/info").json()["host"] == name
+
+
+def test_a_terminal_runs_on_the_host_named_and_every_host_reaches_it(hosts: Hosts):
+    a, b, c = (hosts.start(n) for n in ("a", "b", "c"))
+    term = _launch(hosts.client("a"), host="b")
+    tid = str(term["id"])
+    assert term["host"] == "b"
+    # its pane is in b's tmux, and in no other host's
+    panes = {
+        n: subprocess.run(
+            ["tmux", "-L", srv.socket_name, "list-panes", "-a", "-F", "#{@cao_terminal}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        for n, srv in hosts.servers.items()
+    }
+    assert tid in panes["b"] and tid not in panes["a"] and tid not in panes["c"], panes
+    for name in ("a", "c"):  # status and output of b's terminal, read through a and c
+        wait_until(lambda name=name: _idle(hosts.client(name), tid), timeout=20, what=f"idle via {name}")
+        listed = {t["id"]: t for t in hosts.client(name).get("/terminals").json()}
+        assert listed[tid]["status"] == "idle" and listed[tid]["host"] == "b"
+        out = hosts.client(name).get(f"/terminals/{tid}/output", params={"mode": "full"})
+        assert out.status_code == 200, out.text
+    # mail from every host, each message once, to the agent on b
+    markers = []
+    for i, name in enumerate(["a", "b", "c"] * 3):
+        marker = f"m{i}-{uuid.uuid4().hex[:6]}"
+        markers.append(marker)
+        r = hosts.client(name).post(
+            f"/terminals/{tid}/inbox/messages", json={"message": marker, "sender_id": name}
+        )
+        assert r.status_code == 201, r.text
+    wait_until(
+        lambda: all(any(m in body for body in received_bodies(b.home, tid)) for m in markers),
+        timeout=30,
+        what="every message at the agent on b",
+    )
+    bodies = received_bodies(b.home, tid)
+    assert all(sum(body.count(m) for body in bodies) == 1 for m in markers), bodies
+    assert received_bodies(a.home, tid) == [] and received_bodies(c.home, tid) == []
+    # typed input and delete go to b too
+    r = hosts.client("c").delete(f"/terminals/{tid}")
+    assert r.status_code == 200, r.text
+    wait_until(
+        lambda: (
+            tid
+            not in subprocess.run(
+                ["tmux", "-L", b.socket_name, "list-panes", "-a", "-F", "#{@cao_terminal}"],
+                capture_output=True,
+                text=True,
+            ).stdout
+        ),
+        what="its pane killed on b",
+    )
+
+
+def test_a_name_held_by_a_live_host_is_refused(hosts: Hosts):
+    hosts.start("a")
+    twin = ServerProcess(
+        hosts.root / "twin",
+        f"cao-test-{uuid.uuid4().hex[:8]}",
+        REPO,
+        CAO_DATABASE_URL=hosts.url,
+        CAO_HOST_NAME="a",
+    )
+    with pytest.raises(AssertionError, match="host name a is held by a running cao-server"):
+        twin.start()
+    twin.stop()
+    listed = hosts.client("a").get("/hosts").json()
+    assert len(listed) == 1 and listed[0]["alive"]
+
+
+def test_a_host_that_stops_reads_unreachable_and_its_mail_waits_for_it(hosts: Hosts):
+    hosts.start("a")
+    b = hosts.start("b")
+    tid = str(_launch(hosts.client("a"), host="b")["id"])
+    wait_until(lambda: _idle(hosts.client("a"), tid), timeout=20, what="idle")
+    b.kill()  # no clean stop: its lease lapses
+    wait_until(
+        lambda: hosts.client("a").get(f"/terminals/{tid}").json().get("status") == "host_unreachable",
+        timeout=10,
+        what="host_unreachable",
+    )
+    wait_until(
+        lambda: {h["name"]: h for h in hosts.client("a").get("/hosts").json()}["b"]["state"] == "lapsed",
+        timeout=10,
+        what="b's lease lapsed",
+    )
+    marker = f"held-{uuid.uuid4().hex[:6]}"
+    r = hosts.client("a").post(f"/terminals/{tid}/inbox/messages", json={"message": marker})
+    assert r.status_code == 201, r.text
+    mid = r.json()["message_id"]
+    msg = hosts.client("a").get(f"/messages/{mid}").json()
+    assert msg["status"] == "pending" and "host" in str(msg.get("waiting_reason")), msg
+    out = hosts.client("a").post(f"/terminals/{tid}/input", json={"message": "hello"})
+    assert out.status_code == 503 and "host b" in out.json()["detail"], out.text
+    b.start()  # the same home: it re-adopts its pane and delivers what waited, once
+    wait_until(lambda: hosts.client("a").get(f"/messages/{mid}").json()["status"] == "delivered", timeout=20)
+    assert sum(body.count(marker) for body in received_bodies(b.home, tid)) == 1
+
+
+def test_an_operator_fails_a_host_that_is_down(hosts: Hosts):
+    hosts.start("a")
+    b = hosts.start("b")
+    tid = str(_launch(hosts.client("a"), host="b")["id"])
+    r = hosts.client("a").post("/hosts/b/fail", json={"reason": "too soon"})
+    assert r.status_code == 409 and "is up" in r.json()["detail"], r.text
+    b.kill()
+    wait_until(
+        lambda: not {h["name"]: h for h in hosts.client("a").get("/hosts").json()}["b"]["alive"], timeout=10
+    )
+    mid = (
+        hosts.client("a")
+        .post(f"/terminals/{tid}/inbox/messages", json={"message": "lost"})
+        .json()["message_id"]
+    )
+    r = hosts.client("a").post("/hosts/b/fail", json={"reason": "machine lost"})
+    assert r.status_code == 200, r.text
+    assert r.json()["terminals_gone"] == [tid] and r.json()["messages_failed"] == 1
+    msg = hosts.client("a").get(f"/messages/{mid}").json()
+    assert msg["status"] == "failed", msg
+    # its name is free now, also for another machine or home
+    hosts.start("b", home="b-new")
+    assert {h["name"]: h for h in hosts.client("a").get("/hosts").json()}["b"]["alive"]
+
+
+def test_a_host_another_home_held_is_refused_until_failed(hosts: Hosts):
+    a = hosts.start("a")
+    a.stop()  # a clean stop: nobody holds the name, but its terminals are still a's
+    other = ServerProcess(
+        hosts.root / "elsewhere",
+        f"cao-test-{uuid.uuid4().hex[:8]}",
+        REPO,
+        CAO_DATABASE_URL=hosts.url,
+        CAO_HOST_NAME="a",
+    )
+    with pytest.raises(AssertionError, match="belongs to a cao-server on another machine or CAO_HOME"):
+        other.start()
+    other.stop()
+
+
+def test_a_cross_host_send_wakes_the_owning_host_at_once(hosts: Hosts):
+    """With the sweep 10 minutes away and the receiver's log not watched (nothing was waiting),
+    only the store's wake (LISTEN/NOTIFY) can bring the owning host to deliver."""
+    hosts.start("a")
+    b = hosts.start("b")
+    tid = str(_launch(hosts.client("b"))["id"])
+    wait_until(lambda: _idle(hosts.client("b"), tid), timeout=20, what="idle")
+    marker = f"wake-{uuid.uuid4().hex[:6]}"
+    r = hosts.client("a").post(f"/terminals/{tid}/inbox/messages", json={"message": marker})
+    assert r.status_code == 201
+    wait_until(lambda: any(marker in x for x in received_bodies(b.home, tid)), timeout=15, what="delivered")
+
+
+# -- a host's clock, an older host, a newer store ---------------------------------------------------
+def test_a_host_whose_clock_is_an_hour_off_writes_the_store_s_time(tmp_path: Path, pg_url: str):
+    """Leases, deadlines and timestamps written by hosts with different clocks must agree: each
+    host corrects its clock by the database server's."""
+    from cao.clock import Clock
+    from cao.hosts import Hosts as HostsOf
+    from cao.hosts import StoreClock
+    from cao.settings import Settings
+    from cao.store import Store
+
+    class AnHourAhead(Clock):
+        def now(self) -> float:
+            return time.time() + 3600
+
+    clock = StoreClock(AnHourAhead())
+    store = Store(pg_url, clock=clock.now)
+    hosts = HostsOf(Settings(home=tmp_path, host_name="skewed"), store, clock, "tag", "0")
+    try:
+        assert abs(clock.now() - time.time() - 3600) < 1
+        hosts.register()
+        assert abs(clock.now() - time.time()) < 1  # the store's time now, not its own
+        row = store.get_host("skewed")
+        assert abs(row.heartbeat_at - time.time()) < 2 and row.lease_until > time.time()
+    finally:
+        hosts.stop()
+        store.close()
+
+
+def test_a_newer_cao_does_not_migrate_a_store_under_hosts_running_an_older_one(pg_url: str):
+    from cao.errors import SchemaTooNew
+    from cao.store import Store
+    from cao.store.schema import SCHEMA_VERSION
+
+    Store(pg_url).close()
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        old = SCHEMA_VERSION - 1
+        conn.execute("UPDATE store_meta SET value = %s WHERE key = 'schema'", (old,))
+        conn.execute(
+            "INSERT INTO host (name, instance, machine, url, version, schema_version, pid, started_at, "
+            "heartbeat_at, lease_until, state) VALUES ('old-1', 'i', 'm', 'http://old-1:9889', '0.0.9', "
+            "%s, 1, 0, extract(epoch from now()), extract(epoch from now()) + 600, 'up')",
+            (old,),
+        )
+    with pytest.raises(SchemaTooNew, match=r"old-1 \(cao 0.0.9, schema"):
+        Store(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # its lease lapsed: migrating is fine
+        conn.execute("UPDATE host SET lease_until = 0")
+    Store(pg_url).close()
+
+
+def test_a_host_stops_when_a_newer_cao_moved_the_store_on(hosts: Hosts):
+    a = hosts.start("a")
+    import psycopg
+
+    with psycopg.connect(hosts.url, autocommit=True) as conn:
+        conn.execute("UPDATE store_meta SET value = 999 WHERE key = 'schema'")
+    assert a.proc is not None
+    a.proc.wait(timeout=20)  # it exits by itself
+    assert "moved to schema 999 by a newer cao" in a.log()
