@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -342,3 +343,35 @@ def test_the_session_view_shows_its_board_and_follows_writes_live(browser, team,
     # writing told the page, and nobody else: neither agent was handed anything
     assert read_records(srv.home, boss) == [] and read_records(srv.home, worker) == []
     assert errors == []
+
+
+def test_the_hosts_panel_shows_every_host_and_one_that_stops(browser, tmp_path: Path, pg_url: str):
+    """Two cao-servers sharing a PostgreSQL store: the fleet view lists both hosts, each agent with
+    its host, and a host whose heartbeat stops turns lapsed (docs/multi-host.md)."""
+    fast = {"CAO_DATABASE_URL": pg_url, "CAO_HOST_HEARTBEAT": "0.2", "CAO_HOST_LEASE": "1.5"}
+    servers = []
+    try:
+        for name in ("alpha", "beta"):
+            sock = f"cao-test-{os.urandom(4).hex()}"
+            servers.append(ServerProcess(tmp_path / name, sock, REPO, CAO_HOST_NAME=name, **fast).start())
+        alpha, beta = servers
+        with alpha.client() as c:
+            tid = c.post("/sessions", json={"host": "beta"}).json()["id"]
+            wait_until(lambda: c.get(f"/terminals/{tid}").json()["status"] == "idle", what="idle")
+        page = browser.new_page(viewport={"width": 1400, "height": 800})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(alpha.url + "/")
+        page.wait_for_selector("[data-testid=host-alpha][data-status=alive]")
+        page.wait_for_selector("[data-testid=host-beta][data-status=alive]")
+        assert page.locator(f"[data-testid=host-of-{tid}]").inner_text() == "beta"
+        assert page.locator("select[name=host]").input_value() == "alpha"  # a new agent: here by default
+        beta.kill()
+        page.wait_for_selector("[data-testid=host-beta][data-status=lapsed]", timeout=15_000)
+        page.wait_for_selector(f"[data-testid=status-{tid}][data-status=host_unreachable]", timeout=15_000)
+        _shot(page, "hosts", tmp_path)
+        assert errors == []
+    finally:
+        for srv in servers:
+            srv.stop()
+            subprocess.run(["tmux", "-L", srv.socket_name, "kill-server"], capture_output=True)

@@ -14,6 +14,7 @@ const state = {
   attention: null, // GET /terminals/{id}/attention of the terminal view's agent
   notifications: [], // GET /notifications: worker events (finished, blocked, failed, exited), oldest first
   board: null, // GET /sessions/{name}/board of the session view's session
+  hosts: [], // GET /hosts: the cao-servers sharing the store (docs/multi-host.md)
 };
 const ME = "dashboard"; // who the dashboard acts as (a person, never an agent): on the timeline
 const PRIORITIES = ["urgent", "high", "normal", "low"];
@@ -76,6 +77,16 @@ async function loadTerminals() {
   }
   for (const id of [...state.terminals.keys()]) if (!seen.has(id)) state.terminals.delete(id);
 }
+
+// The hosts sharing the store: no event tells of a heartbeat that stopped, so read every few seconds.
+async function loadHosts() {
+  try {
+    state.hosts = await api("/hosts");
+  } catch (err) {
+    state.hosts = [];
+  }
+}
+const manyHosts = () => state.hosts.length > 1;
 
 async function loadMessages() {
   const list = await api("/messages?limit=500");
@@ -239,10 +250,12 @@ function renderFleet() {
         <label>provider <select name="provider">${state.providers.map((p) => `<option${p === state.defaultProvider ? " selected" : ""}>${esc(p)}</option>`).join("")}</select></label>
         <label>profile <input name="agent_profile" placeholder="developer" size="14"></label>
         <label>session <input name="session_name" placeholder="(new)" size="14"></label>
+        <label id="host-choice" hidden>host <select name="host"></select></label>
         <button type="submit">Create</button>
       </form>
       <h2>Needs attention</h2>
       <div id="needs"></div>
+      <div id="hosts-panel"></div>
       <h2>Fleet</h2>
       <div id="fleet"></div>`;
     $("#create").addEventListener("submit", async (e) => {
@@ -261,13 +274,16 @@ function renderFleet() {
     });
   }
   renderNeeds();
+  renderHosts();
   const rows = fleetRows();
+  const hostCol = manyHosts();
   $("#fleet").innerHTML = rows.length === 0 ? `<div class="empty">No agents yet. Create one above, or run <code class="mono">cao launch</code>.</div>` : `
-    <table><thead><tr><th>terminal</th><th>session</th><th>provider</th><th>profile</th><th>status</th>
+    <table><thead><tr><th>terminal</th>${hostCol ? "<th>host</th>" : ""}<th>session</th><th>provider</th><th>profile</th><th>status</th>
       <th>for</th><th>inbox</th><th>branch</th><th></th></tr></thead><tbody>
     ${rows.map(([t, depth]) => `
       <tr class="${depth ? "worker" : ""}" data-terminal="${esc(t.id)}">
         <td class="mono"><a href="#/t/${esc(t.id)}">${esc(t.id)}</a> <span class="dim">${esc(t.name)}</span></td>
+        ${hostCol ? `<td class="mono" data-testid="host-of-${esc(t.id)}">${esc(t.host)}</td>` : ""}
         <td class="mono"><a href="#/s/${esc(t.session_name)}">${esc(t.session_name)}</a></td>
         <td>${esc(t.provider)}</td>
         <td>${esc(t.agent_profile)}</td>
@@ -291,6 +307,39 @@ function renderFleet() {
       }
     };
   }
+}
+
+// The hosts panel (only when several cao-servers share the store): alive or not, version,
+// heartbeat, agents; the create form's host choice follows it.
+function renderHosts() {
+  const panel = $("#hosts-panel");
+  if (!panel) return;
+  const choice = $("#host-choice");
+  if (!manyHosts()) {
+    panel.innerHTML = "";
+    if (choice) choice.hidden = true;
+    return;
+  }
+  if (choice) {
+    const select = choice.querySelector("select");
+    const picked = select.value;
+    select.innerHTML = state.hosts.map((h) => `<option${h.this_host ? " selected" : ""}>${esc(h.name)}</option>`).join("");
+    if (picked && state.hosts.some((h) => h.name === picked)) select.value = picked;
+    choice.hidden = false;
+  }
+  panel.innerHTML = `
+    <h2>Hosts</h2>
+    <table><thead><tr><th>host</th><th>state</th><th>url</th><th>version</th><th>heartbeat</th><th>agents</th></tr></thead><tbody>
+    ${state.hosts.map((h) => `
+      <tr data-host="${esc(h.name)}">
+        <td class="mono">${esc(h.name)}${h.this_host ? ' <span class="dim">(this one)</span>' : ""}</td>
+        <td>${badge(h.alive ? "alive" : h.state, `host-${h.name}`)}${h.note ? `<div class="why">${esc(h.note)}</div>` : ""}</td>
+        <td class="mono">${esc(h.url)}</td>
+        <td>${esc(h.version)}</td>
+        <td class="dim">${span(h.heartbeat_age)} ago</td>
+        <td>${esc(h.agents)}</td>
+      </tr>`).join("")}
+    </tbody></table>`;
 }
 
 // Who waits for a person now (a prompt, an error, a screen nothing reads) and the latest worker
@@ -688,7 +737,7 @@ async function start() {
     const health = await api("/health");
     state.providers = health.providers || [];
     state.defaultProvider = health.default_provider || state.defaultProvider;
-    await Promise.all([loadTerminals(), loadMessages(), loadNotifications()]);
+    await Promise.all([loadTerminals(), loadMessages(), loadNotifications(), loadHosts()]);
   } catch (err) {
     if (!main.querySelector(".login")) toast(err.message);
     return;
@@ -696,6 +745,12 @@ async function start() {
   window.addEventListener("hashchange", route);
   route();
   connectEvents();
+  setInterval(async () => {
+    await loadHosts();
+    // other hosts' agents change status without an event here: read them again too
+    if (manyHosts()) await loadTerminals().catch(() => {});
+    if ($("#fleet")) renderFleet();
+  }, 3000);
   setInterval(() => {
     for (const el of document.querySelectorAll("[data-since]")) el.textContent = ago(state.since.get(el.dataset.since));
     for (const el of document.querySelectorAll("[data-ago]")) el.textContent = ago(Number(el.dataset.ago));
