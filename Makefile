@@ -15,7 +15,7 @@ help:
 	@echo "make test    - install what the tests need, then run the whole suite (every tier)"
 	@echo "make test-fast | test-integration | test-realcli | test-browser - one tier (docs/testing.md)"
 	@echo "make prepare - only install what the tests need (TIERS='realcli browser' for some)"
-	@echo "make bench   - inbox benchmark (prints a table, writes bench-results/inbox.json)"
+	@echo "make bench   - inbox benchmark (prints a table, writes bench-results/inbox.json); BENCH_ARGS=--multi-host: two hosts on PostgreSQL"
 	@echo "make lint    - ruff and mypy"
 	@echo "make docs    - regenerate docs/cli.md from --help and docs/providers.md's knob table"
 	@echo "make screens - re-capture the real CLIs' screens (tests/screens) after a CLI update"
@@ -42,7 +42,7 @@ prepare: setup
 	$(BIN)/python -m tests.prepare $(TIERS)
 
 bench: setup
-	$(BIN)/python -m cao.bench
+	$(BIN)/python -m cao.bench $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check cao providers tests

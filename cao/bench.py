@@ -104,7 +104,7 @@ def _proc_threads(pid: int) -> int:
 class Bench:
     def __init__(self, home: Path, extra_env: dict[str, str] | None = None) -> None:
         self.home = home
-        self.socket = f"cao-bench-{os.getpid()}"
+        self.socket = f"cao-bench-{os.getpid()}-{home.name}"
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmux = Tmux(self.socket)
@@ -218,12 +218,13 @@ class Bench:
             time.sleep(0.1)
 
     # -- scenarios ------------------------------------------------------------------------------
-    def send_and_visible(self, tid: str, n: int) -> dict[str, Any]:
+    def send_and_visible(self, tid: str, n: int, via: httpx.Client | None = None) -> dict[str, Any]:
+        """``via``: another host's API (the multi-host run): the send crosses hosts."""
         req, vis = [], []
         for i in range(n):
             token = f"tok-sv-{i}-{time.time_ns()}"
             start = time.time()
-            req.append(self.send(tid, token))
+            req.append(self.send(tid, token, via))
             self.wait_tokens([tid], {token}, 10)
             _, when, _ = self.received_tokens([tid])
             vis.append(when[token] - start)
@@ -316,7 +317,10 @@ class Bench:
         self.terminals.remove(sup)
         return summary(lat)
 
-    def throughput(self, ids: list[str], total: int, senders: int = 10) -> dict[str, Any]:
+    def throughput(
+        self, ids: list[str], total: int, senders: int = 10, via_url: str | None = None
+    ) -> dict[str, Any]:
+        """``via_url``: senders post to another host's API (the multi-host run)."""
         tag = f"tp{total}x{len(ids)}-{time.time_ns()}"
         tokens = [f"{tag}-{i}" for i in range(total)]
         req: list[float] = []
@@ -325,7 +329,7 @@ class Bench:
 
         def sender(k: int) -> None:
             local: list[float] = []
-            with httpx.Client(base_url=self.url, timeout=60) as client:
+            with httpx.Client(base_url=via_url or self.url, timeout=60) as client:
                 for i in range(k, total, senders):
                     try:
                         local.append(self.send(ids[i % len(ids)], tokens[i], client))
@@ -438,6 +442,94 @@ def run(quick: bool, client: str = "control", database_url: str | None = None) -
         bench.close()
         shutil.rmtree(home, ignore_errors=True)
     return results
+
+
+def multi_host(quick: bool, client: str) -> dict[str, Any]:
+    """Two cao-servers ("hosts" a and b) on one PostgreSQL server this run starts (Debian's package,
+    cao/testing/pgserver.py), each with its own home and tmux server; the receivers run on b. The
+    same measures sent through b (same host) and through a (cross host), and the same-host figures
+    of a SQLite store beside them."""
+    from cao.testing.pgserver import PgServer, missing_reason
+
+    why = missing_reason()
+    if why is not None:
+        raise SystemExit(f"the multi-host run needs a PostgreSQL server: {why}")
+    root = Path(tempfile.mkdtemp(prefix="cao-bench-hosts-"))
+    pg = PgServer.start(root / "pg")
+    results: dict[str, Any] = {
+        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
+        "quick": quick,
+        "client": client,
+        "mode": "multi-host",
+    }
+    n, total = (20, 500) if quick else (100, 5000)
+    control = {"CAO_TMUX_CONTROL": "true" if client == "control" else "false"}
+    benches: list[Bench] = []
+    try:
+        for store in ("sqlite", "postgresql"):
+            env = dict(control)
+            if store == "postgresql":
+                env["CAO_DATABASE_URL"] = pg.new_database()
+            b = Bench(root / f"{store}-b", {**env, "CAO_HOST_NAME": "b"})
+            benches.append(b)
+            ids = b.spawn(10)
+            same = b.send_and_visible(ids[0], n)
+            out: dict[str, Any] = {
+                "same_host_send_to_visible": same["send_to_visible_idle"],
+                "same_host_send_request": same["send_request"],
+                "same_host_throughput": b.throughput(ids, total),
+            }
+            if store == "postgresql":
+                a = Bench(root / "postgresql-a", {**env, "CAO_HOST_NAME": "a"})
+                benches.append(a)
+                cross = b.send_and_visible(ids[0], n, via=a.http)
+                out["cross_host_send_to_visible"] = cross["send_to_visible_idle"]
+                out["cross_host_send_request"] = cross["send_request"]
+                out["cross_host_throughput"] = b.throughput(ids, total, via_url=a.url)
+            results[store] = out
+    finally:
+        for b in benches:
+            b.close()
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+def render_multi_host(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"cao multi-host benchmark — tmux client: {results['client']}")
+    for col in ("store", "measure", "n", "p50 ms", "p95 ms", "max ms", "throughput"):
+        table.add_column(col)
+    for store in ("sqlite", "postgresql"):
+        r = results[store]
+        for where in ("same_host", "cross_host"):
+            if f"{where}_send_to_visible" not in r:
+                continue
+            label = where.replace("_", " ")
+            for measure, key in (("send request", "send_request"), ("send -> agent read", "send_to_visible")):
+                s = r[f"{where}_{key}"]
+                table.add_row(
+                    store,
+                    f"{label}: {measure}",
+                    str(s["n"]),
+                    str(s["p50_ms"]),
+                    str(s["p95_ms"]),
+                    str(s["max_ms"]),
+                    "",
+                )
+            tp = r[f"{where}_throughput"]
+            table.add_row(
+                store,
+                f"{label}: {tp['messages']} msgs / {tp['receivers']} receivers",
+                "-",
+                str(tp["send_request"]["p50_ms"]),
+                str(tp["send_request"]["p95_ms"]),
+                str(tp["send_request"]["max_ms"]),
+                f"{tp['messages_per_s']} msg/s, lost {tp['lost']}, dup {tp['duplicated']}",
+            )
+    Console().print(table)
 
 
 def render(results: dict[str, Any]) -> None:
@@ -555,7 +647,25 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run on this (empty) PostgreSQL database instead of a SQLite file (docs/multi-host.md)",
     )
+    parser.add_argument(
+        "--multi-host",
+        action="store_true",
+        help="two cao-servers on one PostgreSQL server it starts: same-host and cross-host sends side "
+        "by side, and SQLite's same-host figures (docs/multi-host.md); one --client (default control)",
+    )
     args = parser.parse_args(argv)
+    if args.multi_host:
+        result = multi_host(args.quick, "control" if args.client == "both" else args.client)
+        render_multi_host(result)
+        out = (
+            args.out.with_name("multi-host.json")
+            if args.out == Path("bench-results/inbox.json")
+            else args.out
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"JSON written to {out}")
+        return 0
     if args.database_url and args.client == "both":
         parser.error("with --database-url, pick one --client per run (each run needs an empty database)")
     names = ("forked", "control") if args.client == "both" else (args.client,)
