@@ -25,6 +25,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -402,17 +403,24 @@ class Hosts:
         by_host: dict[str, list[Terminal]] = {}
         for t in terminals:
             by_host.setdefault(str(t.host), []).append(t)
-        out: dict[str, str] = {}
-        for name, rows in by_host.items():
+
+        def ask(name: str) -> dict[str, str]:
             try:
-                host = self.peer(name)
-                listing = self.peers.get_json(host, "/terminals", params={"host": name})
-                found = {str(v.get("id")): str(v.get("status")) for v in listing if isinstance(v, dict)}
+                listing = self.peers.get_json(self.peer(name), "/terminals", params={"host": name})
             except CaoError as exc:
                 logger.debug("remote statuses not read", extra={"host": name, "error": exc.message})
-                found = {}
+                return {}
+            return {str(v.get("id")): str(v.get("status")) for v in listing if isinstance(v, dict)}
+
+        if len(by_host) == 1:
+            answers = {name: ask(name) for name in by_host}
+        else:  # every host at once: one that is slow to answer delays the listing once, not per host
+            with ThreadPoolExecutor(max_workers=min(8, len(by_host))) as pool:
+                answers = dict(zip(by_host, pool.map(ask, by_host), strict=True))
+        out: dict[str, str] = {}
+        for name, rows in by_host.items():
             for t in rows:
-                out[t.id] = found.get(t.id) or Status.HOST_UNREACHABLE.value
+                out[t.id] = answers[name].get(t.id) or Status.HOST_UNREACHABLE.value
         return out
 
     def listing(self) -> list[dict[str, Any]]:

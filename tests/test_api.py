@@ -362,6 +362,7 @@ DECLARED = {
     ("post", "/messages/{message_id}/defer"),
     ("post", "/messages/{message_id}/drop"),
     ("post", "/messages/{message_id}/prioritize"),
+    ("post", "/hosts/{name}/fail"),
     ("post", "/messages/{message_id}/read"),
     ("post", "/messages/{message_id}/cancel"),
     ("post", "/terminals/{terminal_id}/ack"),

@@ -3,6 +3,7 @@ agents, the test PostgreSQL server (cao/testing/pgserver.py)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ def _with_password(url: str) -> str:
     return url.replace("postgresql://cao@", "postgresql://cao:hunter2-secret@")
 
 
-def test_a_server_on_postgresql_delivers_shows_no_password_and_is_the_only_one(
+def test_a_server_on_postgresql_delivers_shows_no_password_and_holds_its_host_name(
     make_server, pg_url: str, tmp_path: Path, tmux_socket: str
 ):
     url = _with_password(pg_url)
@@ -32,12 +33,13 @@ def test_a_server_on_postgresql_delivers_shows_no_password_and_is_the_only_one(
         info = c.get("/info").json()
         assert info["database"].startswith("postgresql://cao:***@") and "hunter2" not in str(info)
     assert not (srv.home / "cao.db").exists()  # the store is the server's database, not a file
-    # a second cao-server on the same database (another home, another port) is refused, clearly
+    # a second cao-server on the same database under the same host name (another home, another
+    # port) is refused, clearly: only another name makes it another host (tests/test_hosts.py)
     env = server_env(tmp_path / "other", tmux_socket, free_port(), CAO_DATABASE_URL=url)
     proc = subprocess.run(
         [sys.executable, "-m", "cao.server"], env=env, capture_output=True, text=True, timeout=30, cwd=REPO
     )
-    assert proc.returncode == 1 and "another cao-server already uses the database" in proc.stderr
+    assert proc.returncode == 1 and re.search(r"host name \S+ is held by a running cao-server", proc.stderr)
     assert "hunter2" not in proc.stderr
     # killed, the first one's lock goes with its connection: a new server takes over its terminals
     srv.kill()

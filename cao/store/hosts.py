@@ -35,7 +35,8 @@ class HostRows(TerminalRows):
             # the same machine and home may take it over at once, live lease or not: the home's
             # lock is ours (cao/server.py), so the process that held it is gone
             if (
-                prev is not None
+                self.path is None  # a SQLite file has one host: the lock on its home makes it so
+                and prev is not None
                 and prev.instance != me.instance
                 and prev.state != HostState.FAILED
                 and prev.machine != me.machine
