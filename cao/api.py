@@ -280,8 +280,8 @@ def create_app(core: Cao) -> FastAPI:
 
     # -- sessions -------------------------------------------------------------------------------
     @app.post("/sessions", status_code=201)
-    async def create_session(p: Annotated[Values, Depends(NEW_SESSION)]) -> dict[str, Any]:
-        return await _off_loop(core.create_terminal, new_session=True, **p)
+    async def create_session(request: Request, p: Annotated[Values, Depends(NEW_SESSION)]) -> dict[str, Any]:
+        return await _off_loop(core.create_terminal, new_session=True, forwarded=_forwarded(request), **p)
 
     @app.get("/sessions")
     async def list_sessions() -> list[dict[str, Any]]:
@@ -292,13 +292,20 @@ def create_app(core: Cao) -> FastAPI:
         return await _off_loop(core.session_view, name)
 
     @app.delete("/sessions/{name}")
-    async def delete_session(name: str) -> dict[str, Any]:
-        deleted = await _off_loop(core.delete_session, name)
+    async def delete_session(
+        name: str, request: Request, host: Annotated[str | None, query(pattern=HOST_NAME_RE.pattern)] = None
+    ) -> dict[str, Any]:
+        """Its terminals on every host (``host``: only that host's)."""
+        deleted = await _off_loop(core.delete_session, name, host=host, forwarded=_forwarded(request))
         return {"success": True, "deleted_terminals": deleted}
 
     @app.post("/sessions/{name}/terminals", status_code=201)
-    async def add_terminal(name: str, p: Annotated[Values, Depends(NEW_TERMINAL)]) -> dict[str, Any]:
-        return await _off_loop(core.create_terminal, session_name=name, new_session=False, **p)
+    async def add_terminal(
+        name: str, request: Request, p: Annotated[Values, Depends(NEW_TERMINAL)]
+    ) -> dict[str, Any]:
+        return await _off_loop(
+            core.create_terminal, session_name=name, new_session=False, forwarded=_forwarded(request), **p
+        )
 
     @app.get("/sessions/{name}/terminals")
     async def session_terminals(name: str) -> list[dict[str, Any]]:
@@ -340,10 +347,10 @@ def create_app(core: Cao) -> FastAPI:
     # -- terminals ------------------------------------------------------------------------------
     @app.get("/terminals")
     async def list_terminals(
-        host: Annotated[str | None, query(pattern=HOST_NAME_RE.pattern)] = None,
+        request: Request, host: Annotated[str | None, query(pattern=HOST_NAME_RE.pattern)] = None
     ) -> list[dict[str, Any]]:
         """Every host's terminals (``host``: one host's), each with its live status."""
-        return await _off_loop(core.list_terminals, host=host)
+        return await _off_loop(core.list_terminals, host=host, forwarded=_forwarded(request))
 
     # -- hosts sharing the store (cao/hosts.py, docs/multi-host.md) --------------------------------
     @app.get("/hosts")
@@ -635,6 +642,11 @@ def _one_segment_session(request: Request) -> None:
     parts = raw.split(b"/")
     if len(parts) > 2 and b"%2f" in parts[2].lower():
         raise InvalidInput("a session name can't contain '/'; use letters, digits, '_' or '-'")
+
+
+def _forwarded(request: Request) -> bool:
+    """Another host forwarded this request (cao/forward.py): serve it here, never forward it on."""
+    return forward.FORWARDED_HEADER.decode() in request.headers
 
 
 def _message_id(raw: str) -> int:

@@ -578,6 +578,7 @@ class Cao:
         initial_message: str | None = None,
         notify: bool | None = None,
         host: str | None = None,
+        forwarded: bool = False,
         **kwargs: Any,
     ) -> dict[str, object]:
         """A new terminal. ``caller_id`` (the reference's name) and ``supervisor_id`` (ours) are one
@@ -593,14 +594,16 @@ class Cao:
         if supervisor:
             validate_terminal_id(supervisor)
         if host is not None and host != self.hosts.name:  # that host's tmux runs it: it creates it
+            self.hosts.not_a_loop(validate_host_name(host), forwarded)
             params = dict(
                 kwargs,
                 provider=provider,
                 caller_id=supervisor,
                 initial_message=initial_message,
                 notify=notify,
+                host=host,
             )
-            return self.hosts.create_on(validate_host_name(host), params)
+            return self.hosts.create_on(host, params)
         if initial_message is not None:
             if is_blank(initial_message):
                 raise InvalidInput("initial_message is empty (only whitespace or invisible characters)")
@@ -701,14 +704,14 @@ class Cao:
         return self.view(self.terminal_row(terminal_id))
 
     def list_terminals(
-        self, session_name: str | None = None, *, host: str | None = None
+        self, session_name: str | None = None, *, host: str | None = None, forwarded: bool = False
     ) -> list[dict[str, object]]:
         """Every host's terminals (``host``: one host's), with live statuses: this host's from one
         batched look, each other host's from one request to it (cao/hosts.py)."""
         session = session_name_for(session_name) if session_name else None
         rows = self.store.list_terminals(session_name=session)
         if host is not None:
-            validate_host_name(host)
+            self.hosts.not_a_loop(validate_host_name(host), forwarded)
             if host != self.hosts.name and host not in {h.name for h in self.store.list_hosts()}:
                 raise NotFound(self.hosts.unknown_host(host))
             rows = [t for t in rows if (t.host or self.hosts.name) == host]
@@ -823,7 +826,9 @@ class Cao:
         the top-level ``id``, ``name`` and ``status`` are ours (both are there)."""
         session = session_name_for(name)
         rows = self.store.list_terminals(session_name=session)
-        alive = self.tmux.has_session(session)
+        alive = self.tmux.has_session(session) or any(
+            self.hosts.is_foreign(t) and t.state not in ENDED for t in rows
+        )
         if not rows and not alive:
             raise NotFound(f"session {session} not found; list sessions with `cao status`")
         pending = self.store.pending_counts([t.id for t in rows])
@@ -850,9 +855,17 @@ class Cao:
             for n in sorted(counts)
         ]
 
-    def delete_session(self, name: str) -> list[str]:
-        """Delete the session's terminals: this host's here, each other host's by that host."""
+    def delete_session(self, name: str, *, host: str | None = None, forwarded: bool = False) -> list[str]:
+        """Delete the session's terminals: this host's here, each other host's by that host
+        (``host``: only that host's; a request forwarded by another host: only this host's)."""
         session = session_name_for(name)
+        if host is not None:
+            self.hosts.not_a_loop(validate_host_name(host), forwarded)
+            if host == self.hosts.name:
+                return self.lifecycle.delete_session(name)
+            return self.hosts.delete_session_on(host, name)
+        if forwarded:
+            return self.lifecycle.delete_session(name)
         elsewhere = sorted(
             {str(t.host) for t in self.store.list_terminals(session_name=session) if self.hosts.is_foreign(t)}
         )

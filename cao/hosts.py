@@ -24,23 +24,28 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from cao.clock import Clock
-from cao.errors import CaoError, HostUnreachable, InvalidInput, NotFound
+from cao.errors import CaoError, Conflict, HostUnreachable, InvalidInput, NotFound
 from cao.names import quote_segment
 from cao.settings import Settings
 from cao.states import HostState, Status, WaitReason
 from cao.store import Host, Store, Terminal
+from cao.store.hosts import NameHeld
 from cao.store.schema import SCHEMA_VERSION
 
 logger = logging.getLogger(__name__)
 
-FORWARD_TIMEOUT = 30.0  # a forwarded request (an output, a delete) may take a while there
+FORWARD_TIMEOUT = 75.0  # typed input waits up to a minute there for a starting agent
+READ_TIMEOUT = 10.0  # a view, an output, a listing: answered at once by a host that is well
 CONNECT_TIMEOUT = 3.0
+QUIET_AFTER_FAILURE = 3.0  # a host that did not answer is not asked again for this long
+MAX_CLOCK_RTT = 0.25  # a clock sample whose round trip took longer is not used
 
 
 class StoreClock(Clock):
@@ -108,6 +113,7 @@ class Peers:
 
         headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
         headers["X-Cao-Forwarded"] = "1"
+        self._quiet: dict[str, tuple[float, str]] = {}  # host -> (not asked again until, why)
         self.client = httpx.Client(
             headers=headers,
             timeout=httpx.Timeout(FORWARD_TIMEOUT, connect=CONNECT_TIMEOUT),
@@ -127,25 +133,29 @@ class Peers:
         timeout: float | None = None,
     ) -> tuple[int, bytes, str]:
         """One request to ``host``: (status, body, content type). :class:`HostUnreachable` when it
-        does not answer."""
+        does not answer — and for the next few seconds without asking again: a host that hangs
+        costs one wait, not one per request (every thread of ours would wait on it otherwise)."""
         import httpx
 
+        quiet = self._quiet.get(host.name)
+        if quiet is not None and time.monotonic() < quiet[0]:
+            raise HostUnreachable(quiet[1])
         headers = {"Content-Type": content_type} if content_type else {}
+        if timeout is None:  # a read answers at once; typed input may wait for a starting agent
+            timeout = READ_TIMEOUT if method == "GET" else FORWARD_TIMEOUT
         try:
             r = self.client.request(
-                method,
-                host.url + path,
-                params=params,
-                content=body,
-                headers=headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                method, host.url + path, params=params, content=body, headers=headers, timeout=timeout
             )
         except httpx.HTTPError as exc:
-            raise HostUnreachable(
+            why = (
                 f"host {host.name} ({host.url}) did not answer: {type(exc).__name__}: "
                 f"{str(exc)[:200] or 'no answer'}; nothing was done there that cao knows of. Retry once it "
                 "is back (`cao hosts` shows it)"
-            ) from None
+            )
+            self._quiet[host.name] = (time.monotonic() + QUIET_AFTER_FAILURE, why)
+            raise HostUnreachable(why) from None
+        self._quiet.pop(host.name, None)
         if r.status_code == 401:
             raise HostUnreachable(
                 f"host {host.name} ({host.url}) refused this host's token: every host sharing a store "
@@ -156,7 +166,7 @@ class Peers:
     def get_json(self, host: Host, path: str, *, params: Mapping[str, str] | None = None) -> Any:
         import json
 
-        status, body, _ = self.request(host, "GET", path, params=params, timeout=5.0)
+        status, body, _ = self.request(host, "GET", path, params=params, timeout=5.0)  # a listing waits
         if status != 200:
             raise HostUnreachable(f"host {host.name} answered {status} to GET {path}: {body[:200]!r}")
         return json.loads(body)
@@ -185,6 +195,7 @@ class Hosts:
         self._threads: list[threading.Thread] = []
         self._owners: dict[str, str | None] = {}  # terminal id -> host (never changes)
         self.shared = self.store.path is None  # PostgreSQL: other hosts may share the store
+        self._clock_set = False
         self._rows: dict[str, Host] = {}  # host rows, as down_reason last read them
         self._rows_read = float("-inf")
 
@@ -193,11 +204,14 @@ class Hosts:
         """Correct this host's clock by the database server's (half the round trip as the error)."""
         if not isinstance(self.clock, StoreClock):
             return
-        before = self.clock.base.now()
-        server = self.store.server_time()
-        after = self.clock.base.now()
-        if server is not None:
-            self.clock.offset = server - (before + after) / 2
+        sample = self.store.server_time(self.clock.base.now)
+        if sample is None:
+            return
+        before, server, after = sample
+        if after - before > MAX_CLOCK_RTT and self._clock_set:
+            return  # a slow answer says little about the time: keep the last good offset
+        self.clock.offset = server - (before + after) / 2
+        self._clock_set = True
 
     # -- life --------------------------------------------------------------------------------------
     def register(self) -> Host | None:
@@ -219,7 +233,7 @@ class Hosts:
             state=HostState.UP.value,
             note=None,
         )
-        prev = self.store.register_host(me)
+        prev = self._take_name(me)
         if self.shared:  # a SQLite file has one host: nothing to scope, nothing to fence
             self.store.host = self.name
             self.store.host_instance = self.instance
@@ -232,6 +246,33 @@ class Hosts:
             },
         )
         return prev
+
+    def _take_name(self, me: Host) -> Host | None:
+        """Register; while the name's lease is live, wait for it to lapse if its holder's heartbeat
+        has stopped (a restart after a crash), refuse at once if it goes on (another process)."""
+        first: Host | None = None
+        while True:
+            try:
+                return self.store.register_host(me)
+            except NameHeld as exc:
+                held = exc.holder
+                if first is None:
+                    first = held
+                    logger.warning(
+                        "host name held by another process; waiting for its lease to lapse",
+                        extra={
+                            "host": self.name,
+                            "pid": held.pid,
+                            "lease_left": held.lease_until - self.clock.now(),
+                        },
+                    )
+                elif held.instance != first.instance or held.heartbeat_at > first.heartbeat_at:
+                    raise Conflict(exc.message) from None  # its heartbeat goes on: a live holder
+                self.clock.sleep(
+                    min(self.settings.host_heartbeat, max(0.05, held.lease_until - self.clock.now()))
+                )
+                me.started_at = me.heartbeat_at = self.clock.now()
+                me.lease_until = me.started_at + self.settings.host_lease
 
     def start(self) -> None:
         if not self.shared:
@@ -391,9 +432,18 @@ class Hosts:
         session = str(params.pop("session_name"))
         return dict(self.ask(name, "POST", f"/sessions/{quote_segment(session)}/terminals", params))
 
+    def not_a_loop(self, name: str, forwarded: bool) -> None:
+        """A request another host forwarded here for host ``name`` must be for this one: else that
+        host's URL leads here (a misconfigured ``CAO_SERVER_URL``) and forwarding it on would loop."""
+        if forwarded and name != self.name:
+            raise Conflict(
+                f"a request for host {name} reached host {self.name}: {name}'s URL leads here. Every host "
+                "needs its own CAO_SERVER_URL (the address the others reach it at); see `cao hosts`"
+            )
+
     def delete_session_on(self, name: str, session: str) -> list[str]:
-        """Host ``name`` deletes its terminals of ``session``: their ids."""
-        done = self.ask(name, "DELETE", f"/sessions/{quote_segment(session)}")
+        """Host ``name`` deletes its terminals of ``session`` (only its own): their ids."""
+        done = self.ask(name, "DELETE", f"/sessions/{quote_segment(session)}?host={name}")
         return [str(t) for t in done.get("deleted_terminals", [])]
 
     # -- statuses of other hosts' terminals --------------------------------------------------------

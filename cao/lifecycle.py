@@ -188,7 +188,8 @@ class Lifecycle:
                     raise InvalidInput(taken)
                 self._new_sessions.add(session)
         try:
-            exists = self.io.has_session(session)
+            # a session may span hosts (a shared store): its name is taken once any host runs it
+            exists = self.io.has_session(session) or self.store.session_elsewhere(session)
             if new_session and exists:
                 raise InvalidInput(taken)
             if not new_session and not exists:
@@ -232,6 +233,7 @@ class Lifecycle:
         A tmux failure (or a crash) after the first step leaves the row ``deleting``; the sweep
         finishes it (:meth:`finish_deletes`). A pane that is not the terminal's is never touched.
         """
+        self.panes.check_local(terminal)  # another host's: only that host kills it (nothing written)
         with self.panes.lock(terminal.id):
             failed = self.store.begin_delete(terminal.id)
             self.fault("after_delete_marked")
@@ -244,6 +246,7 @@ class Lifecycle:
         return failed
 
     def _kill_and_finish(self, terminal: Terminal) -> None:
+        self.panes.check_local(terminal)
         if terminal.pane_id and terminal.pane_pid and terminal.tmux_server_pid:
             # a pane that is not the terminal's (or none at all) is never touched
             with contextlib.suppress(PaneGone, TmuxServerDown):

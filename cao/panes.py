@@ -145,16 +145,21 @@ class Panes:
         with lock:
             yield
 
-    def ref(self, terminal: Terminal) -> PaneRef:
-        """The terminal's pane identity; :class:`PaneGone` if it has none any more,
-        :class:`ForeignTerminal` if another host's tmux runs it (never looked at here: its pane id
-        would name some other pane of ours, and a mismatch would make it gone for good)."""
+    def check_local(self, terminal: Terminal) -> None:
+        """:class:`ForeignTerminal` if another host's tmux runs it: never looked at, typed into or
+        killed here (its pane id would name some other pane of ours, and a mismatch would make it
+        gone for good)."""
         if terminal.host is not None and self.store.host is not None and terminal.host != self.store.host:
             raise ForeignTerminal(
-                f"terminal {terminal.id} runs on host {terminal.host}; only that host reads or types "
-                "into its pane (ask its cao-server, or any host's API, which forwards it there)",
+                f"terminal {terminal.id} runs on host {terminal.host}; only that host reads, types into "
+                "or deletes its pane (ask its cao-server, or any host's API, which forwards it there)",
                 host=terminal.host,
             )
+
+    def ref(self, terminal: Terminal) -> PaneRef:
+        """The terminal's pane identity; :class:`PaneGone` if it has none any more,
+        :class:`ForeignTerminal` if another host's tmux runs it (:meth:`check_local`)."""
+        self.check_local(terminal)
         if terminal.state in ENDED:
             raise PaneGone(
                 f"terminal {terminal.id} is {terminal.state}"

@@ -87,6 +87,20 @@ def host_name(raw: str | None, name: str = "CAO_HOST_NAME") -> str:
     return value
 
 
+MAX_HOST_LEASE = 600.0
+
+
+def _lease(lease: float) -> float:
+    """``CAO_HOST_LEASE``: at least three heartbeats, at most 10 minutes (a dead host's terminals
+    read unreachable, and can be failed, only once its lease lapsed)."""
+    if lease > MAX_HOST_LEASE:
+        raise InvalidInput(
+            f"CAO_HOST_LEASE={lease:g} is over {MAX_HOST_LEASE:g} s: a host that dies would hold its "
+            "terminals that long; use e.g. CAO_HOST_LEASE=15"
+        )
+    return lease
+
+
 def _url(environ: Mapping[str, str], name: str) -> str | None:
     """An http(s) URL, e.g. ``CAO_NOTIFY_URL=http://127.0.0.1:8000/cao``; unset or empty: None."""
     from urllib.parse import urlsplit
@@ -246,7 +260,7 @@ class Settings:
             busy_timeout=_number(env, "CAO_DB_BUSY_TIMEOUT", 5.0, minimum=0.01),
             host_name=host_name(env.get("CAO_HOST_NAME")),
             host_heartbeat=(beat := _number(env, "CAO_HOST_HEARTBEAT", 2.0, minimum=0.05)),
-            host_lease=_number(env, "CAO_HOST_LEASE", max(15.0, 3 * beat), minimum=3 * beat),
+            host_lease=_lease(_number(env, "CAO_HOST_LEASE", max(15.0, 3 * beat), minimum=3 * beat)),
             fault_point=env.get("CAO_FAULT_POINT") or None,
             scripted_record=_flag(env, "CAO_SCRIPTED_RECORD", False),
             api_token=(env.get("CAO_API_TOKEN") or "").strip() or None,

@@ -278,6 +278,9 @@ def make_server(
         env.setdefault("CAO_TMUX_CONTROL", "true" if tmux_client == "control" else "false")
         if suite_database_url is not None:
             env.setdefault("CAO_DATABASE_URL", suite_database_url)
+        if "CAO_DATABASE_URL" in env:  # a server killed and started again waits out its lease
+            env.setdefault("CAO_HOST_HEARTBEAT", "0.3")
+            env.setdefault("CAO_HOST_LEASE", "1.5")
         srv = ServerProcess(home or tmp_path / "cao", tmux_socket, cwd, **env)
         made.append(srv)
         return srv.start()

@@ -310,3 +310,178 @@ def test_a_host_stops_when_a_newer_cao_moved_the_store_on(hosts: Hosts):
     assert a.proc is not None
     a.proc.wait(timeout=20)  # it exits by itself
     assert "moved to schema 999 by a newer cao" in a.log()
+
+
+# -- what a hostile review found (each failed before its fix) ----------------------------------------
+def _panes(srv: ServerProcess) -> list[str]:
+    out = subprocess.run(
+        ["tmux", "-L", srv.socket_name, "list-panes", "-a", "-F", "#{@cao_terminal} #{pane_dead}"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [line.split()[0] for line in out.splitlines() if line.endswith(" 0")]
+
+
+def test_a_session_on_two_hosts_is_deleted_on_each_once(hosts: Hosts):
+    a, b = hosts.start("a"), hosts.start("b")
+    here = _launch(hosts.client("a"), session_name="team")["id"]
+    r = hosts.client("a").post("/sessions/team/terminals", json={"provider": "scripted", "host": "b"})
+    assert r.status_code == 201, r.text
+    there = r.json()["id"]
+    r = hosts.client("b").delete("/sessions/team")  # it used to bounce between the two hosts
+    assert r.status_code == 200, r.text
+    assert sorted(r.json()["deleted_terminals"]) == sorted([here, there])
+    wait_until(lambda: here not in _panes(a) and there not in _panes(b), what="both panes killed")
+
+
+def test_a_forged_forwarded_request_never_touches_another_host_s_terminal(hosts: Hosts):
+    hosts.start("a")
+    b = hosts.start("b")
+    tid = str(_launch(hosts.client("a"), host="b")["id"])
+    forged = {"X-Cao-Forwarded": "1"}
+    r = hosts.client("a").delete(f"/terminals/{tid}", headers=forged)
+    assert r.status_code == 409 and "runs on host b" in r.json()["detail"], r.text
+    r = hosts.client("a").post("/sessions", json={"host": "b"}, headers=forged)
+    assert r.status_code == 409 and "reached host a" in r.json()["detail"], r.text
+    r = hosts.client("a").get("/terminals", params={"host": "b"}, headers=forged)
+    assert r.status_code == 409, r.text
+    wait_until(lambda: _idle(hosts.client("b"), tid), timeout=20, what="still there, on b")
+    assert tid in _panes(b)
+
+
+def test_a_session_name_is_taken_once_any_host_runs_it(hosts: Hosts):
+    hosts.start("a")
+    hosts.start("b")
+    _launch(hosts.client("b"), session_name="team")
+    r = hosts.client("a").post("/sessions", json={"provider": "scripted", "session_name": "team"})
+    assert r.status_code == 422 and "already exists" in r.json()["detail"], r.text
+    assert hosts.client("a").get("/sessions/team").json()["status"] == "active"
+
+
+def test_a_url_a_live_host_is_reached_at_is_refused(hosts: Hosts):
+    a = hosts.start("a")
+    copy = ServerProcess(
+        hosts.root / "copycat",
+        f"cao-test-{uuid.uuid4().hex[:8]}",
+        REPO,
+        CAO_DATABASE_URL=hosts.url,
+        CAO_HOST_NAME="copycat",
+        CAO_SERVER_URL=a.url,
+    )
+    with pytest.raises(AssertionError, match="is where host a is reached"):
+        copy.start()
+    copy.stop()
+
+
+def test_a_host_that_hangs_is_waited_for_once_not_by_every_request(hosts: Hosts):
+    import socket
+    import threading
+
+    hosts.start("a")
+    hosts.start("b")
+    tid = str(_launch(hosts.client("a"), host="b")["id"])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def hang() -> None:  # accepts, reads nothing, answers nothing
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=hang)
+    thread.start()
+    import psycopg
+
+    try:
+        with psycopg.connect(hosts.url, autocommit=True) as conn:  # b answers nowhere; its lease is live
+            conn.execute(
+                "UPDATE host SET url = %s WHERE name = 'b'",
+                (f"http://127.0.0.1:{listener.getsockname()[1]}",),
+            )
+        first = hosts.client("a").get(f"/terminals/{tid}/output")
+        assert first.status_code == 503 and "did not answer" in first.json()["detail"], first.text
+        second = hosts.client("a").get(f"/terminals/{tid}/output")
+        assert second.status_code == 503, second.text
+        assert len(accepted) == 1  # the second was answered without asking b again
+    finally:
+        stop.set()
+        thread.join()
+        for s in accepted:
+            s.close()
+        listener.close()
+
+
+def test_a_second_process_of_the_same_machine_and_home_waits_for_a_lease_that_goes_on(
+    tmp_path: Path, pg_url: str
+):
+    """A cloned machine (the same machine id and home path, another filesystem) must not take over
+    a live host: only a lease that lapses proves its holder gone."""
+    from cao.clock import SYSTEM
+    from cao.errors import Conflict
+    from cao.hosts import Hosts as HostsOf
+    from cao.hosts import StoreClock
+    from cao.settings import Settings
+    from cao.store import Store
+
+    settings = Settings(home=tmp_path, host_name="twin", host_heartbeat=0.1, host_lease=0.6)
+    made: list[tuple[HostsOf, Store]] = []
+
+    def host() -> HostsOf:
+        clock = StoreClock(SYSTEM)
+        store = Store(pg_url, clock=clock.now)
+        h = HostsOf(settings, store, clock, "same-home", "0")
+        made.append((h, store))
+        return h
+
+    try:
+        first = host()
+        first.register()
+        first.start()
+        with pytest.raises(Conflict, match="held by a running cao-server"):
+            host().register()
+        first._stop.set()  # its heartbeat stops, as at a kill -9: the lease lapses, then it is taken
+        for thread in first._threads:
+            thread.join()
+        third = host()
+        third.register()
+        assert third.store.get_host("twin").instance == third.instance
+    finally:
+        for h, store in made:
+            h._stop.set()
+            store.close()
+
+
+def test_message_ids_past_32_bits_are_kept_on_postgresql(tmp_path: Path, pg_url: str):
+    import sqlite3
+
+    from cao.store import Store
+    from cao.store.copy import copy_store
+
+    src = tmp_path / "cao.db"
+    store = Store(src)
+    store.close()
+    big = 2**31 + 5
+    with sqlite3.connect(src) as conn:
+        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('message', ?)", (big,))
+    store = Store(src)
+    from tests.test_db_copy import _terminal
+
+    _terminal(store, "aaaa0001")
+    m, _ = store.add_message(sender_id="cli", receiver_id="aaaa0001", body="far")
+    store.close()
+    assert m.id == big + 1
+    copy_store(src, pg_url, host="h")
+    target = Store(pg_url)
+    try:
+        assert target.get_message(big + 1).body == "far"
+        again, _ = target.add_message(sender_id="cli", receiver_id="aaaa0001", body="after")
+        assert again.id == big + 2
+        assert [e.message_id for e in target.timeline("aaaa0001")][-1] == big + 2
+    finally:
+        target.close()

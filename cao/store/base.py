@@ -141,6 +141,9 @@ def body_digest(receiver_id: str, body: str) -> str:
     return hashlib.sha256(f"{receiver_id}\n{body}".encode()).hexdigest()
 
 
+PRE_HOSTS_LOCK = 0x63616F01  # the advisory lock cao's one-server-per-database release held
+
+
 class Database:
     """The connection pool, the write transaction, the store's identity checks and the schema.
 
@@ -511,7 +514,21 @@ class Database:
     def _refuse_under_older_hosts(self, conn: Any) -> None:
         """A shared store is not migrated under hosts that still run an older cao: they would
         read and write tables they don't know. Stop (or upgrade) them first."""
-        if self.path is not None or "name" not in self._columns(conn, "host"):
+        if self.path is not None:
+            return
+        # a cao from before hosts held this advisory lock for its life (one server per database)
+        pre_hosts = conn.execute(
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid = ? AND "
+            "objsubid = 1 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (PRE_HOSTS_LOCK,),
+        ).fetchone()
+        if pre_hosts is not None:
+            raise SchemaTooNew(
+                f"{self.where} is in use by a cao-server from before hosts (one server per database); this "
+                f"cao would move the store to schema {SCHEMA_VERSION} under it; nothing was changed. Stop "
+                "that cao-server first, then start this one"
+            )
+        if "name" not in self._columns(conn, "host"):
             return
         rows = conn.execute(
             "SELECT name, version, schema_version FROM host WHERE state = 'up' AND schema_version < ? "

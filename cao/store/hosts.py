@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cao.errors import Conflict, NotFound
@@ -12,14 +13,25 @@ from cao.store.schema import Host
 from cao.store.terminals import TerminalRows
 
 
+class NameHeld(Conflict):
+    """The name's lease is live: its holder may still run (the caller may wait for it to lapse)."""
+
+    def __init__(self, message: str, *, holder: Host) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
 class HostRows(TerminalRows):
     # -- time ------------------------------------------------------------------------------------
-    def server_time(self) -> float | None:
-        """The database server's clock (PostgreSQL), None for a SQLite file (its clock is ours)."""
+    def server_time(self, local: Callable[[], float]) -> tuple[float, float, float] | None:
+        """The database server's clock (PostgreSQL) between two readings of ``local``, taken around
+        the query alone (not the wait for a connection); None for a SQLite file (its clock is ours)."""
         if self.path is not None:
             return None
         with self._read() as conn:
-            return float(conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0])
+            before = local()
+            server = float(conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0])
+            return before, server, local()
 
     # -- registration and the lease --------------------------------------------------------------
     def register_host(self, me: Host) -> Host | None:
@@ -27,21 +39,33 @@ class HostRows(TerminalRows):
         replaced, if any. Refused (409, nothing written) while another process holds the name and
         may still act for it: its lease is live, or it ran on another machine and was not failed by
         an operator (its terminals are still its own)."""
-        now = self.clock()
-        me.heartbeat_at = now
+        me.heartbeat_at = self.clock()
         with self._write() as conn:
+            now = self._now(conn)
             row = conn.execute("SELECT * FROM host WHERE name = ?", (me.name,)).fetchone()
             prev = None if row is None else _row(Host, row)
-            # the same machine and home may take it over at once, live lease or not: the home's
-            # lock is ours (cao/server.py), so the process that held it is gone
             if (
                 self.path is None  # a SQLite file has one host: the lock on its home makes it so
                 and prev is not None
                 and prev.instance != me.instance
                 and prev.state != HostState.FAILED
-                and prev.machine != me.machine
             ):
-                raise Conflict(_other_machine(prev, me, now))
+                if prev.machine != me.machine:
+                    raise Conflict(_other_machine(prev, me, now))
+                if prev.state == HostState.UP and prev.lease_until > now:
+                    # the same machine id and home path, but maybe not the same machine (a cloned
+                    # image, another container): only a lease that lapsed proves that process gone
+                    raise NameHeld(_other_machine(prev, me, now), holder=prev)
+            if self.path is None:
+                same = conn.execute(
+                    "SELECT name FROM host WHERE url = ? AND name != ? AND state = 'up' AND lease_until > ?",
+                    (me.url, me.name, now),
+                ).fetchone()
+                if same is not None:
+                    raise Conflict(
+                        f"{me.url} is where host {same[0]} is reached; nothing was changed. Every host needs "
+                        "its own CAO_SERVER_URL (the address the others reach it at)"
+                    )
             values = me.model_dump()
             cols = ", ".join(values)
             marks = ", ".join(f":{k}" for k in values)
@@ -79,6 +103,13 @@ class HostRows(TerminalRows):
                 (now, name, instance),
             )
 
+    def _now(self, conn: Any) -> float:
+        """The store's time: the database server's own clock inside a PostgreSQL transaction (a
+        decision about another host's lease never rests on this host's clock)."""
+        if self.path is not None:
+            return self.clock()
+        return float(conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0])
+
     def list_hosts(self) -> list[Host]:
         with self._read() as conn:
             rows = conn.execute("SELECT * FROM host ORDER BY name").fetchall()
@@ -97,6 +128,18 @@ class HostRows(TerminalRows):
             row = conn.execute("SELECT host FROM terminal WHERE id = ?", (terminal_id,)).fetchone()
         return None if row is None else row[0]
 
+    def session_elsewhere(self, session_name: str) -> bool:
+        """Does another host run a terminal of this session (a shared store)?"""
+        if self.host is None:
+            return False
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM terminal WHERE session_name = ? AND host != ? "
+                "AND state IN ('starting', 'live') LIMIT 1",
+                (session_name, self.host),
+            ).fetchone()
+        return row is not None
+
     def host_terminal_counts(self) -> dict[str, int]:
         """Terminals not ended, per host."""
         with self._read() as conn:
@@ -109,8 +152,8 @@ class HostRows(TerminalRows):
         """An operator gives up on a host that is down: its terminals are gone for good, their
         undelivered mail fails (``receiver_gone``), and its name is free for another machine. A
         host whose lease is live is refused (409): stop it, or wait for its lease to lapse."""
-        now = self.clock()
         with self._write() as conn:
+            now = self._now(conn)
             row = conn.execute("SELECT * FROM host WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise NotFound(f"host {name} is not known to this store; list hosts with `cao hosts`")

@@ -28,6 +28,12 @@ WAL_SUFFIX = "-wal"
 POOL_SIZE = 8
 
 
+# Ids: a 64-bit identity on PostgreSQL; on SQLite an INTEGER PRIMARY KEY AUTOINCREMENT (the rowid,
+# never reused: acknowledgement cursors and timelines count on ids only growing). Every column that
+# holds a message's id is as wide (SQLite's INTEGER already is).
+ROW_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+
 class Terminal(SQLModel):
     """A terminal row (plain model: cheap to build, free to mutate).
 
@@ -55,7 +61,9 @@ class Terminal(SQLModel):
     tmux_server_pid: int | None = None  # schema 3
     fence: int = 0  # schema 3
     gone_reason: str | None = None  # schema 3: why the terminal is gone
-    initial_message_id: int | None = None  # schema 4: the task it was created with (an inbox message)
+    initial_message_id: int | None = Field(
+        default=None, sa_type=ROW_ID
+    )  # schema 4: the task it was created with (an inbox message)
     # schema 6: the CLI's latest lifecycle hook report (cao/hookstate.py), so a restart keeps it
     hook_phase: str | None = None
     hook_event: str | None = None
@@ -63,7 +71,9 @@ class Terminal(SQLModel):
     hook_starts: int = 0  # 1: the CLI has reported a turn start (it reports them all)
     turn_channel: str | None = None  # schema 9: the hook its launch wired to hand text to a turn
     # schema 10: coordination (cao/coordination.py, docs/orchestration.md)
-    ack_cursor: int = 0  # it acknowledged every message to it up to this id (forward only)
+    ack_cursor: int = Field(
+        default=0, sa_type=ROW_ID
+    )  # it acknowledged every message to it up to this id (forward only)
     notify_supervisor: int = 1  # 0: its supervisor gets no notices about it (assign/handoff notify=false)
     task_id: str | None = None  # its current task attempt: m<message id> (assign), j<job>/s<token> (handoff)
     task_at: float | None = None
@@ -109,7 +119,7 @@ class Message(SQLModel):
     expires_at: float | None = None  # still pending then: expired
     not_before: float | None = None  # deferred (or scheduled) until then
     topic: str | None = None  # notices coalesce per sender and topic
-    superseded_by: int | None = None
+    superseded_by: int | None = Field(default=None, sa_type=ROW_ID)
     closed_by: str | None = None  # who dropped, deferred or cancelled it
     closed_reason: str | None = None  # why it was dropped, expired, superseded or cancelled
     read_at: float | None = None  # the receiver fetched it (read_message)
@@ -123,7 +133,9 @@ class MessageEvent(SQLModel):
 
     id: int | None = Field(default=None, primary_key=True)
     receiver_id: str
-    message_id: int | None = None  # None: about the receiver's whole queue (a held reason)
+    message_id: int | None = Field(
+        default=None, sa_type=ROW_ID
+    )  # None: about the receiver's whole queue (a held reason)
     at: float
     event: str
     reason: str | None = None
@@ -142,7 +154,9 @@ class TaskResult(SQLModel):
     summary: str
     details: str | None = None  # JSON object
     digest: str  # of status, summary and details: what "the same report" means
-    message_id: int | None = None  # the result message to the supervisor (none for a handoff)
+    message_id: int | None = Field(
+        default=None, sa_type=ROW_ID
+    )  # the result message to the supervisor (none for a handoff)
     created_at: float
 
 
@@ -157,7 +171,9 @@ class Notification(SQLModel):
     event: str  # states.WorkState: finished, blocked, failed, exited
     reason: str | None = None
     at: float
-    message_id: int | None = None  # the notice to its supervisor, if one was sent
+    message_id: int | None = Field(
+        default=None, sa_type=ROW_ID
+    )  # the notice to its supervisor, if one was sent
     webhook: str | None = None
     webhook_attempts: int = 0
     webhook_error: str | None = None
@@ -245,9 +261,6 @@ class BoardFact(SQLModel):
 # indexes. ``schema_ddl(dialect)`` compiles them for SQLite or PostgreSQL; a new database on either
 # is created from it, and an old SQLite database ends there too (migration 13 rebuilds its tables
 # from it). tests/test_store_schema.py proves both.
-# Ids: a 64-bit identity on PostgreSQL; on SQLite an INTEGER PRIMARY KEY AUTOINCREMENT (the rowid,
-# never reused: acknowledgement cursors and timelines count on ids only growing).
-ROW_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 
 def _index(name: str, *columns: str, where: str | None = None, unique: bool = False) -> Index:
