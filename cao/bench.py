@@ -455,7 +455,8 @@ def multi_host(quick: bool, client: str) -> dict[str, Any]:
     if why is not None:
         raise SystemExit(f"the multi-host run needs a PostgreSQL server: {why}")
     root = Path(tempfile.mkdtemp(prefix="cao-bench-hosts-"))
-    pg = PgServer.start(root / "pg")
+    pg_root = Path(tempfile.mkdtemp(prefix="cao-bench-pg-"))  # its own: the postgres user enters it
+    pg = PgServer.start(pg_root)
     results: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
         "quick": quick,
@@ -492,6 +493,7 @@ def multi_host(quick: bool, client: str) -> dict[str, Any]:
             b.close()
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(pg_root, ignore_errors=True)
     return results
 
 
