@@ -391,6 +391,8 @@ class Hosts:
     def down_reason(self, terminal_id: str) -> str | None:
         """Why another host's terminal can't be reached now (its lease lapsed, it stopped or was
         failed), else None. Host rows are read at most once a second for a listing's many rows."""
+        if not self.shared:
+            return None
         host = self.owner(terminal_id)
         if host is None or host == self.name:
             return None

@@ -218,6 +218,7 @@ class PostgresBackend:
                 "CAO_DATABASE_URL names a PostgreSQL server, but its driver is not installed: "
                 "pip install 'cao[postgresql]' (psycopg 3)"
             ) from None
+        DriverErrors.add_postgres()
         self.url = url
         self.busy_timeout = busy_timeout
         self.where = redact(url)
@@ -269,29 +270,26 @@ class PostgresBackend:
 Backend = SqliteBackend | PostgresBackend
 
 
-def _driver_errors() -> tuple[type[Exception], ...]:
-    """The driver errors that mean "busy or unreachable", never "a wrong statement"."""
-    errors: list[type[Exception]] = [sqlite3.OperationalError]
-    try:
+class DriverErrors:
+    """The driver errors the store tells apart, as tuples for ``except``: ``busy`` means "busy or
+    unreachable", never "a wrong statement"; ``unique`` is a row a unique index refused (on
+    PostgreSQL: two keyed writes that raced). psycopg's join them only once a PostgreSQL store is
+    opened: a SQLite server never loads the driver (its import alone is ~20 MB)."""
+
+    busy: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
+    unique: tuple[type[Exception], ...] = (sqlite3.IntegrityError,)
+
+    @classmethod
+    def add_postgres(cls) -> None:
         import psycopg
-    except ImportError:
-        return tuple(errors)
-    return (*errors, psycopg.OperationalError, psycopg.InterfaceError)
-
-
-DRIVER_ERRORS = _driver_errors()
-
-
-def _unique_errors() -> tuple[type[Exception], ...]:
-    try:
         import psycopg.errors
-    except ImportError:
-        return (sqlite3.IntegrityError,)
-    return (sqlite3.IntegrityError, psycopg.errors.UniqueViolation)
+
+        if psycopg.OperationalError not in cls.busy:
+            cls.busy = (*cls.busy, psycopg.OperationalError, psycopg.InterfaceError)
+            cls.unique = (*cls.unique, psycopg.errors.UniqueViolation)
 
 
-# a row that a unique index refused (on PostgreSQL: two keyed writes that raced)
-UNIQUE_ERRORS = _unique_errors()
+ERRORS = DriverErrors
 
 
 class CommitUnknown(StoreUnreachable):

@@ -40,7 +40,7 @@ from cao.errors import (
     StoreUnwritable,
 )
 from cao.store.backend import (
-    DRIVER_ERRORS,
+    ERRORS,
     WAKE_CHANNEL,
     Backend,
     CommitUnknown,
@@ -332,7 +332,7 @@ class Database:
         try:
             with self._conn() as conn:
                 yield conn
-        except DRIVER_ERRORS as exc:
+        except ERRORS.busy as exc:
             raise self._busy(exc) from exc
 
     @contextmanager
@@ -367,12 +367,12 @@ class Database:
                     yield conn
                 except BaseException:
                     if not self.backend.broken(conn):
-                        with contextlib.suppress(*DRIVER_ERRORS):
+                        with contextlib.suppress(*ERRORS.busy):
                             conn.execute("ROLLBACK")
                     raise
                 try:
                     conn.execute("COMMIT")
-                except DRIVER_ERRORS as exc:
+                except ERRORS.busy as exc:
                     if self.backend.broken(conn):  # the server went away with the COMMIT in flight
                         raise CommitUnknown(
                             f"the database server ({self.where}) went away while this write was being "
@@ -382,7 +382,7 @@ class Database:
                     raise
                 if count is not None:
                     self._writes_seen = max(self._writes_seen, count)
-        except DRIVER_ERRORS as exc:
+        except ERRORS.busy as exc:
             raise self._busy(exc) from exc
         finally:
             if lock is not None:

@@ -29,7 +29,7 @@ from cao.states import (
     TerminalState,
     WorkState,
 )
-from cao.store.backend import UNIQUE_ERRORS
+from cao.store.backend import ERRORS
 from cao.store.base import Database, _row, body_digest, open_task_window
 from cao.store.schema import MAX_BODY_BYTES, MESSAGE_STATUSES, Claim, Message, MessageEvent, Terminal
 from cao.timefmt import iso
@@ -91,7 +91,7 @@ class MessageRows(Database):
                     before_commit=before_commit,
                 )
                 break
-            except UNIQUE_ERRORS:
+            except ERRORS.unique:
                 if not keys or idempotency_key is None:
                     raise
         if isinstance(got, Message):
