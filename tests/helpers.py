@@ -205,3 +205,22 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def add_terminal_row(store: Any, tid: str, session: str = "cao-x") -> None:
+    """A terminal row with no pane (the store's own tests: messages need a receiver)."""
+    from cao.store import Terminal
+
+    now = time.time()
+    store.add_terminal(
+        Terminal(
+            id=tid,
+            name="w",
+            session_name=session,
+            provider="scripted",
+            agent_profile="developer",
+            working_directory="/",
+            created_at=now,
+            last_active=now,
+        )
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
-import time
 from pathlib import Path
 
 import psycopg
@@ -13,31 +12,16 @@ import pytest
 from click.testing import CliRunner
 
 from cao.cli import cli
-from cao.store import Store, Terminal
+from cao.store import Store
 from cao.store.schema import TABLES
-
-
-def _terminal(store: Store, tid: str) -> None:
-    now = time.time()
-    store.add_terminal(
-        Terminal(
-            id=tid,
-            name="w",
-            session_name="cao-x",
-            provider="scripted",
-            agent_profile="developer",
-            working_directory="/",
-            created_at=now,
-            last_active=now,
-        )
-    )
+from tests.helpers import add_terminal_row
 
 
 def _filled(path: Path) -> dict[str, int]:
     """A store with rows in several tables, and an id counter ahead of the rows (deleted ones)."""
     store = Store(path)
     for tid in ("aaaa0001", "aaaa0002"):
-        _terminal(store, tid)
+        add_terminal_row(store, tid)
     for i in range(30):
         store.add_message(sender_id="cli", receiver_id="aaaa0001" if i % 2 else "aaaa0002", body=f"m{i} ✓")
     store.close()

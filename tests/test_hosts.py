@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import REPO, ServerProcess, received_bodies, wait_until
+from tests.helpers import REPO, ServerProcess, add_terminal_row, received_bodies, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,8 @@ class Hosts:
         self._clients: dict[str, httpx.Client] = {}
         self.all: list[ServerProcess] = []  # every server started, also one a later start replaced
 
-    def start(self, name: str, *, home: str | None = None, **env: str) -> ServerProcess:
+    def process(self, name: str, *, home: str | None = None, **env: str) -> ServerProcess:
+        """A cao-server on the store (not started): its own home and tmux server."""
         socket = f"cao-test-{uuid.uuid4().hex[:8]}"
         self.sockets.append(socket)
         srv = ServerProcess(
@@ -50,9 +51,18 @@ class Hosts:
             CAO_HOST_NAME=name,
             **{**FAST_HOSTS, **env},
         )
-        self.servers[name] = srv
         self.all.append(srv)
+        return srv
+
+    def start(self, name: str, *, home: str | None = None, **env: str) -> ServerProcess:
+        srv = self.process(name, home=home, **env)
+        self.servers[name] = srv
         return srv.start()
+
+    def refused(self, name: str, home: str, match: str, **env: str) -> None:
+        """A cao-server that must exit at start, saying ``match``."""
+        with pytest.raises(AssertionError, match=match):
+            self.process(name, home=home, **env).start()
 
     def client(self, name: str) -> httpx.Client:
         srv = self.servers[name]
@@ -153,16 +163,7 @@ def test_a_terminal_runs_on_the_host_named_and_every_host_reaches_it(hosts: Host
 
 def test_a_name_held_by_a_live_host_is_refused(hosts: Hosts):
     hosts.start("a")
-    twin = ServerProcess(
-        hosts.root / "twin",
-        f"cao-test-{uuid.uuid4().hex[:8]}",
-        REPO,
-        CAO_DATABASE_URL=hosts.url,
-        CAO_HOST_NAME="a",
-    )
-    with pytest.raises(AssertionError, match="host name a is held by a running cao-server"):
-        twin.start()
-    twin.stop()
+    hosts.refused("a", "twin", "host name a is held by a running cao-server")
     listed = hosts.client("a").get("/hosts").json()
     assert len(listed) == 1 and listed[0]["alive"]
 
@@ -224,16 +225,7 @@ def test_an_operator_fails_a_host_that_is_down(hosts: Hosts):
 def test_a_host_another_home_held_is_refused_until_failed(hosts: Hosts):
     a = hosts.start("a")
     a.stop()  # a clean stop: nobody holds the name, but its terminals are still a's
-    other = ServerProcess(
-        hosts.root / "elsewhere",
-        f"cao-test-{uuid.uuid4().hex[:8]}",
-        REPO,
-        CAO_DATABASE_URL=hosts.url,
-        CAO_HOST_NAME="a",
-    )
-    with pytest.raises(AssertionError, match="belongs to a cao-server on another machine or CAO_HOME"):
-        other.start()
-    other.stop()
+    hosts.refused("a", "elsewhere", "belongs to a cao-server on another machine or CAO_HOME")
 
 
 def test_a_cross_host_send_wakes_the_owning_host_at_once(hosts: Hosts):
@@ -360,17 +352,7 @@ def test_a_session_name_is_taken_once_any_host_runs_it(hosts: Hosts):
 
 def test_a_url_a_live_host_is_reached_at_is_refused(hosts: Hosts):
     a = hosts.start("a")
-    copy = ServerProcess(
-        hosts.root / "copycat",
-        f"cao-test-{uuid.uuid4().hex[:8]}",
-        REPO,
-        CAO_DATABASE_URL=hosts.url,
-        CAO_HOST_NAME="copycat",
-        CAO_SERVER_URL=a.url,
-    )
-    with pytest.raises(AssertionError, match="is where host a is reached"):
-        copy.start()
-    copy.stop()
+    hosts.refused("copycat", "copycat", "is where host a is reached", CAO_SERVER_URL=a.url)
 
 
 def test_a_host_that_hangs_is_waited_for_once_not_by_every_request(hosts: Hosts):
@@ -470,9 +452,7 @@ def test_message_ids_past_32_bits_are_kept_on_postgresql(tmp_path: Path, pg_url:
     with sqlite3.connect(src) as conn:
         conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('message', ?)", (big,))
     store = Store(src)
-    from tests.test_db_copy import _terminal
-
-    _terminal(store, "aaaa0001")
+    add_terminal_row(store, "aaaa0001")
     m, _ = store.add_message(sender_id="cli", receiver_id="aaaa0001", body="far")
     store.close()
     assert m.id == big + 1

@@ -6,7 +6,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,8 @@ from cao.errors import (
     SchemaTooNew,
     StoreBusy,
 )
-from cao.store import MAX_BODY_BYTES, SCHEMA_VERSION, Store, Terminal
+from cao.store import MAX_BODY_BYTES, SCHEMA_VERSION, Store
+from tests.helpers import add_terminal_row
 
 pytestmark = pytest.mark.db_backends
 
@@ -29,19 +29,7 @@ RID = "aaaa0001"
 
 
 def _terminal(store: Store, tid: str = RID) -> None:
-    now = time.time()
-    store.add_terminal(
-        Terminal(
-            id=tid,
-            name="w",
-            session_name="cao-x",
-            provider="scripted",
-            agent_profile="developer",
-            working_directory="/",
-            created_at=now,
-            last_active=now,
-        )
-    )
+    add_terminal_row(store, tid)
 
 
 @pytest.fixture
