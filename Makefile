@@ -7,13 +7,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-integration test-realcli test-browser prepare bench lint docs screens \
-	tmux setup clean help
+.PHONY: demo test test-fast test-integration test-realcli test-browser test-postgresql prepare bench lint \
+	docs screens tmux setup clean help
 
 help:
 	@echo "make demo    - install (tmux, .venv) and watch scripted agents coordinate through the inbox"
 	@echo "make test    - install what the tests need, then run the whole suite (every tier)"
 	@echo "make test-fast | test-integration | test-realcli | test-browser - one tier (docs/testing.md)"
+	@echo "make test-postgresql - the integration tier with every store on PostgreSQL (docs/multi-host.md)"
 	@echo "make prepare - only install what the tests need (TIERS='realcli browser' for some)"
 	@echo "make bench   - inbox benchmark (prints a table, writes bench-results/inbox.json); BENCH_ARGS=--multi-host: two hosts on PostgreSQL"
 	@echo "make lint    - ruff and mypy"
@@ -33,6 +34,11 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m fast
+
+# the integration tier again, every cao-server and store on a PostgreSQL server it starts
+test-postgresql: setup
+	$(BIN)/python -m tests.prepare integration
+	CAO_TEST_DATABASE=postgresql $(BIN)/python -m pytest -q -m integration
 
 test-integration test-realcli test-browser: test-%: setup
 	$(BIN)/python -m tests.prepare $*
