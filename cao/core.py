@@ -25,6 +25,7 @@ from cao.engine import DeliveryEngine
 from cao.errors import (
     CaoError,
     Conflict,
+    HostUnreachable,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
@@ -713,7 +714,7 @@ class Cao:
         if host is not None:
             self.hosts.not_a_loop(validate_host_name(host), forwarded)
             if host != self.hosts.name and host not in {h.name for h in self.store.list_hosts()}:
-                raise NotFound(self.hosts.unknown_host(host))
+                raise InvalidInput(self.hosts.unknown_host(host))
             rows = [t for t in rows if (t.host or self.hosts.name) == host]
         if session is not None and not rows and not self.tmux.has_session(session):
             raise NotFound(f"session {session} not found; list sessions with `cao status`")
@@ -781,7 +782,9 @@ class Cao:
         return self.workspaces.listing()
 
     def mcp_ready(self, terminal_id: str) -> None:
-        self.status.note_mcp_ready(self.terminal_row(terminal_id))
+        row = self.terminal_row(terminal_id)
+        self.panes.check_local(row)  # its own host hears from its agent's tools
+        self.status.note_mcp_ready(row)
         self.engine.kick(terminal_id, Trigger.MCP_READY)
 
     def hook(
@@ -866,17 +869,31 @@ class Cao:
             return self.hosts.delete_session_on(host, name)
         if forwarded:
             return self.lifecycle.delete_session(name)
-        elsewhere = sorted(
-            {str(t.host) for t in self.store.list_terminals(session_name=session) if self.hosts.is_foreign(t)}
-        )
+        rows = self.store.list_terminals(session_name=session)
+        # other hosts with agents of it still running (a gone terminal's row is deleted here)
+        elsewhere = sorted({str(t.host) for t in rows if self.hosts.is_foreign(t) and t.state not in ENDED})
         deleted: list[str] = []
+        failed: list[str] = []
         for host in elsewhere:
-            deleted += self.hosts.delete_session_on(str(host), name)
+            try:
+                deleted += self.hosts.delete_session_on(host, name)
+            except CaoError as exc:
+                failed.append(exc.message)
+        for t in rows:
+            if self.hosts.is_foreign(t) and t.state in ENDED:
+                self.lifecycle.delete(t)
+                deleted.append(t.id)
         try:
             deleted += self.lifecycle.delete_session(name)
         except NotFound:
-            if not elsewhere:
+            if not elsewhere and not deleted:
                 raise
+        if failed:
+            raise HostUnreachable(
+                f"session {session}: deleted {', '.join(deleted) or 'nothing'}; not deleted: "
+                + "; ".join(failed)
+                + ". Delete the session again once that host is back (or fail it: `cao hosts fail`)"
+            )
         return deleted
 
     def fail_host(self, name: str, *, reason: str) -> dict[str, object]:

@@ -63,7 +63,7 @@ class Forwarder:
             m is None
             or (scope["method"], m["rest"]) not in PANE_ROUTES
             or FORWARDED_HEADER in headers
-            or not await run_in_threadpool(self.core.hosts.is_foreign, m["id"])
+            or not await run_in_threadpool(self.core.hosts.needs_owner, m["id"])
         ):
             await self.app(scope, receive, send)
             return

@@ -34,7 +34,7 @@ from cao.clock import Clock
 from cao.errors import CaoError, Conflict, HostUnreachable, InvalidInput, NotFound
 from cao.names import quote_segment
 from cao.settings import Settings
-from cao.states import HostState, Status, WaitReason
+from cao.states import ENDED, HostState, Status, WaitReason
 from cao.store import Host, Store, Terminal
 from cao.store.hosts import NameHeld
 from cao.store.schema import SCHEMA_VERSION
@@ -45,7 +45,8 @@ FORWARD_TIMEOUT = 75.0  # typed input waits up to a minute there for a starting 
 READ_TIMEOUT = 10.0  # a view, an output, a listing: answered at once by a host that is well
 CONNECT_TIMEOUT = 3.0
 QUIET_AFTER_FAILURE = 3.0  # a host that did not answer is not asked again for this long
-MAX_CLOCK_RTT = 0.25  # a clock sample whose round trip took longer is not used
+PER_HOST_REQUESTS = 8  # requests waiting on one other host at once (a hung one holds no more threads)
+CLOCK_SAMPLES = 8  # the clock offset is the one of the fastest of the last samples
 
 
 class StoreClock(Clock):
@@ -114,6 +115,8 @@ class Peers:
         headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
         headers["X-Cao-Forwarded"] = "1"
         self._quiet: dict[str, tuple[float, str]] = {}  # host -> (not asked again until, why)
+        self._slots: dict[str, threading.BoundedSemaphore] = {}  # host -> requests it may have at once
+        self._guard = threading.Lock()
         self.client = httpx.Client(
             headers=headers,
             timeout=httpx.Timeout(FORWARD_TIMEOUT, connect=CONNECT_TIMEOUT),
@@ -135,11 +138,34 @@ class Peers:
         """One request to ``host``: (status, body, content type). :class:`HostUnreachable` when it
         does not answer — and for the next few seconds without asking again: a host that hangs
         costs one wait, not one per request (every thread of ours would wait on it otherwise)."""
-        import httpx
 
         quiet = self._quiet.get(host.name)
         if quiet is not None and time.monotonic() < quiet[0]:
             raise HostUnreachable(quiet[1])
+        with self._guard:
+            slots = self._slots.setdefault(host.name, threading.BoundedSemaphore(PER_HOST_REQUESTS))
+        if not slots.acquire(blocking=False):  # that many already wait on it: a host that hangs
+            raise HostUnreachable(
+                f"host {host.name} ({host.url}) has {PER_HOST_REQUESTS} requests of this host waiting for "
+                "it already; nothing was sent. Retry in a moment (`cao hosts` shows whether it is up)"
+            )
+        try:
+            return self._send(host, method, path, params, body, content_type, timeout)
+        finally:
+            slots.release()
+
+    def _send(
+        self,
+        host: Host,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        content_type: str | None,
+        timeout: float | None,
+    ) -> tuple[int, bytes, str]:
+        import httpx
+
         headers = {"Content-Type": content_type} if content_type else {}
         if timeout is None:  # a read answers at once; typed input may wait for a starting agent
             timeout = READ_TIMEOUT if method == "GET" else FORWARD_TIMEOUT
@@ -195,7 +221,7 @@ class Hosts:
         self._threads: list[threading.Thread] = []
         self._owners: dict[str, str | None] = {}  # terminal id -> host (never changes)
         self.shared = self.store.path is None  # PostgreSQL: other hosts may share the store
-        self._clock_set = False
+        self._samples: list[tuple[float, float]] = []  # (round trip, offset) of the last clock samples
         self._rows: dict[str, Host] = {}  # host rows, as down_reason last read them
         self._rows_read = float("-inf")
 
@@ -208,10 +234,11 @@ class Hosts:
         if sample is None:
             return
         before, server, after = sample
-        if after - before > MAX_CLOCK_RTT and self._clock_set:
-            return  # a slow answer says little about the time: keep the last good offset
-        self.clock.offset = server - (before + after) / 2
-        self._clock_set = True
+        # the fastest recent round trip says the most about the time (its error is half of it); a
+        # host whose every round trip is slow still follows its clock, one sample window behind
+        self._samples.append((after - before, server - (before + after) / 2))
+        del self._samples[:-CLOCK_SAMPLES]
+        self.clock.offset = min(self._samples)[1]
 
     # -- life --------------------------------------------------------------------------------------
     def register(self) -> Host | None:
@@ -360,6 +387,16 @@ class Hosts:
             return False  # a SQLite file has one host: no read on the hot path
         host = terminal.host if isinstance(terminal, Terminal) else self.owner(terminal)
         return host is not None and host != self.name
+
+    def needs_owner(self, terminal_id: str) -> bool:
+        """Another host's terminal that still runs there: a pane operation on it goes to that host
+        (a gone one has no pane anywhere: its row is answered, and deleted, here)."""
+        if not self.is_foreign(terminal_id):
+            return False
+        try:
+            return self.store.get_terminal(terminal_id, include_deleted=True).state not in ENDED
+        except CaoError:
+            return False
 
     def peer(self, name: str) -> Host:
         """Another host's row, to reach it: :class:`HostUnreachable` when its lease lapsed."""

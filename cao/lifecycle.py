@@ -26,7 +26,7 @@ from cao.names import validate_session_name
 from cao.panelog import PaneLogs
 from cao.panes import PaneIO, Panes
 from cao.settings import Settings
-from cao.states import TerminalState
+from cao.states import ENDED, TerminalState
 from cao.status import StatusReader
 from cao.store import Store, Terminal
 from cao.tmux import PaneInfo, PaneRef, TaggedPane, session_name_for
@@ -89,6 +89,7 @@ class Lifecycle:
         with self._session(session_name, new_session) as session:
             return self._create(
                 session,
+                new_session=new_session,
                 provider=provider,
                 agent_profile=agent_profile,
                 working_directory=working_directory,
@@ -100,6 +101,7 @@ class Lifecycle:
         self,
         session: str,
         *,
+        new_session: bool,
         provider: str | None,
         agent_profile: str | None,
         working_directory: str | None,
@@ -126,7 +128,9 @@ class Lifecycle:
             for path, content in plan.spec.files.items():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(content)
-            self.store.add_terminal(terminal)
+            # a new session: no other host may have started one of that name meanwhile (checked in
+            # the write itself; the look at tmux above can't see another host's)
+            self.store.add_terminal(terminal, new_session=new_session)
         except BaseException:
             shutil.rmtree(plan.home, ignore_errors=True)  # its CLI's config: nothing else has it
             raise
@@ -233,6 +237,15 @@ class Lifecycle:
         A tmux failure (or a crash) after the first step leaves the row ``deleting``; the sweep
         finishes it (:meth:`finish_deletes`). A pane that is not the terminal's is never touched.
         """
+        if (
+            terminal.state in ENDED
+            and self.store.host is not None
+            and terminal.host not in (None, self.store.host)
+        ):
+            # another host's terminal that is gone (its host was failed): no pane, no files here
+            self.store.delete_terminal(terminal.id)
+            self.events.publish("terminal.deleted", terminal_id=terminal.id, failed_messages=0)
+            return 0
         self.panes.check_local(terminal)  # another host's: only that host kills it (nothing written)
         with self.panes.lock(terminal.id):
             failed = self.store.begin_delete(terminal.id)

@@ -276,6 +276,9 @@ def main(host: str | None, port: int | None, log_level: str, database_url: str |
             log_config=None,  # uvicorn's lines go through our handlers (JSON in the file)
             log_level="warning",
             access_log=False,  # the query form would put message bodies in it
+            # an open event stream (a dashboard) never ends by itself: stop waiting for it, so a
+            # stop (or a host that lost its name) ends the process and releases CAO_HOME
+            timeout_graceful_shutdown=3,
         )
     finally:
         runfile.remove(settings.home)

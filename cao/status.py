@@ -203,7 +203,7 @@ class StatusReader:
     def statuses(self, terminals: Sequence[Terminal]) -> dict[str, str]:
         """:meth:`status` of many terminals from one batched look at their panes (a listing of 200
         terminals is four tmux calls, not 200)."""
-        foreign = [t for t in terminals if self._foreign(t)]
+        foreign = [t for t in terminals if self._foreign(t) and t.state not in ENDED]
         out: dict[str, str] = self.remote(foreign) if foreign else {}
         terminals = [t for t in terminals if t.id not in out]
         live = [t for t in terminals if t.state not in ENDED and t.state != TerminalState.STARTING]

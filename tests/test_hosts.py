@@ -465,3 +465,175 @@ def test_message_ids_past_32_bits_are_kept_on_postgresql(tmp_path: Path, pg_url:
         assert [e.message_id for e in target.timeline("aaaa0001")][-1] == big + 2
     finally:
         target.close()
+
+
+# -- the second review (of the first review's fixes) -------------------------------------------------
+def test_a_hung_host_holds_at_most_a_few_threads_of_the_others(hosts: Hosts):
+    import socket
+    import threading
+
+    from cao.hosts import PER_HOST_REQUESTS
+
+    hosts.start("a")
+    hosts.start("b")
+    tid = str(_launch(hosts.client("a"), host="b")["id"])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def hang() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    catcher = threading.Thread(target=hang)
+    catcher.start()
+    import psycopg
+
+    try:
+        with psycopg.connect(hosts.url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE host SET url = %s WHERE name = 'b'",
+                (f"http://127.0.0.1:{listener.getsockname()[1]}",),
+            )
+        url = hosts.servers["a"].url
+        codes: list[int] = []
+
+        def ask() -> None:
+            with httpx.Client(base_url=url, timeout=30) as c:
+                codes.append(c.get(f"/terminals/{tid}/output").status_code)
+
+        askers = [threading.Thread(target=ask) for _ in range(20)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+        assert codes == [503] * 20
+        assert len(accepted) <= PER_HOST_REQUESTS, len(accepted)
+    finally:
+        stop.set()
+        catcher.join()
+        for s in accepted:
+            s.close()
+        listener.close()
+
+
+def test_a_host_that_lost_its_name_stops_even_with_a_dashboard_open(hosts: Hosts):
+    import threading
+
+    hosts.start("a")
+    b = hosts.start("b")
+    opened = threading.Event()
+
+    def watch() -> None:  # the dashboard's event stream: it never ends by itself
+        try:
+            with httpx.Client(base_url=b.url, timeout=None) as c, c.stream("GET", "/events") as r:
+                opened.set()
+                for _ in r.iter_bytes():
+                    pass
+        except httpx.HTTPError:
+            pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert opened.wait(10)
+    import psycopg
+
+    with psycopg.connect(hosts.url, autocommit=True) as conn:
+        conn.execute("UPDATE host SET state = 'failed', note = 'test' WHERE name = 'b'")
+    assert b.proc is not None
+    b.proc.wait(timeout=30)  # fenced: it stops, stream or not
+    assert "lost its host name" in b.log()
+    watcher.join(timeout=10)
+
+
+def test_a_failed_host_s_terminals_and_sessions_can_be_deleted(hosts: Hosts):
+    hosts.start("a")
+    b = hosts.start("b")
+    here = str(_launch(hosts.client("a"), session_name="mixed")["id"])
+    r = hosts.client("a").post("/sessions/mixed/terminals", json={"provider": "scripted", "host": "b"})
+    there = r.json()["id"]
+    lone = str(_launch(hosts.client("a"), host="b")["id"])
+    b.kill()
+    wait_until(lambda: _state_of(hosts.client("a"), "b") == "lapsed", timeout=10, what="b lapsed")
+    assert hosts.client("a").post("/hosts/b/fail", json={"reason": "gone"}).status_code == 200
+    listed = {t["id"]: t["status"] for t in hosts.client("a").get("/terminals").json()}
+    assert listed[there] == "gone" and listed[lone] == "gone"
+    r = hosts.client("a").delete(f"/terminals/{lone}")
+    assert r.status_code == 200, r.text
+    r = hosts.client("a").delete("/sessions/mixed")
+    assert r.status_code == 200, r.text
+    assert sorted(r.json()["deleted_terminals"]) == sorted([here, there])
+
+
+def _state_of(client: httpx.Client, name: str) -> str | None:
+    return next((h["state"] for h in client.get("/hosts").json() if h["name"] == name), None)
+
+
+def test_a_session_delete_with_a_host_down_says_what_it_deleted(hosts: Hosts):
+    hosts.start("a")
+    hosts.start("b")
+    c = hosts.start("c")
+    _launch(hosts.client("a"), session_name="three")
+    ids = {}
+    for name in ("b", "c"):
+        r = hosts.client("a").post("/sessions/three/terminals", json={"provider": "scripted", "host": name})
+        ids[name] = r.json()["id"]
+    c.kill()
+    wait_until(lambda: _state_of(hosts.client("a"), "c") == "lapsed", timeout=10, what="c lapsed")
+    r = hosts.client("a").delete("/sessions/three")
+    assert r.status_code == 503, r.text
+    detail = r.json()["detail"]
+    assert ids["b"] in detail and "host c" in detail, detail
+    listed = {t["id"] for t in hosts.client("a").get("/terminals").json()}
+    assert ids["b"] not in listed and ids["c"] in listed
+
+
+def test_two_hosts_creating_one_new_session_at_once_make_it_once(hosts: Hosts):
+    import threading
+
+    hosts.start("a")
+    hosts.start("b")
+    for i in range(6):
+        name = f"race{i}"
+        codes: dict[str, int] = {}
+
+        def create(host: str, name: str = name, codes: dict[str, int] = codes) -> None:
+            with httpx.Client(base_url=hosts.servers[host].url, timeout=30) as c:
+                codes[host] = c.post(
+                    "/sessions", json={"provider": "scripted", "session_name": name}
+                ).status_code
+
+        both = [threading.Thread(target=create, args=(h,)) for h in ("a", "b")]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+        assert sorted(codes.values()) == [201, 422], codes
+
+
+def test_an_older_postgresql_store_s_id_columns_are_widened(pg_url: str):
+    import psycopg
+
+    from cao.store import Store
+    from cao.store.schema import SCHEMA_VERSION
+
+    Store(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # as schema 13 left them
+        conn.execute("ALTER TABLE message_event ALTER COLUMN message_id TYPE integer")
+        conn.execute("ALTER TABLE terminal ALTER COLUMN ack_cursor TYPE integer")
+        conn.execute("UPDATE store_meta SET value = %s WHERE key = 'schema'", (SCHEMA_VERSION - 1,))
+    Store(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        types = dict(
+            conn.execute(
+                "SELECT table_name || '.' || column_name, data_type FROM information_schema.columns "
+                "WHERE column_name IN ('message_id', 'ack_cursor')"
+            ).fetchall()
+        )
+    assert types["message_event.message_id"] == "bigint" and types["terminal.ack_cursor"] == "bigint"

@@ -569,6 +569,18 @@ class Database:
             for column in table.columns:
                 if column.name not in have:
                     conn.execute(f"ALTER TABLE {table.name} ADD COLUMN {column_ddl(column, self.kind)}")
+            # a column the classes made 64-bit (a message id's) is widened where an older one isn't
+            types = dict(
+                conn.execute(
+                    "SELECT column_name, data_type FROM information_schema.columns WHERE "
+                    "table_schema = current_schema() AND table_name = ?",
+                    (table.name,),
+                ).fetchall()
+            )
+            for column in table.columns:
+                wide = column_ddl(column, self.kind).split()[1] in ("BIGINT", "BIGSERIAL")
+                if wide and types.get(column.name) == "integer":
+                    conn.execute(f"ALTER TABLE {table.name} ALTER COLUMN {column.name} TYPE BIGINT")
 
     def _rebuild_from_models(self, conn: Any, *, only_changed: bool = False) -> None:
         """Migration 13 (SQLite): every table rebuilt from its class, rows and id counters kept, so

@@ -6,6 +6,7 @@ import sqlite3
 from typing import Any
 
 from cao.errors import (
+    InvalidInput,
     NotFound,
 )
 from cao.states import RECEIVER_GONE, FailureKind, TerminalState
@@ -15,11 +16,25 @@ from cao.store.schema import Terminal
 
 class TerminalRows(Database):
     # -- terminals -------------------------------------------------------------------------------
-    def add_terminal(self, terminal: Terminal) -> Terminal:
+    def add_terminal(self, terminal: Terminal, *, new_session: bool = False) -> Terminal:
+        """Write a new terminal's row. ``new_session``: refused (nothing written) when another host
+        already runs a terminal in that session (several hosts share the store: two creating the
+        same new session at once, one wins)."""
         row = terminal.model_dump()
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         with self._write() as conn:
+            if new_session and self.host is not None:
+                taken = conn.execute(
+                    "SELECT host FROM terminal WHERE session_name = ? AND host != ? "
+                    "AND state IN ('starting', 'live') LIMIT 1",
+                    (terminal.session_name, self.host),
+                ).fetchone()
+                if taken is not None:
+                    raise InvalidInput(
+                        f"session {terminal.session_name} already exists (on host {taken[0]}); pick another "
+                        "name or add a terminal to it"
+                    )
             conn.execute(f"INSERT INTO terminal ({cols}) VALUES ({marks})", row)
         return terminal
 
