@@ -46,8 +46,12 @@ def tier_of(item: pytest.Item) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its tier (so ``-m fast`` selects one) and run the tiers in order, fast
-    first: a broken change shows in seconds, not at the end of the real CLIs."""
+    first: a broken change shows in seconds, not at the end of the real CLIs. With the suite on
+    PostgreSQL, a test of the SQLite file itself (``sqlite_only``) skips, saying so."""
     for item in items:
+        marker = item.get_closest_marker("sqlite_only")
+        if marker is not None and os.environ.get("CAO_TEST_DATABASE") == "postgresql":
+            item.add_marker(pytest.mark.skip(reason=f"tests the SQLite file itself: {marker.args[0]}"))
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))

@@ -195,6 +195,7 @@ def test_in_mode_error_names_the_mode_and_the_way_out():
 
 
 # -- 35: another cao-server's agents on the same tmux server ----------------------------------------
+@pytest.mark.sqlite_only("two homes on one tmux server, each with its own store file")
 def test_35_a_session_of_another_cao_server_is_never_deleted_by_name(
     make_core: Callable[..., Cao], settings, tmp_path
 ):
@@ -220,6 +221,7 @@ def test_35_a_session_of_another_cao_server_is_never_deleted_by_name(
     assert again.info()["orphan_panes"] == [] and idle(other, theirs)
 
 
+@pytest.mark.sqlite_only("a copy of the database file in another home")
 def test_35b_a_copy_of_another_homes_database_reaches_none_of_its_panes(
     make_core: Callable[..., Cao], settings, tmp_path
 ):
@@ -260,6 +262,7 @@ def _pending_receipt(client: TestClient, tid: str, body: str):
     return client.post(f"/terminals/{tid}/inbox/messages", json={"message": body, "sender_id": "s"})
 
 
+@pytest.mark.sqlite_only("the database file deleted under the server")
 def test_36_a_deleted_database_refuses_writes_and_its_agents_survive_the_restart(
     make_core: Callable[..., Cao], settings
 ):
@@ -283,6 +286,7 @@ def test_36_a_deleted_database_refuses_writes_and_its_agents_survive_the_restart
     assert restarted.tmux.run("display-message", "-p", "-t", pane, "#{pane_dead}").strip() == "0"  # alive
 
 
+@pytest.mark.sqlite_only("the database file replaced by an older copy")
 @pytest.mark.parametrize("how", ["renamed over", "restored in place"])
 def test_36b_a_database_replaced_by_an_older_copy_is_noticed_before_any_receipt(
     make_core: Callable[..., Cao], settings, how: str
@@ -308,6 +312,7 @@ def test_36b_a_database_replaced_by_an_older_copy_is_noticed_before_any_receipt(
     assert core.store.gone is not None
 
 
+@pytest.mark.sqlite_only("the database file rewound in place")
 def test_36c_housekeeping_notices_a_rewound_database_without_a_send(make_core: Callable[..., Cao], settings):
     import sqlite3
 
@@ -397,6 +402,7 @@ def _fill(where):
     return filler
 
 
+@pytest.mark.sqlite_only("the disk under the database file full")
 def test_a_full_disk_is_507_nothing_written_and_the_same_request_works_after(
     make_core: Callable[..., Cao], settings, small_fs
 ):
@@ -522,6 +528,7 @@ def test_the_rewind_check_never_fires_on_sends_committed_during_it(tmp_path):
     store.close()
 
 
+@pytest.mark.sqlite_only("the database file rewound in place")
 def test_36d_a_restore_that_only_rewinds_states_is_noticed_too(make_core: Callable[..., Cao], settings):
     """An older copy restored in place with no message sent since it was taken: the ids don't go
     back, but the write count does (a message cancelled after the copy came back 'pending')."""
@@ -539,6 +546,7 @@ def test_36d_a_restore_that_only_rewinds_states_is_noticed_too(make_core: Callab
     assert core.store.gone is not None
 
 
+@pytest.mark.sqlite_only("the database file's write-ahead log deleted")
 def test_36e_a_deleted_write_ahead_log_stops_writes_before_a_crash_could_lose_them(
     make_core: Callable[..., Cao], settings
 ):

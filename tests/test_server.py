@@ -17,6 +17,7 @@ def _status(client, tid: str) -> str:
     return client.get(f"/terminals/{tid}").json()["status"]
 
 
+@pytest.mark.sqlite_only("reads the rows from cao.db")
 def test_server_end_to_end_and_restart_adoption(make_server, tmp_path: Path, tmux_socket: str):
     srv: ServerProcess = make_server()
     with srv.client() as c:
@@ -74,6 +75,7 @@ def test_port_in_use_is_a_clear_error(make_server, tmp_path: Path, tmux_socket: 
     assert proc.returncode == 1 and "already in use" in proc.stderr
 
 
+@pytest.mark.sqlite_only("reads the rows from cao.db")
 def test_launch_headless_to_idle_and_shutdown_leaves_nothing(make_server, tmp_path: Path, tmux_socket: str):
     srv = make_server()
     env = {**server_env(srv.home, tmux_socket, srv.port), "CAO_SERVER_URL": srv.url}
