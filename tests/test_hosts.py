@@ -6,13 +6,17 @@ on the host whose tmux runs it."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from tests.helpers import REPO, ServerProcess, add_terminal_row, received_bodies, wait_until
@@ -41,11 +45,11 @@ class Hosts:
 
     def process(self, name: str, *, home: str | None = None, **env: str) -> ServerProcess:
         """A cao-server on the store (not started): its own home and tmux server."""
-        socket = f"cao-test-{uuid.uuid4().hex[:8]}"
-        self.sockets.append(socket)
+        sock = f"cao-test-{uuid.uuid4().hex[:8]}"
+        self.sockets.append(sock)
         srv = ServerProcess(
             self.root / (home or name),
-            socket,
+            sock,
             REPO,
             CAO_DATABASE_URL=self.url,
             CAO_HOST_NAME=name,
@@ -75,8 +79,8 @@ class Hosts:
             c.close()
         for srv in self.all:
             srv.stop()
-        for socket in self.sockets:
-            subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+        for name in self.sockets:
+            subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
 
 
 @pytest.fixture
@@ -241,6 +245,39 @@ def test_a_cross_host_send_wakes_the_owning_host_at_once(hosts: Hosts):
     wait_until(lambda: any(marker in x for x in received_bodies(b.home, tid)), timeout=15, what="delivered")
 
 
+@contextlib.contextmanager
+def _hung_peer(hosts: Hosts, name: str) -> Iterator[list[socket.socket]]:
+    """Host ``name``'s row points at a socket that accepts and never answers (its lease stays
+    live); yields the connections it accepted."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def hang() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    catcher = threading.Thread(target=hang)
+    catcher.start()
+    try:
+        with psycopg.connect(hosts.url, autocommit=True) as conn:
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+            conn.execute("UPDATE host SET url = %s WHERE name = %s", (url, name))
+        yield accepted
+    finally:
+        stop.set()
+        catcher.join()
+        for sock in accepted:
+            sock.close()
+        listener.close()
+
+
 # -- a host's clock, an older host, a newer store ---------------------------------------------------
 def test_a_host_whose_clock_is_an_hour_off_writes_the_store_s_time(tmp_path: Path, pg_url: str):
     """Leases, deadlines and timestamps written by hosts with different clocks must agree: each
@@ -356,47 +393,15 @@ def test_a_url_a_live_host_is_reached_at_is_refused(hosts: Hosts):
 
 
 def test_a_host_that_hangs_is_waited_for_once_not_by_every_request(hosts: Hosts):
-    import socket
-    import threading
-
     hosts.start("a")
     hosts.start("b")
     tid = str(_launch(hosts.client("a"), host="b")["id"])
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def hang() -> None:  # accepts, reads nothing, answers nothing
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=hang)
-    thread.start()
-    import psycopg
-
-    try:
-        with psycopg.connect(hosts.url, autocommit=True) as conn:  # b answers nowhere; its lease is live
-            conn.execute(
-                "UPDATE host SET url = %s WHERE name = 'b'",
-                (f"http://127.0.0.1:{listener.getsockname()[1]}",),
-            )
+    with _hung_peer(hosts, "b") as accepted:
         first = hosts.client("a").get(f"/terminals/{tid}/output")
         assert first.status_code == 503 and "did not answer" in first.json()["detail"], first.text
         second = hosts.client("a").get(f"/terminals/{tid}/output")
         assert second.status_code == 503, second.text
         assert len(accepted) == 1  # the second was answered without asking b again
-    finally:
-        stop.set()
-        thread.join()
-        for s in accepted:
-            s.close()
-        listener.close()
 
 
 def test_a_second_process_of_the_same_machine_and_home_waits_for_a_lease_that_goes_on(
@@ -469,38 +474,12 @@ def test_message_ids_past_32_bits_are_kept_on_postgresql(tmp_path: Path, pg_url:
 
 # -- the second review (of the first review's fixes) -------------------------------------------------
 def test_a_hung_host_holds_at_most_a_few_threads_of_the_others(hosts: Hosts):
-    import socket
-    import threading
-
     from cao.hosts import PER_HOST_REQUESTS
 
     hosts.start("a")
     hosts.start("b")
     tid = str(_launch(hosts.client("a"), host="b")["id"])
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def hang() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    catcher = threading.Thread(target=hang)
-    catcher.start()
-    import psycopg
-
-    try:
-        with psycopg.connect(hosts.url, autocommit=True) as conn:
-            conn.execute(
-                "UPDATE host SET url = %s WHERE name = 'b'",
-                (f"http://127.0.0.1:{listener.getsockname()[1]}",),
-            )
+    with _hung_peer(hosts, "b") as accepted:
         url = hosts.servers["a"].url
         codes: list[int] = []
 
@@ -515,12 +494,6 @@ def test_a_hung_host_holds_at_most_a_few_threads_of_the_others(hosts: Hosts):
             t.join()
         assert codes == [503] * 20
         assert len(accepted) <= PER_HOST_REQUESTS, len(accepted)
-    finally:
-        stop.set()
-        catcher.join()
-        for s in accepted:
-            s.close()
-        listener.close()
 
 
 def test_a_host_that_lost_its_name_stops_even_with_a_dashboard_open(hosts: Hosts):
