@@ -157,6 +157,7 @@ class Cao:
         settings.ensure_dirs()
         # the user's screen-rule fixes ($CAO_HOME/providers/*.rules): checked before anything starts
         self.rule_overrides = screenrules.install(settings.home)
+        self.provider_aliases = _check_aliases(settings.provider_aliases)
         self.settings = settings
         if settings.database_url is not None:  # hosts share the store: one time, the database's
             clock = StoreClock(clock)
@@ -164,6 +165,16 @@ class Cao:
         self.clock = clock.now
         now = clock.now
         self.store = Store(settings.db_location, busy_timeout=settings.busy_timeout, clock=now)
+        try:
+            self._assemble(settings, clock, environ, pane_io)
+        except BaseException:  # a refused file (prices, budgets): no connection left open
+            self.store.close()
+            raise
+
+    def _assemble(
+        self, settings: Settings, clock: Clock, environ: Mapping[str, str] | None, pane_io: PaneIO | None
+    ) -> None:
+        now = clock.now
         self.tmux: PaneIO = (
             pane_io if pane_io is not None else Tmux(settings.tmux_socket, control=settings.tmux_control)
         )
@@ -230,7 +241,6 @@ class Cao:
         )
         self.engine.ticks.append(self.usage.tick)
         self.lifecycle.retiring.append(self.usage.read)
-        self.provider_aliases = _check_aliases(settings.provider_aliases)
         # the other cao-servers sharing the store (cao/hosts.py): who owns a terminal, forwarding
         self.hosts = Hosts(
             settings,

@@ -118,14 +118,18 @@ def test_tokens_of_the_other_cli_records_match_what_the_model_reported(
     def replies() -> list[dict[str, Any]]:  # the model turns (with tools), as the fake reported them
         return [r for r in bed.fake_requests() if r.get("kind") == "main" and r.get("usage")]
 
-    def settled() -> bool:
+    seen: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+
+    def settled() -> bool:  # one snapshot of both sides: the CLI may ask the model again after its turn
         u = server.call("GET", f"/terminals/{agent.id}/usage")
-        return bool(u.get("known")) and u["responses"] == len(replies()) >= 2
+        r = replies()
+        seen[:] = [(u, r)]
+        return bool(u.get("known")) and u["responses"] == len(r) >= 2
 
     wait_for(settled, 30, "its CLI recorded every reply")
-    u = server.call("GET", f"/terminals/{agent.id}/usage")
-    total = {k: sum(r["usage"][k] for r in replies()) for k in KINDS}
-    assert counted(u) == total, (u, replies())
+    u, answered = seen[0]
+    total = {k: sum(r["usage"][k] for r in answered) for k in KINDS}
+    assert counted(u) == total, (u, answered)
     by_task = {t["task_id"]: t for t in u["by_task"]}
     assert all(by_task.get(task, {}).get("responses", 0) >= 1 for task in sent), u["by_task"]
     assert u["by_model"][0]["model"] == "fake-model" and len(u["by_model"]) == 1  # the model named
