@@ -252,7 +252,8 @@ async def _off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def create_app(core: Cao) -> FastAPI:
     app = FastAPI(title="cao-server", version=cao.__version__)
     forward.install(app, core)  # pane operations on another host's terminal go to that host
-    security.install(app, core.settings)  # host/origin/token/size checks, JSON errors, honest schema
+    # host/origin/token/size checks, JSON errors, honest schema; peers' signatures on the store's clock
+    security.install(app, core.settings, core.clock)
     dashboard.install(app, core)  # the web dashboard, /events (SSE), the live terminal WebSocket
 
     @app.exception_handler(CaoError)

@@ -18,9 +18,10 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cao.errors import CaoError, HostUnreachable
+from cao.security import read_body, replay
 
 if TYPE_CHECKING:
     from cao.core import Cao
@@ -67,7 +68,7 @@ class Forwarder:
         ):
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         host_name = str(self.core.hosts.owner(m["id"]))
         try:
             status, content, ctype = await run_in_threadpool(
@@ -76,7 +77,7 @@ class Forwarder:
         except HostUnreachable as exc:
             if scope["method"] == "GET" and m["rest"] == "":
                 # its row is here: the view says host_unreachable (status.py asks nobody then)
-                await self.app(scope, _replay(body), send)
+                await self.app(scope, replay(body), send)
                 return
             await _send(send, exc.status_code, _error(exc), b"application/json")
             return
@@ -102,31 +103,6 @@ class Forwarder:
 
 def _error(exc: CaoError) -> bytes:
     return json.dumps({"detail": exc.message, "error": type(exc).__name__}).encode()
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes) -> Receive:
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
-
-    return receive
 
 
 async def _send(send: Send, status: int, content: bytes, content_type: bytes) -> None:

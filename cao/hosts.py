@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from cao import peerauth
 from cao.clock import Clock
 from cao.errors import CaoError, Conflict, HostUnreachable, InvalidInput, NotFound
 from cao.names import quote_segment
@@ -106,14 +107,25 @@ def host_view(host: Host, now: float, *, me: str | None, agents: int) -> dict[st
     }
 
 
-class Peers:
-    """HTTP to the other hosts' APIs, with the shared token (a peer's URL comes from its own row)."""
+def _detail(body: bytes) -> str:
+    """The ``detail`` of a JSON error answer, short; else its first bytes."""
+    try:
+        return str(json.loads(body).get("detail"))[:300]
+    except (ValueError, AttributeError):
+        return repr(body[:200])
 
-    def __init__(self, settings: Settings) -> None:
+
+class Peers:
+    """HTTP to the other hosts' APIs (a peer's URL comes from its own row). Each request is signed
+    with the shared token (cao/peerauth.py): the token itself is never sent to a URL read from the
+    database."""
+
+    def __init__(self, settings: Settings, now: Callable[[], float]) -> None:
         import httpx
 
-        headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
-        headers["X-Cao-Forwarded"] = "1"
+        self.token = settings.api_token
+        self.now = now  # the database-corrected clock: the peer checks the signature's time by it
+        headers = {"X-Cao-Forwarded": "1"}
         self._quiet: dict[str, tuple[float, str]] = {}  # host -> (not asked again until, why)
         self._slots: dict[str, threading.BoundedSemaphore] = {}  # host -> requests it may have at once
         self._guard = threading.Lock()
@@ -170,9 +182,14 @@ class Peers:
         if timeout is None:  # a read answers at once; typed input may wait for a starting agent
             timeout = READ_TIMEOUT if method == "GET" else FORWARD_TIMEOUT
         try:
-            r = self.client.request(
+            request = self.client.build_request(
                 method, host.url + path, params=params, content=body, headers=headers, timeout=timeout
             )
+            if self.token is not None:
+                request.headers[peerauth.HEADER] = peerauth.sign(
+                    self.token, method, request.headers["host"], request.url.raw_path, body or b"", self.now()
+                )
+            r = self.client.send(request)
         except httpx.HTTPError as exc:
             why = (
                 f"host {host.name} ({host.url}) did not answer: {type(exc).__name__}: "
@@ -184,8 +201,8 @@ class Peers:
         self._quiet.pop(host.name, None)
         if r.status_code == 401:
             raise HostUnreachable(
-                f"host {host.name} ({host.url}) refused this host's token: every host sharing a store "
-                "needs the same CAO_API_TOKEN"
+                f"host {host.name} ({host.url}) refused this host's signed request: every host sharing a "
+                f"store needs the same CAO_API_TOKEN ({_detail(r.content)})"
             )
         return r.status_code, r.content, r.headers.get("content-type", "application/json")
 
@@ -216,7 +233,7 @@ class Hosts:
         self.instance = secrets.token_hex(8)
         self.machine = machine_id(self.home_tag)
         self.fenced: str | None = None  # why this process may no longer act for its name
-        self.peers = Peers(self.settings)
+        self.peers = Peers(self.settings, self.clock.now)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._owners: dict[str, str | None] = {}  # terminal id -> host (never changes)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 import unicodedata
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI
 from starlette.responses import JSONResponse
 
-from cao import apitoken
+from cao import apitoken, peerauth
 from cao.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -164,9 +165,10 @@ def too_large() -> Refused:
 class Guard:
     """The ASGI middleware: checks every HTTP request before any route sees it."""
 
-    def __init__(self, app: ASGIApp, policy: Policy) -> None:
+    def __init__(self, app: ASGIApp, policy: Policy, peers: peerauth.Verifier | None = None) -> None:
         self.app = app
         self.policy = policy
+        self.peers = peers  # another host's signed request (cao/peerauth.py), when there is a token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -185,7 +187,14 @@ class Guard:
             return
         headers = _headers(scope)
         try:
-            self.check(scope, headers)
+            signed = self.check(scope, headers)
+            if signed:  # the signature covers the body: read it (bounded) before any route runs
+                body = await read_body(receive)
+                self.check_peer(scope, headers, body)
+                receive = replay(body)
+        except _BodyTooLarge:
+            await self.refuse(scope, receive, send, too_large())
+            return
         except Refused as refused:
             await self.refuse(scope, receive, send, refused)
             return
@@ -213,7 +222,8 @@ class Guard:
                 raise
             await self.refuse(scope, receive, send, too_large())
 
-    def check(self, scope: Scope, headers: dict[str, str]) -> None:
+    def check(self, scope: Scope, headers: dict[str, str]) -> bool:
+        """Refuses what may not pass; True when it may pass only if its peer signature is good."""
         method, path = scope["method"], scope["path"]
         if len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") > MAX_URL_BYTES:
             raise Refused(
@@ -240,7 +250,12 @@ class Guard:
                 "agents, add its origin to CAO_ALLOWED_ORIGINS (docs/security.md)",
             )
         open_route = (method, path) in OPEN_ROUTES or (method == "GET" and path.startswith(OPEN_PREFIXES))
-        if not open_route and not self.policy.token_ok(headers.get("authorization"), headers.get("cookie")):
+        signed = False
+        if open_route or self.policy.token_ok(headers.get("authorization"), headers.get("cookie")):
+            pass
+        elif self.peers is not None and peerauth.HEADER in headers:
+            signed = True
+        else:
             raise Refused(
                 401,
                 "Unauthorized",
@@ -260,6 +275,18 @@ class Guard:
             )
         if length.isascii() and length.isdigit() and int(length) > MAX_BODY_BYTES:
             raise too_large()
+        return signed
+
+    def check_peer(self, scope: Scope, headers: dict[str, str], body: bytes) -> None:
+        """Another host's request: its signature over exactly this request, fresh, never seen."""
+        assert self.peers is not None
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        host = headers.get("host", "")
+        why = self.peers.check(headers[peerauth.HEADER], scope["method"], host, target, body)
+        if why is not None:
+            raise Refused(401, "Unauthorized", f"refused as another host's request: {why}")
 
     def check_websocket(self, scope: Scope, headers: dict[str, str]) -> None:
         """A WebSocket is never protected by CORS: its Origin must be ours whenever a browser
@@ -288,6 +315,37 @@ class Guard:
         await refused.response()(scope, receive, send)
 
 
+async def read_body(receive: Receive) -> bytes:
+    """A request's whole body (at most ``MAX_BODY_BYTES``: else ``_BodyTooLarge``)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def replay(body: bytes) -> Receive:
+    """A receive channel that gives ``body`` once, then waits for the client to go away."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
 def _headers(scope: Scope) -> dict[str, str]:
     """Header names lowercased; a repeated header keeps its first value (Host and Origin can't repeat)."""
     out: dict[str, str] = {}
@@ -296,13 +354,16 @@ def _headers(scope: Scope) -> dict[str, str]:
     return out
 
 
-def install(app: FastAPI, settings: Settings) -> None:
-    """Put the guard in front of every route; odd input becomes 4xx JSON; the schema says so."""
+def install(app: FastAPI, settings: Settings, clock: Callable[[], float] | None = None) -> None:
+    """Put the guard in front of every route; odd input becomes 4xx JSON; the schema says so.
+    ``clock``: the time peer signatures are checked by (the database's, on a shared store)."""
     from cao import inputs, openapi
 
+    peers = None
     if settings.api_token is not None:
         apitoken.check(settings.api_token)
-    app.add_middleware(Guard, policy=Policy.from_settings(settings))
+        peers = peerauth.Verifier(settings.api_token, clock or time.time)
+    app.add_middleware(Guard, policy=Policy.from_settings(settings), peers=peers)
     inputs.install_error_handlers(app)
     openapi.install(app, token=settings.api_token is not None)
 

@@ -86,8 +86,11 @@ class ServerProcess:
     def log(self) -> str:
         return "".join(p.read_text(errors="replace") for p in self.home.glob("server-*.stderr"))
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30)
+    def client(self, *, token: bool = False) -> httpx.Client:
+        """Anonymous; ``token``: with the server's ``CAO_API_TOKEN``, if it has one."""
+        value = self.env.get("CAO_API_TOKEN") if token else None
+        headers = {"Authorization": f"Bearer {value}"} if value else None
+        return httpx.Client(base_url=self.url, timeout=30, headers=headers)
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

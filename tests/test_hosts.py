@@ -7,6 +7,7 @@ on the host whose tmux runs it."""
 from __future__ import annotations
 
 import contextlib
+import secrets
 import socket
 import subprocess
 import threading
@@ -23,12 +24,15 @@ from tests.helpers import REPO, ServerProcess, add_terminal_row, received_bodies
 
 pytestmark = pytest.mark.slow
 
+TOKEN = secrets.token_urlsafe(24)
 FAST_HOSTS = {
     "CAO_SCRIPTED_RECORD": "1",  # the agents keep what they received: the proof of each delivery
     "CAO_HOST_HEARTBEAT": "0.2",
     "CAO_HOST_LEASE": "1.5",
     # the sweep would find cross-host mail by itself after 30 s + 30 s: these tests must not lean on it
     "CAO_INBOX_RECONCILE_INTERVAL": "600",
+    # one token shared by the hosts, as in a deployment: every forwarded request is signed with it
+    "CAO_API_TOKEN": TOKEN,
 }
 
 
@@ -71,7 +75,7 @@ class Hosts:
     def client(self, name: str) -> httpx.Client:
         srv = self.servers[name]
         if name not in self._clients or self._clients[name].base_url != httpx.URL(srv.url):
-            self._clients[name] = srv.client()
+            self._clients[name] = srv.client(token=True)
         return self._clients[name]
 
     def stop(self) -> None:
@@ -480,11 +484,10 @@ def test_a_hung_host_holds_at_most_a_few_threads_of_the_others(hosts: Hosts):
     hosts.start("b")
     tid = str(_launch(hosts.client("a"), host="b")["id"])
     with _hung_peer(hosts, "b") as accepted:
-        url = hosts.servers["a"].url
         codes: list[int] = []
 
         def ask() -> None:
-            with httpx.Client(base_url=url, timeout=30) as c:
+            with hosts.servers["a"].client(token=True) as c:
                 codes.append(c.get(f"/terminals/{tid}/output").status_code)
 
         askers = [threading.Thread(target=ask) for _ in range(20)]
@@ -505,7 +508,7 @@ def test_a_host_that_lost_its_name_stops_even_with_a_dashboard_open(hosts: Hosts
 
     def watch() -> None:  # the dashboard's event stream: it never ends by itself
         try:
-            with httpx.Client(base_url=b.url, timeout=None) as c, c.stream("GET", "/events") as r:
+            with b.client(token=True) as c, c.stream("GET", "/events", timeout=None) as r:
                 opened.set()
                 for _ in r.iter_bytes():
                     pass
@@ -577,7 +580,7 @@ def test_two_hosts_creating_one_new_session_at_once_make_it_once(hosts: Hosts):
         codes: dict[str, int] = {}
 
         def create(host: str, name: str = name, codes: dict[str, int] = codes) -> None:
-            with httpx.Client(base_url=hosts.servers[host].url, timeout=30) as c:
+            with hosts.servers[host].client(token=True) as c:
                 codes[host] = c.post(
                     "/sessions", json={"provider": "scripted", "session_name": name}
                 ).status_code
@@ -610,3 +613,126 @@ def test_an_older_postgresql_store_s_id_columns_are_widened(pg_url: str):
             ).fetchall()
         )
     assert types["message_event.message_id"] == "bigint" and types["terminal.ack_cursor"] == "bigint"
+
+
+@contextlib.contextmanager
+def _catching_peer(hosts: Hosts, name: str) -> Iterator[list[bytes]]:
+    """Host ``name``'s row points at a socket that reads each request whole, keeps its bytes and
+    answers 502: what a database writer who re-pointed a row would get."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    caught: list[bytes] = []
+    stop = threading.Event()
+
+    def catch() -> None:
+        while not stop.is_set():
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536) or b"\r\n\r\n"
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                caught.append(head + b"\r\n\r\n" + body)
+                conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+
+    catcher = threading.Thread(target=catch)
+    catcher.start()
+    try:
+        with psycopg.connect(hosts.url, autocommit=True) as conn:
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+            conn.execute("UPDATE host SET url = %s WHERE name = %s", (url, name))
+        yield caught
+    finally:
+        stop.set()
+        catcher.join()
+        listener.close()
+
+
+def _raw(port: int, request: bytes) -> tuple[int, bytes]:
+    """``request`` sent as it is to 127.0.0.1:port: the status and body of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+def test_a_row_pointed_elsewhere_gets_a_signature_it_cannot_use_never_the_token(hosts: Hosts):
+    """Whoever can write the hosts table decides where a forwarded request goes. What arrives there
+    is signed for that address and that request: no token, and nothing that works on a real host."""
+    hosts.start("a")
+    b = hosts.start("b")
+    tid = str(_launch(hosts.client("a"), host="b")["id"])
+    wait_until(lambda: _idle(hosts.client("b"), tid), timeout=20, what="b's agent idle")
+    with _catching_peer(hosts, "b") as caught:
+        r = hosts.client("a").post(f"/terminals/{tid}/input", json={"message": "planted command"})
+        assert r.status_code == 502, r.text  # the catcher's answer, passed back as it came
+    assert len(caught) == 1
+    request = caught[0]
+    assert TOKEN.encode() not in request and b"authorization" not in request.lower()
+    assert b"x-cao-peer: v1 " in request.lower() and b"planted command" in request
+    head, _, body = request.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    # sent on as it came: b does not answer to the catcher's address
+    status, _ = _raw(b.port, request)
+    assert status == 400
+    # its Host rewritten to b's: the signature covered the Host it was sent to
+    rehosted = b"\r\n".join(
+        [lines[0]]
+        + [ln if not ln.lower().startswith(b"host:") else b"host: 127.0.0.1:%d" % b.port for ln in lines[1:]]
+    )
+    status, answer = _raw(b.port, rehosted + b"\r\n\r\n" + body)
+    assert status == 401 and b"bad peer signature" in answer, answer
+    assert "planted command" not in hosts.client("b").get(f"/terminals/{tid}/output").json()["output"]
+
+
+def test_a_signed_request_is_good_once_fresh_and_for_exactly_what_was_signed(hosts: Hosts):
+    from cao import peerauth
+
+    b = hosts.start("b")
+    tid = str(_launch(hosts.client("b"))["id"])
+    host = f"127.0.0.1:{b.port}"
+    path = f"/terminals/{tid}/output?mode=last".encode()
+
+    def ask(header: str, target: bytes = path, token_free: bool = True) -> tuple[int, bytes]:
+        request = b"GET %s HTTP/1.1\r\nhost: %s\r\nx-cao-peer: %s\r\nconnection: close\r\n\r\n" % (
+            target,
+            host.encode(),
+            header.encode(),
+        )
+        assert token_free and TOKEN.encode() not in request
+        return _raw(b.port, request)
+
+    now = time.time()
+    signed = peerauth.sign(TOKEN, "GET", host, path, b"", now)
+    assert ask(signed)[0] == 200
+    status, answer = ask(signed)  # the same bytes again: a replay
+    assert status == 401 and b"replayed" in answer, answer
+    fresh = peerauth.sign(TOKEN, "GET", host, path, b"", now)
+    status, answer = ask(fresh, f"/terminals/{tid}/output?mode=full".encode())  # another query
+    assert status == 401 and b"bad peer signature" in answer, answer
+    status, answer = ask(peerauth.sign("not-the-token", "GET", host, path, b"", now))
+    assert status == 401 and b"bad peer signature" in answer, answer
+    old = peerauth.sign(TOKEN, "GET", host, path, b"", now - 3 * peerauth.WINDOW)  # a clock far off
+    status, answer = ask(old)
+    assert status == 401 and b"clock is off" in answer, answer
+    status, answer = ask("v1 t=1 n=zz s=00")
+    assert status == 401 and b"malformed" in answer, answer
