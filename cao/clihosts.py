@@ -130,9 +130,14 @@ def db_copy(to: str | None, from_: str | None, host: str | None, as_json: bool) 
         raise click.ClickException(exc.message) from None
     if url is None:
         raise click.UsageError("no target: set CAO_DATABASE_URL (or give --to postgresql://…)")
-    lock = _Lock(settings.home)  # a running cao-server would write on after the copy: refused
+    source = Path(from_) if from_ else settings.db_path
+    if not source.is_file():  # before the lock below, which would make its directory
+        raise click.ClickException(f"{source} is not a cao database file; give --from the path of cao.db")
+    # a cao-server running on the file's home would write on after the copy: refused (a store is
+    # always its home's cao.db, and the server holds a lock on that directory)
+    lock = _Lock(source.resolve().parent)
     try:
-        done = copy_store(Path(from_) if from_ else settings.db_path, url, host=name)
+        done = copy_store(source, url, host=name)
     except CaoError as exc:
         raise click.ClickException(exc.message) from None
     finally:

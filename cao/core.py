@@ -880,8 +880,9 @@ class Cao:
         if forwarded:
             return self.lifecycle.delete_session(name)
         rows = self.store.list_terminals(session_name=session)
-        # other hosts with agents of it still running (a gone terminal's row is deleted here)
-        elsewhere = sorted({str(t.host) for t in rows if self.hosts.is_foreign(t) and t.state not in ENDED})
+        # other hosts with agents of it (a terminal of a failed host: its row is deleted here)
+        served = {t.id for t in rows if self.hosts.owner_serves(t)}
+        elsewhere = sorted({str(t.host) for t in rows if t.id in served})
         deleted: list[str] = []
         failed: list[str] = []
         for host in elsewhere:
@@ -890,7 +891,7 @@ class Cao:
             except CaoError as exc:
                 failed.append(exc.message)
         for t in rows:
-            if self.hosts.is_foreign(t) and t.state in ENDED:
+            if self.hosts.is_foreign(t) and t.id not in served:
                 self.lifecycle.delete(t)
                 deleted.append(t.id)
         try:

@@ -122,6 +122,13 @@ class StoreBusy(CaoError):
     status_code = 503
 
 
+class HostFenced(CaoError):
+    """This cao-server lost its host name (another process took it, or an operator failed it):
+    it writes nothing more for that host and stops."""
+
+    status_code = 503
+
+
 class StoreUnreachable(StoreBusy):
     """The database server (PostgreSQL) could not be reached or dropped the connection: nothing was
     written; the same request may be retried once it is back."""

@@ -64,7 +64,9 @@ class Forwarder:
             m is None
             or (scope["method"], m["rest"]) not in PANE_ROUTES
             or FORWARDED_HEADER in headers
-            or not await run_in_threadpool(self.core.hosts.needs_owner, m["id"])
+            or not await run_in_threadpool(
+                self.core.hosts.needs_owner, m["id"], scope["method"] == "GET" and m["rest"] == ""
+            )
         ):
             await self.app(scope, receive, send)
             return

@@ -47,19 +47,22 @@ READ_TIMEOUT = 10.0  # a view, an output, a listing: answered at once by a host 
 CONNECT_TIMEOUT = 3.0
 QUIET_AFTER_FAILURE = 3.0  # a host that did not answer is not asked again for this long
 PER_HOST_REQUESTS = 8  # requests waiting on one other host at once (a hung one holds no more threads)
-CLOCK_SAMPLES = 8  # the clock offset is the one of the fastest of the last samples
+CLOCK_SAMPLES = 8  # the clock's anchor is the one of the fastest of the last samples
 
 
 class StoreClock(Clock):
-    """The wall clock corrected by the database server's (``offset``, measured at every
-    heartbeat): what every host writes and compares is one time."""
+    """The database server's clock, as this host follows it: after the first sample, the server's
+    time at that sample plus this host's *monotonic* time since (``anchor``: the server's time
+    minus the monotonic clock). A step of this host's wall clock (NTP correcting an hour, a VM
+    resumed) never moves the time it writes; before any sample, it is the wall clock."""
 
     def __init__(self, base: Clock) -> None:
         self.base = base
-        self.offset = 0.0
+        self.anchor: float | None = None
 
     def now(self) -> float:
-        return self.base.now() + self.offset
+        anchor = self.anchor
+        return self.base.now() if anchor is None else self.base.monotonic() + anchor
 
     def monotonic(self) -> float:
         return self.base.monotonic()
@@ -233,12 +236,14 @@ class Hosts:
         self.instance = secrets.token_hex(8)
         self.machine = machine_id(self.home_tag)
         self.fenced: str | None = None  # why this process may no longer act for its name
+        self._losing = False  # a write found the name lost: a fence is on its way
+        self._guard = threading.Lock()
         self.peers = Peers(self.settings, self.clock.now)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._owners: dict[str, str | None] = {}  # terminal id -> host (never changes)
         self.shared = self.store.path is None  # PostgreSQL: other hosts may share the store
-        self._samples: list[tuple[float, float]] = []  # (round trip, offset) of the last clock samples
+        self._samples: list[tuple[float, float]] = []  # (round trip, anchor) of the last clock samples
         self._rows: dict[str, Host] = {}  # host rows, as down_reason last read them
         self._rows_read = float("-inf")
 
@@ -247,15 +252,16 @@ class Hosts:
         """Correct this host's clock by the database server's (half the round trip as the error)."""
         if not isinstance(self.clock, StoreClock):
             return
-        sample = self.store.server_time(self.clock.base.now)
+        sample = self.store.server_time(self.clock.base.monotonic)
         if sample is None:
             return
         before, server, after = sample
-        # the fastest recent round trip says the most about the time (its error is half of it); a
-        # host whose every round trip is slow still follows its clock, one sample window behind
+        # the fastest recent round trip says the most about the time (its error is half of it).
+        # Samples are taken against the monotonic clock, so a step of the wall clock between them
+        # changes none of them; the oldest go, so the monotonic clock's drift never adds up.
         self._samples.append((after - before, server - (before + after) / 2))
         del self._samples[:-CLOCK_SAMPLES]
-        self.clock.offset = min(self._samples)[1]
+        self.clock.anchor = min(self._samples)[1]
 
     # -- life --------------------------------------------------------------------------------------
     def register(self) -> Host | None:
@@ -281,6 +287,7 @@ class Hosts:
         if self.shared:  # a SQLite file has one host: nothing to scope, nothing to fence
             self.store.host = self.name
             self.store.host_instance = self.instance
+            self.store.on_host_lost = self._lost
         logger.info(
             "host registered",
             extra={
@@ -367,9 +374,19 @@ class Hosts:
         self.fence(why)
         return False
 
+    def _lost(self) -> None:
+        """A write found the row no longer names this process: find out why and fence, on a thread
+        of its own (the writer holds a transaction, and fencing stops the engine it may run in)."""
+        with self._guard:
+            if self._losing or self.fenced is not None:
+                return
+            self._losing = True
+        threading.Thread(target=self.heartbeat, name="cao-fence", daemon=True).start()
+
     def fence(self, why: str) -> None:
-        if self.fenced is None:
-            self.fenced = why
+        with self._guard:
+            first, self.fenced = self.fenced is None, self.fenced or why
+        if first:
             logger.error("this cao-server lost its host name; it stops acting for it", extra={"reason": why})
             self.on_fenced(why)
 
@@ -405,13 +422,29 @@ class Hosts:
         host = terminal.host if isinstance(terminal, Terminal) else self.owner(terminal)
         return host is not None and host != self.name
 
-    def needs_owner(self, terminal_id: str) -> bool:
-        """Another host's terminal that still runs there: a pane operation on it goes to that host
-        (a gone one has no pane anywhere: its row is answered, and deleted, here)."""
+    def needs_owner(self, terminal_id: str, view: bool = False) -> bool:
+        """A request about another host's terminal that only that host can answer (cao/forward.py);
+        ``view``: the terminal's view, which an ended terminal's row answers here."""
         if not self.is_foreign(terminal_id):
             return False
         try:
-            return self.store.get_terminal(terminal_id, include_deleted=True).state not in ENDED
+            terminal = self.store.get_terminal(terminal_id, include_deleted=True)
+        except CaoError:
+            return False
+        return not (view and terminal.state in ENDED) and self.owner_serves(terminal)
+
+    def owner_serves(self, terminal: Terminal) -> bool:
+        """Another host's terminal whose host serves it: a pane operation on it goes there. Also
+        once it ended: its worktree, logs and CLI records are on that host's disk, so deleting it
+        (its unsaved work committed), its diff, merge, explain and usage are that host's to answer —
+        unless an operator failed the host (nothing of it is reachable: the row is answered, and
+        deleted, here)."""
+        if not self.is_foreign(terminal):
+            return False
+        if terminal.state not in ENDED:
+            return True
+        try:
+            return terminal.host is not None and self.store.get_host(terminal.host).state != HostState.FAILED
         except CaoError:
             return False
 
@@ -450,10 +483,10 @@ class Hosts:
         host = self.owner(terminal_id)
         if host is None or host == self.name:
             return None
-        now = self.clock.now()
-        if now - self._rows_read > 1.0:
+        now, read_at = self.clock.now(), self.clock.monotonic()
+        if read_at - self._rows_read > 1.0:
             self._rows = {h.name: h for h in self.store.list_hosts()}
-            self._rows_read = now
+            self._rows_read = read_at
         row = self._rows.get(host)
         if row is None or alive(row, now):
             return None

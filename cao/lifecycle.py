@@ -26,7 +26,7 @@ from cao.names import validate_session_name
 from cao.panelog import PaneLogs
 from cao.panes import PaneIO, Panes
 from cao.settings import Settings
-from cao.states import ENDED, TerminalState
+from cao.states import ENDED, HostState, TerminalState
 from cao.status import StatusReader
 from cao.store import Store, Terminal
 from cao.tmux import PaneInfo, PaneRef, TaggedPane, session_name_for
@@ -241,8 +241,9 @@ class Lifecycle:
             terminal.state in ENDED
             and self.store.host is not None
             and terminal.host not in (None, self.store.host)
+            and self.store.get_host(terminal.host).state == HostState.FAILED
         ):
-            # another host's terminal that is gone (its host was failed): no pane, no files here
+            # a failed host's terminal: no pane, no files anywhere we can reach: its row goes
             self.store.delete_terminal(terminal.id)
             self.events.publish("terminal.deleted", terminal_id=terminal.id, failed_messages=0)
             return 0

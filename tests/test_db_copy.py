@@ -94,6 +94,20 @@ def test_the_command_refuses_while_cao_server_runs_on_the_home(tmp_path: Path, p
     finally:
         os.close(fd)
     assert held.exit_code == 1 and "already using" in held.output, held.output
+    # the file named with --from, from another home: its own home's server is what writes it
+    mine = tmp_path / "my-home"
+    mine.mkdir()
+    other = {"CAO_HOME": str(mine), "CAO_DATABASE_URL": pg_url}
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held = CliRunner().invoke(cli, ["db", "copy", "--from", str(home / "cao.db")], env=other)
+    finally:
+        os.close(fd)
+    assert held.exit_code == 1 and "already using" in held.output, held.output
+    typo = CliRunner().invoke(cli, ["db", "copy", "--from", str(tmp_path / "no" / "cao.db")], env=other)
+    assert typo.exit_code == 1 and "not a cao database file" in typo.output, typo.output
+    assert not (tmp_path / "no").exists()  # nothing made for a wrong path
     done = CliRunner().invoke(cli, ["db", "copy", "--json"], env=env)
     assert done.exit_code == 0, done.output
     assert '"host": "h1"' in done.output

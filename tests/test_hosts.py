@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import signal
 import socket
 import subprocess
 import threading
@@ -736,3 +737,143 @@ def test_a_signed_request_is_good_once_fresh_and_for_exactly_what_was_signed(hos
     assert status == 401 and b"clock is off" in answer, answer
     status, answer = ask("v1 t=1 n=zz s=00")
     assert status == 401 and b"malformed" in answer, answer
+
+
+# -- review h6: a process that lost its name, a clock that steps, a gone worker's work ----------------
+def _status(client: httpx.Client, tid: str) -> str:
+    return str(client.get(f"/terminals/{tid}").json().get("status"))
+
+
+def test_a_process_frozen_past_its_lease_writes_nothing_for_the_name_it_lost(hosts: Hosts):
+    """Host b's process is frozen (a paused VM, a closed lid) past its lease; the operator fails b
+    and starts b elsewhere (another home), which launches an agent. When the old process wakes, it
+    still believes the new agent is its own and finds no pane for it in its tmux: it must write
+    nothing (not 'gone', not failed mail) and stop."""
+    from tests.helpers import write_rules
+
+    hosts.start("a")
+    old = hosts.start("b", CAO_HOST_LEASE="6")
+    a = hosts.client("a")
+    assert old.proc is not None
+    old.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: _state_of(a, "b") == "lapsed", timeout=20, what="old b lapsed")
+        assert a.post("/hosts/b/fail", json={"reason": "machine unplugged"}).status_code == 200
+        write_rules(
+            hosts.root / "b-new",
+            "developer",
+            {"record": True, "rules": [{"match": "^slow$", "delay": 60, "reply": "done"}]},
+        )
+        new = hosts.start("b", home="b-new")
+        tid = str(_launch(a, host="b")["id"])
+        wait_until(lambda: _status(a, tid) == "idle", timeout=20, what="new b's agent idle")
+        assert a.post(f"/terminals/{tid}/inbox/messages", json={"message": "slow"}).status_code == 201
+        wait_until(lambda: _status(a, tid) == "processing", timeout=20, what="new b's agent busy")
+        r = a.post(f"/terminals/{tid}/inbox/messages", json={"message": "then this"})
+        assert r.status_code == 201, r.text
+        waiting = r.json()["message_id"]
+    finally:
+        old.proc.send_signal(signal.SIGCONT)  # the old b wakes up, and must stop
+    old.proc.wait(timeout=30)
+    assert "lost its host name" in old.log()
+    assert _status(a, tid) == "processing"
+    assert a.get(f"/messages/{waiting}").json()["status"] == "pending"
+    assert received_bodies(new.home, tid) == ["slow"]
+
+
+class _Stepped:
+    """A host's wall clock that NTP steps by ``step`` seconds (its monotonic clock goes on)."""
+
+    def __init__(self) -> None:
+        self.step = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.step
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def _db_now(url: str) -> float:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return float(conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0])
+
+
+@pytest.mark.parametrize("step", [3600.0, -3600.0])
+def test_a_step_of_a_host_s_clock_moves_neither_its_lease_nor_the_time_it_writes(
+    tmp_path: Path, pg_url: str, step: float
+):
+    from cao.errors import Conflict
+    from cao.hosts import Hosts as HostsOf
+    from cao.hosts import StoreClock
+    from cao.settings import Settings
+    from cao.store import Store
+
+    wall = _Stepped()
+    clock = StoreClock(wall)  # type: ignore[arg-type]
+    store = Store(pg_url, clock=clock.now)
+    operator = Store(pg_url)
+    settings = Settings(home=tmp_path, host_name="stepped", server_url="http://stepped.invalid:9889")
+    hosts = HostsOf(settings, store, clock, "tag", "0")
+    try:
+        hosts.register()
+        for _ in range(7):  # the samples of a host that ran a while
+            hosts.measure_clock()
+        assert hosts.heartbeat()
+        wall.step = step  # NTP corrects an hour, a VM resumes
+        assert abs(clock.now() - _db_now(pg_url)) < 1  # at once, before any new sample
+        assert hosts.heartbeat()
+        ahead = store.get_host("stepped").lease_until - _db_now(pg_url)
+        assert 0 < ahead <= settings.host_lease, ahead
+        with pytest.raises(Conflict):  # its lease is live: no operator may fail it
+            operator.fail_host("stepped", reason="looked lapsed")
+    finally:
+        hosts.stop()
+        store.close()
+        operator.close()
+
+
+@pytest.mark.parametrize("how", ["terminal", "session"])
+def test_a_gone_worker_deleted_through_another_host_keeps_its_work(hosts: Hosts, tmp_path: Path, how: str):
+    """Its worktree is on its host's disk: the delete is that host's, which commits the unsaved
+    work on the worker's branch, as when it is asked directly."""
+    from tests.test_worktrees import git
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    git(proj, "init", "-q", "-b", "main")
+    (proj / "app.py").write_text("one\n")
+    git(proj, "add", "-A")
+    git(proj, "commit", "-q", "-m", "initial")
+    hosts.start("a")
+    b = hosts.start("b")
+    r = hosts.client("a").post(
+        "/sessions",
+        json={
+            "provider": "scripted",
+            "host": "b",
+            "session_name": "work",
+            "working_directory": str(proj),
+            "use_worktree": True,
+        },
+    )
+    assert r.status_code == 201, r.text
+    tid, tree = r.json()["id"], r.json()["worktree"]
+    (Path(tree["path"]) / "app.py").write_text("one\ntwo: unsaved work\n")
+    panes = subprocess.run(
+        ["tmux", "-L", b.socket_name, "list-panes", "-a", "-F", "#{pane_id}"], capture_output=True, text=True
+    ).stdout.split()
+    for pane in panes:  # its agent dies: b finds it gone
+        subprocess.run(["tmux", "-L", b.socket_name, "kill-pane", "-t", pane], capture_output=True)
+    wait_until(lambda: _status(hosts.client("b"), tid) == "gone", timeout=20, what="gone")
+    if how == "terminal":
+        r = hosts.client("a").delete(f"/terminals/{tid}")
+    else:
+        r = hosts.client("a").delete("/sessions/work")
+    assert r.status_code == 200, r.text
+    rows = {w["terminal_id"]: w for w in hosts.client("a").get("/worktrees").json()}
+    assert rows[tid]["state"] != "active", rows[tid]
+    assert len(git(proj, "log", "--oneline", tree["branch"]).splitlines()) == 2  # the work, committed

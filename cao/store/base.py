@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from cao.errors import (
     CaoError,
     DiskFull,
+    HostFenced,
     SchemaTooNew,
     StoreBusy,
     StoreGone,
@@ -178,6 +179,9 @@ class Database:
         # own queries see only its terminals, and on PostgreSQL a claim is fenced by the instance
         self.host: str | None = None
         self.host_instance: str | None = None
+        # told (once, from the writing thread: it must return at once) that a write found this
+        # process no longer holds its host's name (cao/hosts.py fences itself)
+        self.on_host_lost: Callable[[], None] | None = None
         # told of each timeline event once its transaction committed (Cao: the event bus)
         self.on_event: Callable[[MessageEvent], None] | None = None
         # a delivery gave a terminal work (store/messages.py _note_tasked): coordination follows it
@@ -336,12 +340,18 @@ class Database:
             raise self._busy(exc) from exc
 
     @contextmanager
-    def _write(self, *keys: str) -> Iterator[Any]:
+    def _write(self, *keys: str, fence: bool = True) -> Iterator[Any]:
         """One short write transaction. Never call tmux inside it.
 
         ``keys``: the receivers it is about, when it touches only their rows (a send, a claim): on
         PostgreSQL writes about different receivers then run side by side; a write without keys
         runs alone (cao/store/backend.py). SQLite runs one writer at a time whatever the keys.
+
+        ``fence``: on a shared store, once this process holds a host's name, every write first
+        checks that the host row still names this process (:class:`HostFenced` if not, nothing
+        written): a process that lost its name — frozen past its lease, then failed or replaced —
+        never writes what it saw of panes another process now serves. Taking or losing the name
+        runs alone (no keys), so the check and the change are never interleaved.
 
         SQLite writers of this process queue on a lock first: SQLite's own busy handler sleeps in
         growing steps (up to 100 ms), which under contention from many threads costs far more than
@@ -364,6 +374,8 @@ class Database:
                         ).fetchone()
                         count = None if row is None else int(row[0])
                         self._check_count(None if count is None else count - 1, self._writes_seen)
+                    if fence:
+                        self._check_fence(conn)
                     yield conn
                 except BaseException:
                     if not self.backend.broken(conn):
@@ -409,6 +421,24 @@ class Database:
         if self.host is None:
             return "", ()
         return " AND receiver_id IN (SELECT id FROM terminal WHERE host = ?)", (self.host,)
+
+    def _check_fence(self, conn: Any) -> None:
+        """Inside a write (PostgreSQL, several hosts): this process still holds its host's name."""
+        if self.host_instance is None or self.path is not None:
+            return  # one host on a SQLite file: the lock on CAO_HOME makes it so
+        row = conn.execute(
+            "SELECT 1 FROM host WHERE name = ? AND instance = ? AND state = 'up'",
+            (self.host, self.host_instance),
+        ).fetchone()
+        if row is not None:
+            return
+        if self.on_host_lost is not None:
+            self.on_host_lost()
+        raise HostFenced(
+            f"this cao-server no longer holds host name {self.host} (another cao-server took it, or an "
+            "operator failed it): nothing was written, and it is stopping; send the request to another "
+            "host (`cao hosts` lists them)"
+        )
 
     def _holds_receiver(self, conn: Any, receiver_id: str) -> bool:
         """Inside a claim (PostgreSQL, several hosts): this process still holds its host's name and

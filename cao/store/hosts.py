@@ -39,9 +39,10 @@ class HostRows(TerminalRows):
         replaced, if any. Refused (409, nothing written) while another process holds the name and
         may still act for it: its lease is live, or it ran on another machine and was not failed by
         an operator (its terminals are still its own)."""
-        me.heartbeat_at = self.clock()
+        lease = me.lease_until - me.heartbeat_at
         with self._write() as conn:
-            now = self._now(conn)
+            now = self._now(conn)  # the lease runs on the database's clock, whatever this host's says
+            me.heartbeat_at, me.lease_until = now, now + lease
             row = conn.execute("SELECT * FROM host WHERE name = ?", (me.name,)).fetchone()
             prev = None if row is None else _row(Host, row)
             if (
@@ -84,8 +85,8 @@ class HostRows(TerminalRows):
     def renew_host(self, name: str, instance: str, lease: float) -> bool:
         """Extend this process's lease; False when the row no longer names it (it lost its name:
         it must stop acting for it at once)."""
-        now = self.clock()
-        with self._write() as conn:
+        with self._write(fence=False) as conn:
+            now = self._now(conn)
             cur = conn.execute(
                 "UPDATE host SET heartbeat_at = ?, lease_until = ? WHERE name = ? AND instance = ? "
                 "AND state = 'up'",
@@ -95,8 +96,8 @@ class HostRows(TerminalRows):
 
     def stop_host(self, name: str, instance: str) -> None:
         """A clean stop: the lease ends now (peers see it down at once); its terminals wait for it."""
-        now = self.clock()
-        with self._write() as conn:
+        with self._write(fence=False) as conn:
+            now = self._now(conn)
             conn.execute(
                 "UPDATE host SET state = 'stopped_cleanly', lease_until = ?, note = 'stopped cleanly' "
                 "WHERE name = ? AND instance = ? AND state = 'up'",
