@@ -48,13 +48,16 @@ CONNECT_TIMEOUT = 3.0
 QUIET_AFTER_FAILURE = 3.0  # a host that did not answer is not asked again for this long
 PER_HOST_REQUESTS = 8  # requests waiting on one other host at once (a hung one holds no more threads)
 CLOCK_SAMPLES = 8  # the clock's anchor is the one of the fastest of the last samples
+CLOCK_TOLERANCE = 0.05  # seconds two samples may disagree beyond their round trips (drift, jitter)
 
 
 class StoreClock(Clock):
     """The database server's clock, as this host follows it: after the first sample, the server's
     time at that sample plus this host's *monotonic* time since (``anchor``: the server's time
     minus the monotonic clock). A step of this host's wall clock (NTP correcting an hour, a VM
-    resumed) never moves the time it writes; before any sample, it is the wall clock."""
+    resumed) never moves the time it writes; a monotonic clock that stood still while the machine
+    slept is set right by the first sample after (``Hosts.measure_clock``); before any sample, it
+    is the wall clock."""
 
     def __init__(self, base: Clock) -> None:
         self.base = base
@@ -258,8 +261,14 @@ class Hosts:
         before, server, after = sample
         # the fastest recent round trip says the most about the time (its error is half of it).
         # Samples are taken against the monotonic clock, so a step of the wall clock between them
-        # changes none of them; the oldest go, so the monotonic clock's drift never adds up.
-        self._samples.append((after - before, server - (before + after) / 2))
+        # changes none of them; the oldest go, so the monotonic clock's drift never adds up. An
+        # older sample the newest contradicts (the two error bars apart) goes at once: the
+        # monotonic clock stood still while the machine slept, or the database's clock was set.
+        rtt, anchor = after - before, server - (before + after) / 2
+        self._samples = [
+            (r, a) for r, a in self._samples if abs(a - anchor) <= (r + rtt) / 2 + CLOCK_TOLERANCE
+        ]
+        self._samples.append((rtt, anchor))
         del self._samples[:-CLOCK_SAMPLES]
         self.clock.anchor = min(self._samples)[1]
 

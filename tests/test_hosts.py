@@ -782,16 +782,21 @@ def test_a_process_frozen_past_its_lease_writes_nothing_for_the_name_it_lost(hos
 
 
 class _Stepped:
-    """A host's wall clock that NTP steps by ``step`` seconds (its monotonic clock goes on)."""
+    """A host's wall clock that NTP steps by ``step`` seconds (its monotonic clock goes on), and
+    a monotonic clock that stood still ``slept`` seconds while the machine was suspended (after
+    which every reading costs 1 ms: the round trips after the wake are the slower ones)."""
 
     def __init__(self) -> None:
         self.step = 0.0
+        self.slept = 0.0
 
     def now(self) -> float:
         return time.time() + self.step
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        if self.slept:
+            time.sleep(0.001)
+        return time.monotonic() - self.slept
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -877,3 +882,31 @@ def test_a_gone_worker_deleted_through_another_host_keeps_its_work(hosts: Hosts,
     rows = {w["terminal_id"]: w for w in hosts.client("a").get("/worktrees").json()}
     assert rows[tid]["state"] != "active", rows[tid]
     assert len(git(proj, "log", "--oneline", tree["branch"]).splitlines()) == 2  # the work, committed
+
+
+def test_a_host_that_slept_follows_the_database_s_clock_from_its_first_sample_after(
+    tmp_path: Path, pg_url: str
+):
+    """A suspended machine's monotonic clock stands still: the first sample after the wake
+    contradicts every older one, which all go (the fastest of them would say an hour ago)."""
+    from cao.hosts import Hosts as HostsOf
+    from cao.hosts import StoreClock
+    from cao.settings import Settings
+    from cao.store import Store
+
+    wall = _Stepped()
+    clock = StoreClock(wall)  # type: ignore[arg-type]
+    store = Store(pg_url, clock=clock.now)
+    settings = Settings(home=tmp_path, host_name="sleeper", server_url="http://sleeper.invalid:9889")
+    hosts = HostsOf(settings, store, clock, "tag", "0")
+    try:
+        hosts.register()
+        for _ in range(7):
+            hosts.measure_clock()
+        wall.slept = 3600.0  # an hour suspended
+        assert abs(clock.now() - _db_now(pg_url) + 3600) < 1  # until it looks again
+        assert hosts.heartbeat()
+        assert abs(clock.now() - _db_now(pg_url)) < 1
+    finally:
+        hosts.stop()
+        store.close()
