@@ -193,8 +193,9 @@ class SqliteBackend:
         conn.execute("PRAGMA cache_size = -512")
         return conn
 
-    def begin(self, conn: Any, keys: Sequence[str]) -> None:
+    def begin(self, conn: Any, keys: Sequence[str], fence: tuple[str, str] | None = None) -> bool:
         conn.execute("BEGIN IMMEDIATE")  # one writer at a time: keys are implied
+        return True  # one host on a file: the lock on its home fences it
 
     @staticmethod
     def broken(conn: Any) -> bool:
@@ -205,6 +206,10 @@ class SqliteBackend:
 
     def set_version(self, conn: Any, version: int) -> None:
         conn.execute(f"PRAGMA user_version = {int(version)}")
+
+
+# does the host row still name this process (host, instance)?
+HOLDS = "EXISTS (SELECT 1 FROM host WHERE name = ? AND instance = ? AND state = 'up')"
 
 
 class PostgresBackend:
@@ -239,14 +244,25 @@ class PostgresBackend:
         raw.execute("SET idle_in_transaction_session_timeout = 60000")
         return PgConnection(raw)
 
-    def begin(self, conn: Any, keys: Sequence[str]) -> None:
+    def begin(self, conn: Any, keys: Sequence[str], fence: tuple[str, str] | None = None) -> bool:
+        """Start a write and take its locks; with ``fence`` (host, instance): whether the host row
+        still names that process, read after the store lock is held (a name changes hands only
+        under the exclusive store lock: the answer holds for the whole transaction). On a keyed
+        write it rides on the first key's lock statement, so the check costs no round trip."""
         conn.execute("BEGIN")
         if not keys:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (STORE_LOCK,))
-            return
+            return fence is None or conn.execute(f"SELECT {HOLDS}", fence).fetchone()[0]
         conn.execute("SELECT pg_advisory_xact_lock_shared(?)", (STORE_LOCK,))
-        for key in sorted({lock_key(k) for k in keys}):
+        first, *rest = sorted({lock_key(k) for k in keys})
+        if fence is None:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (first,))
+            holds = True
+        else:  # a later statement than the store lock's: its snapshot sees any change of hands
+            holds = conn.execute(f"SELECT pg_advisory_xact_lock(?), {HOLDS}", (first, *fence)).fetchone()[1]
+        for key in rest:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (key,))
+        return bool(holds)
 
     @staticmethod
     def broken(conn: Any) -> bool:

@@ -365,17 +365,17 @@ class Database:
             )
         try:
             with self._conn() as conn:
-                self.backend.begin(conn, keys)
+                holds = self.backend.begin(conn, keys, self._fence() if fence else None)
                 count = None
                 try:
+                    if not holds:
+                        self._lost_name()
                     if self._writes_seen >= 0:  # counting (after the migrations; SQLite only)
                         row = conn.execute(
                             "UPDATE store_meta SET value = value + 1 WHERE key = 'writes' RETURNING value"
                         ).fetchone()
                         count = None if row is None else int(row[0])
                         self._check_count(None if count is None else count - 1, self._writes_seen)
-                    if fence:
-                        self._check_fence(conn)
                     yield conn
                 except BaseException:
                     if not self.backend.broken(conn):
@@ -422,16 +422,14 @@ class Database:
             return "", ()
         return " AND receiver_id IN (SELECT id FROM terminal WHERE host = ?)", (self.host,)
 
-    def _check_fence(self, conn: Any) -> None:
-        """Inside a write (PostgreSQL, several hosts): this process still holds its host's name."""
-        if self.host_instance is None or self.path is not None:
-            return  # one host on a SQLite file: the lock on CAO_HOME makes it so
-        row = conn.execute(
-            "SELECT 1 FROM host WHERE name = ? AND instance = ? AND state = 'up'",
-            (self.host, self.host_instance),
-        ).fetchone()
-        if row is not None:
-            return
+    def _fence(self) -> tuple[str, str] | None:
+        """(host, instance) every write checks the host row still names (a shared store, once this
+        process holds a name); None: one host on a SQLite file, whose home lock makes it so."""
+        if self.host_instance is None or self.host is None or self.path is not None:
+            return None
+        return self.host, self.host_instance
+
+    def _lost_name(self) -> None:
         if self.on_host_lost is not None:
             self.on_host_lost()
         raise HostFenced(
