@@ -207,8 +207,7 @@ class Peers:
         self._quiet.pop(host.name, None)
         if r.status_code == 401:
             raise HostUnreachable(
-                f"host {host.name} ({host.url}) refused this host's signed request: every host sharing a "
-                f"store needs the same CAO_API_TOKEN ({_detail(r.content)})"
+                f"host {host.name} ({host.url}) refused this host's signed request: {_detail(r.content)}"
             )
         return r.status_code, r.content, r.headers.get("content-type", "application/json")
 

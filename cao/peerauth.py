@@ -12,7 +12,10 @@ HMAC-SHA256 with the token of exactly what is sent::
 A signature read off the wire, or handed to a server that a forged row pointed at, is good for that
 one request to that one Host, within ``WINDOW`` seconds of the database's clock (every host corrects
 its own clock by it, cao/hosts.py), once: the receiver remembers every nonce until it is too old to
-be accepted anyway. A request that fails any of these is refused (401) before any route sees it.
+be accepted anyway. A request that fails any of these is refused (401) before any route sees it —
+and before its body is read: the signature covers the body's hash given in the header, checked
+against the body once the rest has passed, so a caller without the token can't make a host buffer
+a body at all.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hmac
 import re
 import secrets
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -29,10 +33,12 @@ HEADER = "x-cao-peer"
 WINDOW = 60.0  # seconds either side of the receiver's (database-corrected) clock
 MAX_REMEMBERED = 200_000  # nonces; a flood of valid signatures beyond this is refused, not forgotten
 
-_FORMAT = re.compile(r"^v1 t=(?P<t>[0-9]{1,12}) n=(?P<n>[0-9a-f]{32}) s=(?P<s>[0-9a-f]{64})$")
+_FORMAT = re.compile(
+    r"^v1 t=(?P<t>[0-9]{1,12}) n=(?P<n>[0-9a-f]{32}) h=(?P<h>[0-9a-f]{64}) s=(?P<s>[0-9a-f]{64})$"
+)
 
 
-def _signed(token: str, method: str, host: str, target: bytes, at: int, nonce: str, body: bytes) -> str:
+def _signed(token: str, method: str, host: str, target: bytes, at: int, nonce: str, digest: str) -> str:
     message = b"\n".join(
         (
             b"cao-peer-v1",
@@ -41,7 +47,7 @@ def _signed(token: str, method: str, host: str, target: bytes, at: int, nonce: s
             target,
             str(at).encode("ascii"),
             nonce.encode("ascii"),
-            hashlib.sha256(body).hexdigest().encode("ascii"),
+            digest.encode("ascii"),
         )
     )
     return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
@@ -49,42 +55,73 @@ def _signed(token: str, method: str, host: str, target: bytes, at: int, nonce: s
 
 def sign(token: str, method: str, host: str, target: bytes, body: bytes, now: float) -> str:
     """The header value for one request: ``target`` is the path and query exactly as sent."""
-    at, nonce = int(now), secrets.token_hex(16)
-    return f"v1 t={at} n={nonce} s={_signed(token, method, host, target, at, nonce, body)}"
+    at, nonce, digest = int(now), secrets.token_hex(16), hashlib.sha256(body).hexdigest()
+    return f"v1 t={at} n={nonce} h={digest} s={_signed(token, method, host, target, at, nonce, digest)}"
+
+
+class Refusal(Exception):
+    """Why a signed request is refused (said to the caller)."""
 
 
 class Verifier:
-    """Checks signed requests; remembers the nonces it accepted (thread-safe)."""
+    """Checks signed requests; remembers the nonces it accepted (thread-safe). Nonces are kept for
+    two windows of this host's monotonic time, and a signature no newer than one already let go is
+    refused: a database clock that steps back never makes a request seen before new again."""
 
-    def __init__(self, token: str, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, token: str, clock: Callable[[], float], monotonic: Callable[[], float] = time.monotonic
+    ):
         self.token = token
         self.clock = clock
-        self._seen: dict[str, float] = {}  # nonce -> when it may be forgotten
+        self.monotonic = monotonic
+        self._seen: dict[str, tuple[float, int]] = {}  # nonce -> (forgotten at, monotonic; its t)
         self._order: deque[str] = deque()  # the nonces in the order they came (forgotten in it)
+        self._floor = -1  # the newest signature time of a nonce let go
         self._lock = threading.Lock()
 
-    def check(self, value: str, method: str, host: str, target: bytes, body: bytes) -> str | None:
-        """None when the request is good; else why it is refused (said to the caller)."""
+    def check_head(self, value: str, method: str, host: str, target: bytes) -> str:
+        """Everything but the body: the signature, its time, its nonce (remembered from now on).
+        Returns the body's hash the signature covers; :class:`Refusal` says why not."""
         m = _FORMAT.match(value.strip())
         if m is None:
-            return "malformed X-Cao-Peer header (expected `v1 t=… n=… s=…`)"
-        at, nonce, given = int(m["t"]), m["n"], m["s"]
-        expected = _signed(self.token, method, host, target, at, nonce, body)
-        if not hmac.compare_digest(expected, given):
-            return "bad peer signature: every host sharing a store needs the same CAO_API_TOKEN"
+            raise Refusal("malformed X-Cao-Peer header (expected `v1 t=… n=… h=… s=…`)")
+        at, nonce, digest, given = int(m["t"]), m["n"], m["h"], m["s"]
+        if not hmac.compare_digest(_signed(self.token, method, host, target, at, nonce, digest), given):
+            raise Refusal("bad peer signature: every host sharing a store needs the same CAO_API_TOKEN")
         now = self.clock()
         if abs(now - at) > WINDOW:
-            return (
-                f"peer signature {now - at:+.0f} s old (at most {WINDOW:.0f} s either way): the sending "
-                "host's clock is off and it could not correct it by the database's (is the store reachable?)"
+            raise Refusal(
+                f"peer signature {now - at:+.0f} s old (at most {WINDOW:.0f} s either way): the two hosts' "
+                "clocks disagree; each follows the database's, so one of them could not reach it lately"
             )
+        mono = self.monotonic()
         with self._lock:
-            while self._order and self._seen[self._order[0]] < now:
-                del self._seen[self._order.popleft()]
+            while self._order and self._seen[self._order[0]][0] < mono:
+                self._floor = max(self._floor, self._seen.pop(self._order.popleft())[1])
             if nonce in self._seen:
-                return "replayed peer signature (each forwarded request is accepted once)"
+                raise Refusal("replayed peer signature (each forwarded request is accepted once)")
+            if at <= self._floor:  # it could be one seen and let go: the database's clock went back
+                raise Refusal(
+                    "peer signature no newer than one this host has already let go (did the database's "
+                    "clock go back?); forwarded requests pass again once it has caught up"
+                )
             if len(self._seen) >= MAX_REMEMBERED:
-                return "too many peer requests in the last two minutes; retry in a moment"
-            self._seen[nonce] = at + WINDOW + 1.0
+                raise Refusal("too many peer requests in the last two minutes; retry in a moment")
+            self._seen[nonce] = (mono + 2 * WINDOW + 1.0, at)
             self._order.append(nonce)
+        return digest
+
+    def check(self, value: str, method: str, host: str, target: bytes, body: bytes) -> str | None:
+        """The whole request at once: None when it is good, else why not."""
+        try:
+            digest = self.check_head(value, method, host, target)
+        except Refusal as refusal:
+            return str(refusal)
+        return body_refusal(digest, body)
+
+
+def body_refusal(digest: str, body: bytes) -> str | None:
+    """None when ``body`` is the one whose hash was signed."""
+    if hmac.compare_digest(hashlib.sha256(body).hexdigest(), digest):
         return None
+    return "bad peer signature: the body is not the one signed"

@@ -188,9 +188,11 @@ class Guard:
         headers = _headers(scope)
         try:
             signed = self.check(scope, headers)
-            if signed:  # the signature covers the body: read it (bounded) before any route runs
+            if signed is not None:  # a good signature: now the body it covers (bounded)
                 body = await read_body(receive)
-                self.check_peer(scope, headers, body)
+                why = peerauth.body_refusal(signed, body)
+                if why is not None:
+                    raise Refused(401, "Unauthorized", f"refused as another host's request: {why}")
                 receive = replay(body)
         except _BodyTooLarge:
             await self.refuse(scope, receive, send, too_large())
@@ -222,8 +224,9 @@ class Guard:
                 raise
             await self.refuse(scope, receive, send, too_large())
 
-    def check(self, scope: Scope, headers: dict[str, str]) -> bool:
-        """Refuses what may not pass; True when it may pass only if its peer signature is good."""
+    def check(self, scope: Scope, headers: dict[str, str]) -> str | None:
+        """Refuses what may not pass; for another host's signed request, the hash its body must
+        have (everything else of it is checked here, before any of the body is read)."""
         method, path = scope["method"], scope["path"]
         if len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") > MAX_URL_BYTES:
             raise Refused(
@@ -250,11 +253,11 @@ class Guard:
                 "agents, add its origin to CAO_ALLOWED_ORIGINS (docs/security.md)",
             )
         open_route = (method, path) in OPEN_ROUTES or (method == "GET" and path.startswith(OPEN_PREFIXES))
-        signed = False
+        signed = None
         if open_route or self.policy.token_ok(headers.get("authorization"), headers.get("cookie")):
             pass
         elif self.peers is not None and peerauth.HEADER in headers:
-            signed = True
+            signed = self.check_peer(scope, headers)
         else:
             raise Refused(
                 401,
@@ -277,16 +280,18 @@ class Guard:
             raise too_large()
         return signed
 
-    def check_peer(self, scope: Scope, headers: dict[str, str], body: bytes) -> None:
-        """Another host's request: its signature over exactly this request, fresh, never seen."""
+    def check_peer(self, scope: Scope, headers: dict[str, str]) -> str:
+        """Another host's request: signed for exactly this request, fresh, never seen. The hash
+        its body must have."""
         assert self.peers is not None
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         host = headers.get("host", "")
-        why = self.peers.check(headers[peerauth.HEADER], scope["method"], host, target, body)
-        if why is not None:
-            raise Refused(401, "Unauthorized", f"refused as another host's request: {why}")
+        try:
+            return self.peers.check_head(headers[peerauth.HEADER], scope["method"], host, target)
+        except peerauth.Refusal as why:
+            raise Refused(401, "Unauthorized", f"refused as another host's request: {why}") from None
 
     def check_websocket(self, scope: Scope, headers: dict[str, str]) -> None:
         """A WebSocket is never protected by CORS: its Origin must be ours whenever a browser
@@ -362,7 +367,8 @@ def install(app: FastAPI, settings: Settings, clock: Callable[[], float] | None 
     peers = None
     if settings.api_token is not None:
         apitoken.check(settings.api_token)
-        peers = peerauth.Verifier(settings.api_token, clock or time.time)
+        if settings.database_url is not None:  # hosts sharing a store forward to each other
+            peers = peerauth.Verifier(settings.api_token, clock or time.time)
     app.add_middleware(Guard, policy=Policy.from_settings(settings), peers=peers)
     inputs.install_error_handlers(app)
     openapi.install(app, token=settings.api_token is not None)

@@ -14,7 +14,7 @@ BODY = b'{"message": "ls"}'
 
 
 def _verifier(clock: FakeClock) -> peerauth.Verifier:
-    return peerauth.Verifier(TOKEN, clock.now)
+    return peerauth.Verifier(TOKEN, clock.now, clock.monotonic)
 
 
 def test_a_signature_is_accepted_once():
@@ -50,7 +50,13 @@ def test_another_token_and_a_malformed_header_are_refused():
     assert "bad peer signature" in str(
         v.check(peerauth.sign("other", "GET", HOST, TARGET, b"", clock.now()), "GET", HOST, TARGET, b"")
     )
-    for bad in ("", "v1", "Bearer " + TOKEN, "v2 t=1 n=" + "0" * 32 + " s=" + "0" * 64, "v1 t=-5 n=x s=y"):
+    for bad in (
+        "",
+        "v1",
+        "Bearer " + TOKEN,
+        "v2 t=1 n=" + "0" * 32 + " h=" + "0" * 64 + " s=" + "0" * 64,
+        "v1 t=-5 n=x s=y",
+    ):
         assert "malformed" in str(v.check(bad, "GET", HOST, TARGET, b"")), bad
 
 
@@ -59,7 +65,7 @@ def test_a_signature_from_a_clock_off_by_more_than_the_window_is_refused_either_
     v = _verifier(clock)
     for skew in (-peerauth.WINDOW - 2, peerauth.WINDOW + 2):
         header = peerauth.sign(TOKEN, "GET", HOST, TARGET, b"", clock.now() + skew)
-        assert "clock is off" in str(v.check(header, "GET", HOST, TARGET, b"")), skew
+        assert "clocks disagree" in str(v.check(header, "GET", HOST, TARGET, b"")), skew
     inside = peerauth.sign(TOKEN, "GET", HOST, TARGET, b"", clock.now() + peerauth.WINDOW - 2)
     assert v.check(inside, "GET", HOST, TARGET, b"") is None
 
@@ -79,3 +85,74 @@ def test_a_nonce_is_remembered_as_long_as_its_signature_could_pass_and_then_forg
     clock.advance(3 * peerauth.WINDOW)
     v.check(peerauth.sign(TOKEN, "GET", HOST, TARGET, b"", clock.now()), "GET", HOST, TARGET, b"")
     assert len(v._seen) == 1  # the old ones were let go: memory stays bounded by the window
+
+
+def test_a_database_clock_that_steps_back_never_makes_a_request_seen_before_new_again():
+    """Nonces are let go by this host's monotonic time; a signature no newer than one let go is
+    refused, whatever the (database-corrected) clock says now."""
+    clock = FakeClock(start=1_000_000.0)
+    v = _verifier(clock)
+    captured = peerauth.sign(TOKEN, "POST", HOST, TARGET, BODY, clock.now())
+    assert v.check(captured, "POST", HOST, TARGET, BODY) is None
+    clock.advance(2 * peerauth.WINDOW + 2)  # long enough for the nonce to be let go
+    fresh = peerauth.sign(TOKEN, "GET", HOST, TARGET, b"", clock.now())
+    assert v.check(fresh, "GET", HOST, TARGET, b"") is None
+    v.clock = lambda: 1_000_000.0 + 10  # the database's clock went back two minutes
+    why = v.check(captured, "POST", HOST, TARGET, BODY)
+    assert why is not None and "let go" in why
+
+
+def test_a_signed_header_is_refused_before_any_of_the_body_is_read():
+    """Without the token, an X-Cao-Peer header gets a caller no further than no header does: the
+    guard answers 401 before it reads a byte of the body (it would buffer up to 1 MiB otherwise)."""
+    from cao.security import Guard, Policy
+
+    async def app(scope, receive, send):  # never reached
+        raise AssertionError("the route ran")
+
+    policy = Policy(
+        port=9889,
+        token=TOKEN,
+        own_names=frozenset({"127.0.0.1"}),
+        hosts=frozenset(),
+        any_host=False,
+        origins=frozenset(),
+    )
+    clock = FakeClock(start=1_000_000.0)
+    guard = Guard(app, policy, _verifier(clock))
+    forged = peerauth.sign("not-the-token", "POST", "127.0.0.1:9889", TARGET, b"x" * 65536, clock.now())
+    for header in ("junk", forged):
+        chunks, sent = _call(guard, header)
+        assert sent[0]["status"] == 401
+        assert chunks <= 1, header  # at most the refusal's own drain, never the body first
+
+
+def _call(guard: object, header: str) -> tuple[int, list[dict[str, object]]]:
+    """One chunked 1 MiB POST through the guard: how many chunks it read, what it sent."""
+    import asyncio
+
+    chunks: list[int] = []
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        chunks.append(1)
+        return {"type": "http.request", "body": b"x" * 65536, "more_body": len(chunks) < 16}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": TARGET.decode(),
+        "raw_path": TARGET,
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1:9889"),
+            (b"content-type", b"application/json"),
+            (b"transfer-encoding", b"chunked"),
+            (b"x-cao-peer", header.encode()),
+        ],
+    }
+    asyncio.run(guard(scope, receive, send))  # type: ignore[operator]
+    return len(chunks), sent
