@@ -3,6 +3,9 @@ group when it loads."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import click
 from rich.markup import escape
 from rich.table import Table
@@ -115,10 +118,7 @@ def db() -> None:
 def db_copy(to: str | None, from_: str | None, host: str | None, as_json: bool) -> None:
     """Copy this home's SQLite store into an empty PostgreSQL database, exactly (one transaction,
     every table's count verified; a non-empty target is refused)."""
-    from pathlib import Path
-
     from cao.errors import CaoError
-    from cao.server import _Lock
     from cao.settings import Settings, database_url, host_name
     from cao.store.copy import copy_store
 
@@ -134,14 +134,16 @@ def db_copy(to: str | None, from_: str | None, host: str | None, as_json: bool) 
     if not source.is_file():  # before the lock below, which would make its directory
         raise click.ClickException(f"{source} is not a cao database file; give --from the path of cao.db")
     # a cao-server running on the file's home would write on after the copy: refused (a store is
-    # always its home's cao.db, and the server holds a lock on that directory)
-    lock = _Lock(source.resolve().parent)
+    # always its home's cao.db, and the server holds a lock on that directory; a cao.db that is a
+    # link: the link's directory and its target's)
+    held = _hold_dirs({source.absolute().parent, source.resolve().parent})
     try:
         done = copy_store(source, url, host=name)
     except CaoError as exc:
         raise click.ClickException(exc.message) from None
     finally:
-        lock.close()
+        for fd in held:
+            os.close(fd)
     if as_json:
         _print_json(done)
         return
@@ -151,3 +153,26 @@ def db_copy(to: str | None, from_: str | None, host: str | None, as_json: bool) 
     )
     for table, n in done["rows"].items():
         console.print(f"  {table}: {n}")
+
+
+def _hold_dirs(dirs: set[Path]) -> list[int]:
+    """The lock each cao-server holds on its home directory, taken on each of ``dirs`` (nothing
+    written there); refused naming the first one a running server holds."""
+    import fcntl
+
+    held: list[int] = []
+    try:
+        for where in sorted(dirs):
+            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+            held.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise click.ClickException(
+                    f"a cao-server is already using {where}; stop it first (it would write on after the copy)"
+                ) from None
+    except BaseException:
+        for fd in held:
+            os.close(fd)
+        raise
+    return held

@@ -105,6 +105,20 @@ def test_the_command_refuses_while_cao_server_runs_on_the_home(tmp_path: Path, p
     finally:
         os.close(fd)
     assert held.exit_code == 1 and "already using" in held.output, held.output
+    # a home whose cao.db is a link to another disk: the home's server is what writes it
+    linked, disk = tmp_path / "linked-home", tmp_path / "disk"
+    linked.mkdir()
+    disk.mkdir()
+    _filled(disk / "cao.db")
+    (linked / "cao.db").symlink_to(disk / "cao.db")
+    fd = os.open(linked, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held = CliRunner().invoke(cli, ["db", "copy"], env={**other, "CAO_HOME": str(linked)})
+    finally:
+        os.close(fd)
+    assert held.exit_code == 1 and "already using" in held.output, held.output
+    assert not (disk / "server.lock").exists()  # nothing of the lock written beside it
     typo = CliRunner().invoke(cli, ["db", "copy", "--from", str(tmp_path / "no" / "cao.db")], env=other)
     assert typo.exit_code == 1 and "not a cao database file" in typo.output, typo.output
     assert not (tmp_path / "no").exists()  # nothing made for a wrong path
