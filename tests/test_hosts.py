@@ -910,3 +910,38 @@ def test_a_host_that_slept_follows_the_database_s_clock_from_its_first_sample_af
     finally:
         hosts.stop()
         store.close()
+
+
+def test_a_store_whose_host_row_names_another_process_writes_nothing(pg_url: str):
+    """The fence every write of a shared store checks: a keyed write (a send) and a keyless one
+    (a terminal found gone) are refused once the row names another instance, nothing written,
+    and the host is told at once."""
+    from cao.errors import HostFenced
+    from cao.store import Store
+
+    store = Store(pg_url)
+    try:
+        add_terminal_row(store, "0000f00d")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO host (name, instance, machine, url, version, schema_version, pid, started_at, "
+                "heartbeat_at, lease_until, state) VALUES ('h', 'mine', 'm', 'http://h:9889', '0', 14, 1, 0, "
+                "extract(epoch from now()), extract(epoch from now()) + 600, 'up')"
+            )
+            conn.execute("UPDATE terminal SET host = 'h'")
+        store.host, store.host_instance = "h", "mine"
+        lost: list[bool] = []
+        store.on_host_lost = lambda: lost.append(True)
+        store.add_message(sender_id="op", receiver_id="0000f00d", body="while it holds the name")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE host SET instance = 'another'")  # a new process took the name
+        with pytest.raises(HostFenced, match="no longer holds host name h"):
+            store.add_message(sender_id="op", receiver_id="0000f00d", body="after")
+        with pytest.raises(HostFenced):
+            store.mark_gone("0000f00d", "no pane in this tmux")
+        assert lost == [True, True]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            assert [r[0] for r in conn.execute("SELECT body FROM message")] == ["while it holds the name"]
+            assert conn.execute("SELECT state FROM terminal").fetchone()[0] != "gone"
+    finally:
+        store.close()
