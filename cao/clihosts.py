@@ -136,7 +136,7 @@ def db_copy(to: str | None, from_: str | None, host: str | None, as_json: bool) 
     # a cao-server running on the file's home would write on after the copy: refused (a store is
     # always its home's cao.db, and the server holds a lock on that directory; a cao.db that is a
     # link: the link's directory and its target's)
-    held = _hold_dirs({source.absolute().parent, source.resolve().parent})
+    held = _hold_dirs([source.absolute().parent, source.resolve().parent])
     try:
         done = copy_store(source, url, host=name)
     except CaoError as exc:
@@ -155,15 +155,22 @@ def db_copy(to: str | None, from_: str | None, host: str | None, as_json: bool) 
         console.print(f"  {table}: {n}")
 
 
-def _hold_dirs(dirs: set[Path]) -> list[int]:
+def _hold_dirs(dirs: list[Path]) -> list[int]:
     """The lock each cao-server holds on its home directory, taken on each of ``dirs`` (nothing
-    written there); refused naming the first one a running server holds."""
+    written there; a directory named twice, by a link or ``..``, once); refused naming the first
+    one a running server holds."""
     import fcntl
 
     held: list[int] = []
+    seen: set[tuple[int, int]] = set()
     try:
-        for where in sorted(dirs):
+        for where in dirs:
             fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) in seen:
+                os.close(fd)
+                continue
+            seen.add((st.st_dev, st.st_ino))
             held.append(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

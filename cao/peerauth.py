@@ -64,9 +64,11 @@ class Refusal(Exception):
 
 
 class Verifier:
-    """Checks signed requests; remembers the nonces it accepted (thread-safe). Nonces are kept for
-    two windows of this host's monotonic time, and a signature no newer than one already let go is
-    refused: a database clock that steps back never makes a request seen before new again."""
+    """Checks signed requests; remembers the nonces it accepted (thread-safe). A nonce is let go
+    only once its signature could pass no more: two windows of this host's monotonic time went by
+    *and* the (database-corrected) clock is past its time plus the window. A database clock set
+    back never makes a request seen before new again, and fresh requests (fresh nonces) still
+    pass; meanwhile the nonces are kept, at most ``MAX_REMEMBERED``."""
 
     def __init__(
         self, token: str, clock: Callable[[], float], monotonic: Callable[[], float] = time.monotonic
@@ -76,7 +78,6 @@ class Verifier:
         self.monotonic = monotonic
         self._seen: dict[str, tuple[float, int]] = {}  # nonce -> (forgotten at, monotonic; its t)
         self._order: deque[str] = deque()  # the nonces in the order they came (forgotten in it)
-        self._floor = -1  # the newest signature time of a nonce let go
         self._lock = threading.Lock()
 
     def check_head(self, value: str, method: str, host: str, target: bytes) -> str:
@@ -96,15 +97,13 @@ class Verifier:
             )
         mono = self.monotonic()
         with self._lock:
-            while self._order and self._seen[self._order[0]][0] < mono:
-                self._floor = max(self._floor, self._seen.pop(self._order.popleft())[1])
+            while self._order:
+                until, signed_at = self._seen[self._order[0]]
+                if until >= mono or now <= signed_at + WINDOW:
+                    break
+                del self._seen[self._order.popleft()]
             if nonce in self._seen:
                 raise Refusal("replayed peer signature (each forwarded request is accepted once)")
-            if at <= self._floor:  # it could be one seen and let go: the database's clock went back
-                raise Refusal(
-                    "peer signature no newer than one this host has already let go (did the database's "
-                    "clock go back?); forwarded requests pass again once it has caught up"
-                )
             if len(self._seen) >= MAX_REMEMBERED:
                 raise Refusal("too many peer requests in the last two minutes; retry in a moment")
             self._seen[nonce] = (mono + 2 * WINDOW + 1.0, at)

@@ -127,3 +127,20 @@ def test_the_command_refuses_while_cao_server_runs_on_the_home(tmp_path: Path, p
     assert '"host": "h1"' in done.output
     none = CliRunner().invoke(cli, ["db", "copy"], env={"CAO_HOME": str(home)})
     assert none.exit_code == 2 and "CAO_DATABASE_URL" in none.output
+
+
+def test_a_home_reached_through_a_link_or_dotdot_copies_with_no_server_running(tmp_path: Path, pg_url: str):
+    """The directory named twice (the link and its target, or ``..``) is locked once: no server
+    runs, so the copy goes ahead instead of finding itself in the way."""
+    real = tmp_path / "real"
+    real.mkdir()
+    _filled(real / "cao.db")
+    (tmp_path / "link").symlink_to(real)
+    env = {"CAO_HOME": str(tmp_path / "link"), "CAO_DATABASE_URL": pg_url, "CAO_HOST_NAME": "h1"}
+    dotted = str(real / ".." / "real" / "cao.db")
+    refused = CliRunner().invoke(
+        cli, ["db", "copy", "--from", dotted, "--to", "postgresql://u@127.0.0.1:1/x"], env=env
+    )
+    assert "already using" not in refused.output, refused.output  # past the lock: the database is unreachable
+    done = CliRunner().invoke(cli, ["db", "copy"], env=env)
+    assert done.exit_code == 0 and "copied" in done.output, done.output

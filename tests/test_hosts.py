@@ -945,3 +945,60 @@ def test_a_store_whose_host_row_names_another_process_writes_nothing(pg_url: str
             assert conn.execute("SELECT state FROM terminal").fetchone()[0] != "gone"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read", "serializable"])
+def test_a_name_taken_while_a_write_waits_for_the_store_lock_fences_that_write(pg_url: str, isolation: str):
+    """The fence holds whatever the database's default isolation: a write that waited for the
+    store lock while another process took the name sees the change and writes nothing."""
+    from cao.errors import HostFenced
+    from cao.store import Store
+    from cao.store.backend import STORE_LOCK
+
+    database = psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{database}\" SET default_transaction_isolation = '{isolation}'")
+    store = Store(pg_url)
+    try:
+        add_terminal_row(store, "0000f00d")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO host (name, instance, machine, url, version, schema_version, pid, started_at, "
+                "heartbeat_at, lease_until, state) VALUES ('h', 'mine', 'm', 'http://h:9889', '0', 14, 1, 0, "
+                "extract(epoch from now()), extract(epoch from now()) + 600, 'up')"
+            )
+            conn.execute("UPDATE terminal SET host = 'h'")
+        store.host, store.host_instance = "h", "mine"
+        store.on_host_lost = lambda: None
+        with psycopg.connect(pg_url, autocommit=True) as taker:  # register_host's shape
+            taker.execute("BEGIN")
+            taker.execute("SELECT pg_advisory_xact_lock(%s)", (STORE_LOCK,))
+            taker.execute("UPDATE host SET instance = 'another'")
+            outcome: list[object] = []
+
+            def send() -> None:
+                try:
+                    store.add_message(sender_id="op", receiver_id="0000f00d", body="by the fenced process")
+                    outcome.append("committed")
+                except HostFenced as exc:
+                    outcome.append(exc)
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            wait_until(
+                lambda: (
+                    taker.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    ).fetchone()[0]
+                    > 0
+                ),
+                timeout=10,
+                what="the send waiting for the store lock",
+            )
+            taker.execute("COMMIT")
+            sender.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], HostFenced), outcome
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM message").fetchone()[0] == 0
+    finally:
+        store.close()

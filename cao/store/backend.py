@@ -249,7 +249,9 @@ class PostgresBackend:
         still names that process, read after the store lock is held (a name changes hands only
         under the exclusive store lock: the answer holds for the whole transaction). On a keyed
         write it rides on the first key's lock statement, so the check costs no round trip."""
-        conn.execute("BEGIN")
+        # READ COMMITTED whatever the database's default: each statement's snapshot is taken when
+        # it starts, so the check below, after the store lock is held, sees any change of hands
+        conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
         if not keys:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (STORE_LOCK,))
             return fence is None or conn.execute(f"SELECT {HOLDS}", fence).fetchone()[0]
