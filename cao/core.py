@@ -988,6 +988,7 @@ class Cao:
             "database": self.store.where,  # a server's URL without its password
             "host": self.hosts.name,  # this server's name among the hosts sharing the store
             "host_fenced": self.hosts.fenced,
+            "host_instance": self.hosts.instance,  # which process answers (hosts check their own URL)
             "tmux_socket": s.tmux_socket,
             "tmux_running": self.tmux.is_alive(),
             "eager_delivery": s.eager_delivery,

@@ -47,6 +47,10 @@ READ_TIMEOUT = 10.0  # a view, an output, a listing: answered at once by a host 
 CONNECT_TIMEOUT = 3.0
 QUIET_AFTER_FAILURE = 3.0  # a host that did not answer is not asked again for this long
 PER_HOST_REQUESTS = 8  # requests waiting on one other host at once (a hung one holds no more threads)
+# how hosts talk to each other: 2 = requests signed for the host they are meant for
+# (cao/peerauth.py) and every write fenced; a host refuses to join hosts that speak another one
+PEER_PROTOCOL = 2
+OWN_ADDRESS_WAIT = 30.0  # seconds a starting host waits for its own API to answer at its address
 CLOCK_SAMPLES = 8  # the clock's anchor is the one of the fastest of the last samples
 CLOCK_TOLERANCE = 0.05  # seconds two samples may disagree beyond their round trips (drift, jitter)
 
@@ -111,6 +115,36 @@ def host_view(host: Host, now: float, *, me: str | None, agents: int) -> dict[st
         "agents": agents,
         "note": host.note,
     }
+
+
+def peer_address(url: str) -> str | None:
+    """``url`` as the base other hosts' requests are appended to — ``scheme://name[:port]``,
+    lowercased — or None when it is anything more: a path, a query, a fragment or credentials in
+    it would let whoever wrote it choose what a forwarded request does (``…/input?x=`` swallows
+    the path that follows)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if (
+        parts.scheme.lower() not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.password is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or "?" in url
+        or "#" in url
+        or any(ch.isspace() or ord(ch) < 32 for ch in url)
+    ):
+        return None
+    name = parts.hostname.lower()
+    name = f"[{name}]" if ":" in name else name
+    return f"{parts.scheme.lower()}://{name}" + (f":{port}" if port is not None else "")
 
 
 def _detail(body: bytes) -> str:
@@ -187,13 +221,26 @@ class Peers:
         headers = {"Content-Type": content_type} if content_type else {}
         if timeout is None:  # a read answers at once; typed input may wait for a starting agent
             timeout = READ_TIMEOUT if method == "GET" else FORWARD_TIMEOUT
+        base = peer_address(host.url)
+        if base is None:  # a row written by hand (or by someone else): never a base to append to
+            raise HostUnreachable(
+                f"host {host.name}'s address in the store, {host.url[:200]!r}, is not a plain "
+                "http(s)://name:port address; nothing was sent. That host writes its own row from "
+                "CAO_SERVER_URL at start"
+            )
         try:
             request = self.client.build_request(
-                method, host.url + path, params=params, content=body, headers=headers, timeout=timeout
+                method, base + path, params=params, content=body, headers=headers, timeout=timeout
             )
             if self.token is not None:
                 request.headers[peerauth.HEADER] = peerauth.sign(
-                    self.token, method, request.headers["host"], request.url.raw_path, body or b"", self.now()
+                    self.token,
+                    method,
+                    request.headers["host"],
+                    request.url.raw_path,
+                    body or b"",
+                    self.now(),
+                    to=host.name,
                 )
             r = self.client.send(request)
         except httpx.HTTPError as exc:
@@ -275,13 +322,22 @@ class Hosts:
     def register(self) -> Host | None:
         """Take this host's name in the store (409 when another process holds it, see
         store/hosts.py); from now on the store's engine queries see only this host's terminals."""
+        url = self.settings.server_url
+        if self.shared:
+            address = peer_address(url)
+            if address is None:
+                raise InvalidInput(
+                    f"CAO_SERVER_URL={url[:200]!r} is not a plain http(s)://name:port address (no path, "
+                    "query or credentials); the other hosts sharing the store send their requests to it"
+                )
+            url = address
         self.measure_clock()
         now = self.clock.now()
         me = Host(
             name=self.name,
             instance=self.instance,
             machine=self.machine,
-            url=self.settings.server_url,
+            url=url,
             version=self.version,
             schema_version=SCHEMA_VERSION,
             pid=os.getpid(),
@@ -290,6 +346,7 @@ class Hosts:
             lease_until=now + self.settings.host_lease,
             state=HostState.UP.value,
             note=None,
+            protocol=PEER_PROTOCOL,
         )
         prev = self._take_name(me)
         if self.shared:  # a SQLite file has one host: nothing to scope, nothing to fence
@@ -336,10 +393,70 @@ class Hosts:
     def start(self) -> None:
         if not self.shared:
             return  # one host on a SQLite file: nothing to renew, nobody to hear from
-        for target, name in ((self._heartbeat_loop, "cao-heartbeat"), (self._listen, "cao-wakes")):
+        for target, name in (
+            (self._heartbeat_loop, "cao-heartbeat"),
+            (self._listen, "cao-wakes"),
+            (self._check_own_address, "cao-own-address"),
+        ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _check_own_address(self) -> None:
+        """Ask this host's own CAO_SERVER_URL who answers there, once the API listens: another
+        cao-server (two hosts given one address, spelled differently: ``localhost`` and
+        ``127.0.0.1``) means the others would send this host's requests to it, so this one stops,
+        saying why. An address this host can't reach itself is only warned about."""
+        import json
+
+        url = peer_address(self.settings.server_url) or self.settings.server_url
+        me = Host(
+            name=self.name,
+            instance=self.instance,
+            machine=self.machine,
+            url=url,
+            version=self.version,
+            schema_version=SCHEMA_VERSION,
+            pid=os.getpid(),
+            started_at=0.0,
+            heartbeat_at=0.0,
+            lease_until=0.0,
+        )
+        deadline = time.monotonic() + OWN_ADDRESS_WAIT
+        last = ""
+        while not self._stop.wait(0.25) and time.monotonic() < deadline:
+            try:
+                status, body, _ = self.peers.request(me, "GET", "/info", timeout=5.0)
+            except HostUnreachable as exc:
+                if "refused this host's signed request" in exc.message:  # another server, not us
+                    self.fence(
+                        f"CAO_SERVER_URL {url} reaches another cao-server, not this one ({exc.message}); "
+                        "every host needs its own address"
+                    )
+                    return
+                last = exc.message
+                continue
+            if status != 200:  # not an answer about who this is (starting, busy): ask again
+                last = f"HTTP {status}: {body[:200]!r}"
+                continue
+            try:
+                info = json.loads(body)
+            except ValueError:
+                info = {}
+            if isinstance(info, dict) and info.get("host_instance") == self.instance:
+                return
+            info = info if isinstance(info, dict) else {}
+            self.fence(
+                f"CAO_SERVER_URL {url} reaches another cao-server (host {info.get('host')!r}, HTTP "
+                f"{status}), not this one: every host needs its own address (the others would send this "
+                "host's requests there)"
+            )
+            return
+        if not self._stop.is_set():
+            logger.warning(
+                "this host can't reach its own CAO_SERVER_URL; the other hosts may not reach it either",
+                extra={"url": url, "error": last[:300]},
+            )
 
     def stop(self) -> None:
         self._stop.set()

@@ -38,10 +38,13 @@ _FORMAT = re.compile(
 )
 
 
-def _signed(token: str, method: str, host: str, target: bytes, at: int, nonce: str, digest: str) -> str:
+def _signed(
+    token: str, to: str, method: str, host: str, target: bytes, at: int, nonce: str, digest: str
+) -> str:
     message = b"\n".join(
         (
             b"cao-peer-v1",
+            to.encode("utf-8"),
             method.upper().encode("ascii"),
             host.lower().encode("latin-1"),
             target,
@@ -53,10 +56,11 @@ def _signed(token: str, method: str, host: str, target: bytes, at: int, nonce: s
     return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 
 
-def sign(token: str, method: str, host: str, target: bytes, body: bytes, now: float) -> str:
-    """The header value for one request: ``target`` is the path and query exactly as sent."""
+def sign(token: str, method: str, host: str, target: bytes, body: bytes, now: float, *, to: str = "") -> str:
+    """The header value for one request: ``target`` is the path and query exactly as sent; ``to``
+    the name of the host it is meant for (only that host accepts it, wherever it is sent)."""
     at, nonce, digest = int(now), secrets.token_hex(16), hashlib.sha256(body).hexdigest()
-    return f"v1 t={at} n={nonce} h={digest} s={_signed(token, method, host, target, at, nonce, digest)}"
+    return f"v1 t={at} n={nonce} h={digest} s={_signed(token, to, method, host, target, at, nonce, digest)}"
 
 
 class Refusal(Exception):
@@ -71,9 +75,15 @@ class Verifier:
     pass; meanwhile the nonces are kept, at most ``MAX_REMEMBERED``."""
 
     def __init__(
-        self, token: str, clock: Callable[[], float], monotonic: Callable[[], float] = time.monotonic
+        self,
+        token: str,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float] = time.monotonic,
+        *,
+        name: str = "",
     ):
         self.token = token
+        self.name = name  # this host's: a request signed for another host is refused here
         self.clock = clock
         self.monotonic = monotonic
         self._seen: dict[str, tuple[float, int]] = {}  # nonce -> (forgotten at, monotonic; its t)
@@ -87,8 +97,14 @@ class Verifier:
         if m is None:
             raise Refusal("malformed X-Cao-Peer header (expected `v1 t=… n=… h=… s=…`)")
         at, nonce, digest, given = int(m["t"]), m["n"], m["h"], m["s"]
-        if not hmac.compare_digest(_signed(self.token, method, host, target, at, nonce, digest), given):
-            raise Refusal("bad peer signature: every host sharing a store needs the same CAO_API_TOKEN")
+        if not hmac.compare_digest(
+            _signed(self.token, self.name, method, host, target, at, nonce, digest), given
+        ):
+            raise Refusal(
+                f"bad peer signature: not signed for host {self.name or '?'} with this host's token "
+                "(every host sharing a store needs the same CAO_API_TOKEN, and a request meant for "
+                "another host is refused)"
+            )
         now = self.clock()
         if abs(now - at) > WINDOW:
             raise Refusal(

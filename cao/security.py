@@ -368,7 +368,7 @@ def install(app: FastAPI, settings: Settings, clock: Callable[[], float] | None 
     if settings.api_token is not None:
         apitoken.check(settings.api_token)
         if settings.database_url is not None:  # hosts sharing a store forward to each other
-            peers = peerauth.Verifier(settings.api_token, clock or time.time)
+            peers = peerauth.Verifier(settings.api_token, clock or time.time, name=settings.host_name)
     app.add_middleware(Guard, policy=Policy.from_settings(settings), peers=peers)
     inputs.install_error_handlers(app)
     openapi.install(app, token=settings.api_token is not None)

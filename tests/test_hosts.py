@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -723,16 +724,16 @@ def test_a_signed_request_is_good_once_fresh_and_for_exactly_what_was_signed(hos
         return _raw(b.port, request)
 
     now = time.time()
-    signed = peerauth.sign(TOKEN, "GET", host, path, b"", now)
+    signed = peerauth.sign(TOKEN, "GET", host, path, b"", now, to="b")
     assert ask(signed)[0] == 200
     status, answer = ask(signed)  # the same bytes again: a replay
     assert status == 401 and b"replayed" in answer, answer
-    fresh = peerauth.sign(TOKEN, "GET", host, path, b"", now)
+    fresh = peerauth.sign(TOKEN, "GET", host, path, b"", now, to="b")
     status, answer = ask(fresh, f"/terminals/{tid}/output?mode=full".encode())  # another query
     assert status == 401 and b"bad peer signature" in answer, answer
-    status, answer = ask(peerauth.sign("not-the-token", "GET", host, path, b"", now))
+    status, answer = ask(peerauth.sign("not-the-token", "GET", host, path, b"", now, to="b"))
     assert status == 401 and b"bad peer signature" in answer, answer
-    old = peerauth.sign(TOKEN, "GET", host, path, b"", now - 3 * peerauth.WINDOW)  # a clock far off
+    old = peerauth.sign(TOKEN, "GET", host, path, b"", now - 3 * peerauth.WINDOW, to="b")  # a clock far off
     status, answer = ask(old)
     assert status == 401 and b"clocks disagree" in answer, answer
     status, answer = ask("v1 t=1 n=zz s=00")
@@ -1002,3 +1003,107 @@ def test_a_name_taken_while_a_write_waits_for_the_store_lock_fences_that_write(p
             assert conn.execute("SELECT count(*) FROM message").fetchone()[0] == 0
     finally:
         store.close()
+
+
+def _stores_at_once(url: str, n: int) -> tuple[list[Any], list[BaseException]]:
+    """``n`` stores opened on ``url`` at the same moment: those that opened, and the errors."""
+    from cao.store import Store
+
+    stores: list[Any] = []
+    errors: list[BaseException] = []
+    gate = threading.Barrier(n)
+
+    def start() -> None:
+        gate.wait()
+        try:
+            stores.append(Store(url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    starters = [threading.Thread(target=start) for _ in range(n)]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join(30)
+    return stores, errors
+
+
+def test_hosts_starting_at_once_on_an_empty_database_make_its_tables_once(pg_url: str):
+    """A fleet's first boot: one creates the tables, the others find them (none fails)."""
+    from cao.store.schema import SCHEMA_VERSION
+
+    for _round in range(3):
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # empty again
+            conn.execute("DROP SCHEMA public CASCADE")
+            conn.execute("CREATE SCHEMA public")
+        stores, errors = _stores_at_once(pg_url, 3)
+        try:
+            assert errors == [] and len(stores) == 3, errors
+            assert {s.schema_version() for s in stores} == {SCHEMA_VERSION}
+        finally:
+            for s in stores:
+                s.close()
+
+
+def test_a_forged_row_sends_nothing_to_another_host_s_agent(hosts: Hosts):
+    """A database writer points host b's row at host c: a request meant for b's agent must reach
+    no agent of c's — not by c's plain address (signed for b: c refuses it), and not by an address
+    carrying a path and query that would swallow the forwarded path (never sent)."""
+    a, b, c = hosts.start("a"), hosts.start("b"), hosts.start("c")
+    on_b = str(_launch(hosts.client("a"), host="b")["id"])
+    on_c = str(_launch(hosts.client("a"), host="c")["id"])
+    for tid, name in ((on_b, "b"), (on_c, "c")):
+        wait_until(lambda tid=tid, name=name: _idle(hosts.client(name), tid), timeout=20, what="idle")
+    forged = {
+        "plain": f"http://127.0.0.1:{c.port}",
+        "path and query": f"http://127.0.0.1:{c.port}/terminals/{on_c}/input?x=",
+    }
+    for how, url in forged.items():
+        with psycopg.connect(hosts.url, autocommit=True) as conn:
+            conn.execute("UPDATE host SET url = %s WHERE name = 'b'", (url,))
+        r = hosts.client("a").post(f"/terminals/{on_b}/input", json={"message": f"for b only ({how})"})
+        assert r.status_code == 503, (how, r.text)
+        detail = r.json()["detail"]
+        assert ("not signed for host c" if how == "plain" else "not a plain") in detail, (how, detail)
+        r = hosts.client("a").delete(f"/terminals/{on_b}")
+        assert r.status_code == 503, (how, r.text)
+    out = hosts.client("c").get(f"/terminals/{on_c}/output", params={"mode": "full"}).json()["output"]
+    assert "for b only" not in out
+    listed = {t["id"]: t for t in hosts.client("c").get("/terminals").json()}
+    assert listed[on_c]["status"] == "idle" and on_b in listed
+    assert a.proc is not None and b.proc is not None
+
+
+def test_a_host_that_speaks_another_peer_protocol_is_not_joined(hosts: Hosts):
+    """A cao from before signed requests (peer protocol 1) still up on the store: a newer one
+    refuses to start beside it instead of joining a fleet it can't talk to."""
+    hosts.start("a")
+    with psycopg.connect(hosts.url, autocommit=True) as conn:
+        conn.execute("UPDATE host SET protocol = 1 WHERE name = 'a'")  # what an older cao writes
+    hosts.refused("b", "b", match="another peer protocol.*a \\(cao .*peer protocol 1\\)")
+    with psycopg.connect(hosts.url, autocommit=True) as conn:
+        conn.execute("UPDATE host SET protocol = 2 WHERE name = 'a'")
+    hosts.start("b")
+
+
+def test_a_server_url_with_a_path_is_refused_at_start(hosts: Hosts):
+    hosts.refused("a", "a", match="not a plain http", CAO_SERVER_URL="http://127.0.0.1:9/cao/?x=")
+
+
+def test_a_host_whose_address_reaches_another_host_stops_saying_so(hosts: Hosts):
+    """Two hosts given one address, spelled differently (``localhost`` for ``127.0.0.1``): the
+    newcomer asks its own address who answers, finds the other host, and stops."""
+    b = hosts.start("b")
+    twin = hosts.process("twin", CAO_SERVER_URL=f"http://localhost:{b.port}")
+    with contextlib.suppress(AssertionError):  # it may stop before its first health check
+        twin.start()
+    assert twin.proc is not None
+    wait_until(
+        lambda: twin.proc is not None and twin.proc.poll() is not None, timeout=30, what="twin stopped"
+    )
+    assert "reaches another cao-server" in twin.log()
+    assert _alive_host(hosts.client("b"), "b")
+
+
+def _alive_host(client: httpx.Client, name: str) -> bool:
+    return any(h["name"] == name and h["alive"] for h in client.get("/hosts").json())

@@ -169,3 +169,35 @@ def _call(guard: object, header: str) -> tuple[int, list[dict[str, object]]]:
     }
     asyncio.run(guard(scope, receive, send))  # type: ignore[operator]
     return len(chunks), sent
+
+
+def test_a_request_signed_for_one_host_is_refused_by_another():
+    clock = FakeClock(start=1_000_000.0)
+    b3 = peerauth.Verifier(TOKEN, clock.now, clock.monotonic, name="b3")
+    meant_for_b2 = peerauth.sign(TOKEN, "POST", HOST, TARGET, BODY, clock.now(), to="b2")
+    assert "not signed for host b3" in str(b3.check(meant_for_b2, "POST", HOST, TARGET, BODY))
+    for_b3 = peerauth.sign(TOKEN, "POST", HOST, TARGET, BODY, clock.now(), to="b3")
+    assert b3.check(for_b3, "POST", HOST, TARGET, BODY) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "address"),
+    [
+        ("http://10.0.0.2:9889", "http://10.0.0.2:9889"),
+        ("HTTPS://Build-1.Internal/", "https://build-1.internal"),
+        ("http://[fd00::2]:9889", "http://[fd00::2]:9889"),
+        ("http://10.0.0.3:9889/terminals/0123abcd/input?x=", None),  # the rest of a request swallowed
+        ("http://10.0.0.3:9889/sessions/victim", None),
+        ("http://10.0.0.3:9889?x=", None),
+        ("http://10.0.0.3:9889#", None),
+        ("http://user:pw@10.0.0.3:9889", None),
+        ("ftp://10.0.0.3", None),
+        ("http://10.0.0.3:99999", None),
+        ("http://10.0.0.3:9889\n", None),
+        ("10.0.0.3:9889", None),
+    ],
+)
+def test_a_host_address_is_a_plain_scheme_name_and_port(url: str, address: str | None):
+    from cao.hosts import peer_address
+
+    assert peer_address(url) == address

@@ -271,7 +271,13 @@ class PostgresBackend:
         return bool(conn.broken)
 
     def version(self, conn: Any) -> int:
-        row = conn.execute("SELECT to_regclass('store_meta') IS NOT NULL").fetchone()
+        # the catalog read as a table (this statement's own snapshot), not through to_regclass:
+        # its cache may not have seen a table another server created while this one waited for
+        # the store lock (two servers starting at once on an empty database)
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE c.relname = 'store_meta' AND n.nspname = current_schema())"
+        ).fetchone()
         if not row[0]:
             return 0
         row = conn.execute("SELECT value FROM store_meta WHERE key = 'schema'").fetchone()

@@ -58,6 +58,18 @@ class HostRows(TerminalRows):
                     # image, another container): only a lease that lapsed proves that process gone
                     raise NameHeld(_other_machine(prev, me, now), holder=prev)
             if self.path is None:
+                others = conn.execute(
+                    "SELECT name, version, protocol FROM host WHERE name != ? AND state = 'up' AND "
+                    "lease_until > ? AND protocol != ? ORDER BY name",
+                    (me.name, now, me.protocol),
+                ).fetchall()
+                if others:
+                    names = ", ".join(f"{r[0]} (cao {r[1]}, peer protocol {r[2]})" for r in others)
+                    raise Conflict(
+                        "hosts sharing this store speak another peer protocol than this cao's "
+                        f"({me.protocol}): {names}; nothing was changed. Run one cao version on every "
+                        "host: stop or upgrade those first"
+                    )
                 same = conn.execute(
                     "SELECT name FROM host WHERE url = ? AND name != ? AND state = 'up' AND lease_until > ?",
                     (me.url, me.name, now),

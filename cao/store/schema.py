@@ -15,12 +15,12 @@ from sqlmodel import Field, SQLModel
 
 from cao.states import MessageStatus, TerminalState
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 # an old SQLite database's tables are rebuilt from the table classes at this version (base.py)
 REBUILD_VERSION = 13
 # from here on a version's new tables and columns come from the classes alone, on both backends
 # (base.py ``_catch_up``): no hand-written DDL to drift from them
-CATCH_UP_VERSIONS = frozenset({14})
+CATCH_UP_VERSIONS = frozenset({14, 15})
 
 MESSAGE_STATUSES: tuple[str, ...] = tuple(MessageStatus)
 MAX_BODY_BYTES = 256 * 1024
@@ -385,6 +385,9 @@ class Host(SQLModel):
     lease_until: float
     state: str = "up"  # states.HostState
     note: str | None = None  # why it stopped or was failed
+    # schema 15: how it talks to the other hosts (cao/hosts.py PEER_PROTOCOL; 1: before signed
+    # requests and the write fence): a host refuses to join hosts that speak another one
+    protocol: int = 1
 
 
 class HostTable(Host, table=True):
