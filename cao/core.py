@@ -238,6 +238,7 @@ class Cao:
             events=self.events,
             clock=now,
             wake=lambda rid: self.engine.immediate(rid) if self.started else None,
+            skew=self._store_skew,
         )
         self.engine.ticks.append(self.usage.tick)
         self.lifecycle.retiring.append(self.usage.read)
@@ -256,6 +257,11 @@ class Cao:
         self.engine.foreign = self.hosts.is_foreign
         self.on_fenced: list[Callable[[str], None]] = []  # cao-server: stop the process
         self.started = False
+
+    def _store_skew(self) -> float:
+        """The store's time minus this machine's wall clock: 0 on a SQLite file (one clock)."""
+        clock = self.time
+        return clock.now() - clock.base.now() if isinstance(clock, StoreClock) else 0.0
 
     def _woken_elsewhere(self, receiver_ids: list[str]) -> None:
         """Another host committed mail for these receivers of ours ([]: the wake listener

@@ -332,11 +332,16 @@ class UsageBook:
         events: EventBus | None = None,
         clock: Callable[[], float],
         wake: Callable[[str], None] | None = None,
+        skew: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.home = home
         self.store = store
         self.events = events
         self.clock = clock
+        # the store's time minus this machine's wall clock (hosts sharing a store follow the
+        # database's): the CLIs stamp their records with the wall clock, task windows are stored
+        # in the store's time, and a response is counted to a task by comparing the two
+        self.skew = skew
         self.wake = wake  # a hold lifted: deliver its tasks now
         self.config = load_config(home)  # a broken file stops cao-server at start
         self._lock = threading.Lock()
@@ -381,9 +386,9 @@ class UsageBook:
             entries = list(seen.values())
         if entries is None and terminal.usage_known == 1:
             return  # its records went (its HOME removed): keep what was read before
-        rows = (
-            None if entries is None else attribute(terminal.id, entries, self.store.task_windows(terminal.id))
-        )
+        shift = self.skew()
+        windows = [(task, at - shift) for task, at in self.store.task_windows(terminal.id)]
+        rows = None if entries is None else attribute(terminal.id, entries, windows)
         if terminal.id in self._stored and self._stored[terminal.id] == rows:
             return  # nothing new: no write (every live terminal is read every 15 s)
         if (

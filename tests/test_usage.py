@@ -254,3 +254,37 @@ def test_a_held_task_keeps_its_budget_reason_while_the_agent_is_busy(world: Worl
     assert world.deliver(tid) == Outcome.DELIVERED
     assert world.message(chat).status == MessageStatus.DELIVERED
     assert world.message(held).status == MessageStatus.PENDING and world.message(held).waiting_reason == hold
+
+
+def test_a_host_whose_clock_is_off_counts_each_response_to_its_own_task(tmp_path: Path):
+    """Hosts sharing a store write task windows in the store's (the database's) time, while the
+    CLIs stamp their records with the machine's wall clock: an hour apart here. Each response
+    still belongs to the task it was made for."""
+    import json as _json
+
+    from cao.store import Store
+    from cao.store.base import open_task_window
+    from cao.usage import UsageBook
+    from tests.helpers import add_terminal_row
+
+    store = Store(tmp_path / "cao.db")
+    try:
+        add_terminal_row(store, "0000beef")
+        wall = 1_800_000_000.0
+        ahead = 3600.0  # the store's time minus this machine's wall clock
+        with store._write() as conn:
+            open_task_window(conn, "0000beef", "m1", wall + ahead + 0)
+            open_task_window(conn, "0000beef", "m2", wall + ahead + 10)
+        records = tmp_path / "home" / "terminals" / "0000beef"
+        records.mkdir(parents=True)
+        lines = [
+            {"at": wall + 1, "id": "r1", "model": "m", "input_tokens": 10, "output_tokens": 1},
+            {"at": wall + 11, "id": "r2", "model": "m", "input_tokens": 20, "output_tokens": 2},
+        ]
+        (records / "scripted-usage.jsonl").write_text("".join(_json.dumps(x) + "\n" for x in lines))
+        book = UsageBook(tmp_path / "home", store, clock=lambda: wall + ahead + 20, skew=lambda: ahead)
+        book.read(store.get_terminal("0000beef"))
+        by_task = {r.task_id: r.input_tokens for r in store.usage_rows(["0000beef"])}
+        assert by_task == {"m1": 10, "m2": 20}, by_task
+    finally:
+        store.close()
