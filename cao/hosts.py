@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -428,10 +429,19 @@ class Hosts:
             try:
                 status, body, _ = self.peers.request(me, "GET", "/info", timeout=5.0)
             except HostUnreachable as exc:
-                if "refused this host's signed request" in exc.message:  # another server, not us
+                refused_by = re.search(r"not signed for host (\S+) with", exc.message)
+                if refused_by is not None and refused_by[1] != self.name:  # another host answers
                     self.fence(
-                        f"CAO_SERVER_URL {url} reaches another cao-server, not this one ({exc.message}); "
-                        "every host needs its own address"
+                        f"CAO_SERVER_URL {url} reaches host {refused_by[1]}, not this one: every host needs "
+                        "its own address (the others would send this host's requests there)"
+                    )
+                    return
+                if refused_by is not None:  # this host, through something that changed the request
+                    logger.warning(
+                        "this host refused its own signed request at its CAO_SERVER_URL: a proxy in front "
+                        "of it changes the request (keep its Host header: nginx `proxy_set_header Host "
+                        "$host`); the other hosts' requests will be refused the same way",
+                        extra={"url": url},
                     )
                     return
                 last = exc.message

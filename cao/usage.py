@@ -340,7 +340,7 @@ class UsageBook:
         self.clock = clock
         # the store's time minus this machine's wall clock (hosts sharing a store follow the
         # database's): the CLIs stamp their records with the wall clock, task windows are stored
-        # in the store's time, and a response is counted to a task by comparing the two
+        # in the store's time; a record's time is moved into the store's when first read
         self.skew = skew
         self.wake = wake  # a hold lifted: deliver its tasks now
         self.config = load_config(home)  # a broken file stops cao-server at start
@@ -378,17 +378,22 @@ class UsageBook:
             logger.exception("usage reader failed", extra={"terminal_id": terminal.id})
             entries = None
         seen = self._seen.setdefault(terminal.id, {})
+        shift = self.skew()
         if entries is not None:  # money spent stays spent: a response read once counts even when
             for e in entries:  # its record is gone (the agent owns its HOME; a CLI prunes)
-                seen[e.key or repr(e)] = e  # (its latest version: a reply rewritten with final counts)
+                key = e.key or repr(e)
+                # its latest version (a reply rewritten with final counts), in the store's time as
+                # when it was first read: a later step of the wall clock moves no counted response
+                first = seen.get(key)
+                seen[key] = e._replace(at=first.at if first is not None else e.at + shift)
             entries = list(seen.values())
         elif seen:
             entries = list(seen.values())
         if entries is None and terminal.usage_known == 1:
             return  # its records went (its HOME removed): keep what was read before
-        shift = self.skew()
-        windows = [(task, at - shift) for task, at in self.store.task_windows(terminal.id)]
-        rows = None if entries is None else attribute(terminal.id, entries, windows)
+        rows = (
+            None if entries is None else attribute(terminal.id, entries, self.store.task_windows(terminal.id))
+        )
         if terminal.id in self._stored and self._stored[terminal.id] == rows:
             return  # nothing new: no write (every live terminal is read every 15 s)
         if (

@@ -1101,9 +1101,99 @@ def test_a_host_whose_address_reaches_another_host_stops_saying_so(hosts: Hosts)
     wait_until(
         lambda: twin.proc is not None and twin.proc.poll() is not None, timeout=30, what="twin stopped"
     )
-    assert "reaches another cao-server" in twin.log()
+    assert "reaches host b, not this one" in twin.log()
     assert _alive_host(hosts.client("b"), "b")
 
 
 def _alive_host(client: httpx.Client, name: str) -> bool:
     return any(h["name"] == name and h["alive"] for h in client.get("/hosts").json())
+
+
+@contextlib.contextmanager
+def _host_rewriting_proxy(to_port: int) -> Iterator[int]:
+    """A reverse proxy on a free loopback port that passes each request to ``to_port`` with its
+    Host header rewritten (nginx's default, ``Host: $proxy_host``); yields its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            length = next(
+                (int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length:")), 0
+            )
+            while len(body) < length:
+                body += conn.recv(65536)
+            lines = [lines[0]] + [
+                b"host: 127.0.0.1:%d" % to_port if x.lower().startswith(b"host:") else x
+                for x in lines[1:]
+                if not x.lower().startswith(b"connection:")
+            ]
+            with socket.create_connection(("127.0.0.1", to_port), timeout=10) as up:
+                up.sendall(b"\r\n".join([*lines, b"connection: close"]) + b"\r\n\r\n" + body)
+                while chunk := up.recv(65536):
+                    conn.sendall(chunk)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept)
+    acceptor.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        acceptor.join()
+        listener.close()
+
+
+def test_a_host_behind_a_proxy_that_rewrites_host_is_warned_not_stopped(hosts: Hosts):
+    """Its own signed request comes back refused by itself (the proxy changed the Host the
+    signature covers): that is no other cao-server; the host goes on, with a warning that says
+    what to fix."""
+    srv = hosts.process("a")
+    with _host_rewriting_proxy(srv.port) as proxy_port:
+        srv.env["CAO_SERVER_URL"] = f"http://127.0.0.1:{proxy_port}"
+        hosts.servers["a"] = srv.start()
+        wait_until(lambda: "refused its own signed request" in srv.log(), timeout=30, what="the warning")
+        assert srv.proc is not None and srv.proc.poll() is None
+        assert _alive_host(hosts.client("a"), "a")
+
+
+def test_a_store_is_found_anywhere_on_the_search_path(pg_url: str):
+    """A DBA adds a schema named after the role (first on PostgreSQL's default search path,
+    ``"$user", public``): the store in ``public`` is still the store, not replaced by a new one."""
+    from cao.store import Store
+
+    store = Store(pg_url)
+    add_terminal_row(store, "0000beef")
+    store.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        role = conn.execute("SELECT current_user").fetchone()[0]
+        conn.execute(f'CREATE SCHEMA "{role}"')
+    store = Store(pg_url)
+    try:
+        assert [t.id for t in store.list_terminals()] == ["0000beef"]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            schemas = conn.execute(
+                "SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_name = 'store_meta'"
+            ).fetchall()
+        assert schemas == [("public",)]
+    finally:
+        store.close()

@@ -282,9 +282,13 @@ def test_a_host_whose_clock_is_off_counts_each_response_to_its_own_task(tmp_path
             {"at": wall + 11, "id": "r2", "model": "m", "input_tokens": 20, "output_tokens": 2},
         ]
         (records / "scripted-usage.jsonl").write_text("".join(_json.dumps(x) + "\n" for x in lines))
-        book = UsageBook(tmp_path / "home", store, clock=lambda: wall + ahead + 20, skew=lambda: ahead)
+        skew = [ahead]
+        book = UsageBook(tmp_path / "home", store, clock=lambda: wall + ahead + 20, skew=lambda: skew[0])
         book.read(store.get_terminal("0000beef"))
         by_task = {r.task_id: r.input_tokens for r in store.usage_rows(["0000beef"])}
         assert by_task == {"m1": 10, "m2": 20}, by_task
+        skew[0] = -ahead  # then the wall clock steps: what was counted stays where it was
+        book.read(store.get_terminal("0000beef"))
+        assert {r.task_id: r.input_tokens for r in store.usage_rows(["0000beef"])} == by_task
     finally:
         store.close()

@@ -273,10 +273,12 @@ class PostgresBackend:
     def version(self, conn: Any) -> int:
         # the catalog read as a table (this statement's own snapshot), not through to_regclass:
         # its cache may not have seen a table another server created while this one waited for
-        # the store lock (two servers starting at once on an empty database)
+        # the store lock (two servers starting at once on an empty database). Any schema on the
+        # search path, as every unqualified query of the store looks there
         row = conn.execute(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
-            "ON n.oid = c.relnamespace WHERE c.relname = 'store_meta' AND n.nspname = current_schema())"
+            "ON n.oid = c.relnamespace WHERE c.relname = 'store_meta' "
+            "AND n.nspname = ANY (current_schemas(false)))"
         ).fetchone()
         if not row[0]:
             return 0
