@@ -333,22 +333,7 @@ class Hosts:
                 )
             url = address
         self.measure_clock()
-        now = self.clock.now()
-        me = Host(
-            name=self.name,
-            instance=self.instance,
-            machine=self.machine,
-            url=url,
-            version=self.version,
-            schema_version=SCHEMA_VERSION,
-            pid=os.getpid(),
-            started_at=now,
-            heartbeat_at=now,
-            lease_until=now + self.settings.host_lease,
-            state=HostState.UP.value,
-            note=None,
-            protocol=PEER_PROTOCOL,
-        )
+        me = self._row(url, self.clock.now())
         prev = self._take_name(me)
         if self.shared:  # a SQLite file has one host: nothing to scope, nothing to fence
             self.store.host = self.name
@@ -363,6 +348,24 @@ class Hosts:
             },
         )
         return prev
+
+    def _row(self, url: str, now: float) -> Host:
+        """This process's host row, as it registers at ``now``."""
+        return Host(
+            name=self.name,
+            instance=self.instance,
+            machine=self.machine,
+            url=url,
+            version=self.version,
+            schema_version=SCHEMA_VERSION,
+            pid=os.getpid(),
+            started_at=now,
+            heartbeat_at=now,
+            lease_until=now + self.settings.host_lease,
+            state=HostState.UP.value,
+            note=None,
+            protocol=PEER_PROTOCOL,
+        )
 
     def _take_name(self, me: Host) -> Host | None:
         """Register; while the name's lease is live, wait for it to lapse if its holder's heartbeat
@@ -411,18 +414,7 @@ class Hosts:
         import json
 
         url = peer_address(self.settings.server_url) or self.settings.server_url
-        me = Host(
-            name=self.name,
-            instance=self.instance,
-            machine=self.machine,
-            url=url,
-            version=self.version,
-            schema_version=SCHEMA_VERSION,
-            pid=os.getpid(),
-            started_at=0.0,
-            heartbeat_at=0.0,
-            lease_until=0.0,
-        )
+        me = self._row(url, 0.0)
         deadline = time.monotonic() + OWN_ADDRESS_WAIT
         last = ""
         while not self._stop.wait(0.25) and time.monotonic() < deadline:

@@ -913,6 +913,19 @@ def test_a_host_that_slept_follows_the_database_s_clock_from_its_first_sample_af
         store.close()
 
 
+def _held_by(store: Any, url: str) -> None:
+    """Terminal 0000f00d on host h, whose row names ``store``'s process (instance 'mine')."""
+    add_terminal_row(store, "0000f00d")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO host (name, instance, machine, url, version, schema_version, pid, started_at, "
+            "heartbeat_at, lease_until, state) VALUES ('h', 'mine', 'm', 'http://h:9889', '0', 14, 1, 0, "
+            "extract(epoch from now()), extract(epoch from now()) + 600, 'up')"
+        )
+        conn.execute("UPDATE terminal SET host = 'h'")
+    store.host, store.host_instance = "h", "mine"
+
+
 def test_a_store_whose_host_row_names_another_process_writes_nothing(pg_url: str):
     """The fence every write of a shared store checks: a keyed write (a send) and a keyless one
     (a terminal found gone) are refused once the row names another instance, nothing written,
@@ -922,15 +935,7 @@ def test_a_store_whose_host_row_names_another_process_writes_nothing(pg_url: str
 
     store = Store(pg_url)
     try:
-        add_terminal_row(store, "0000f00d")
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO host (name, instance, machine, url, version, schema_version, pid, started_at, "
-                "heartbeat_at, lease_until, state) VALUES ('h', 'mine', 'm', 'http://h:9889', '0', 14, 1, 0, "
-                "extract(epoch from now()), extract(epoch from now()) + 600, 'up')"
-            )
-            conn.execute("UPDATE terminal SET host = 'h'")
-        store.host, store.host_instance = "h", "mine"
+        _held_by(store, pg_url)
         lost: list[bool] = []
         store.on_host_lost = lambda: lost.append(True)
         store.add_message(sender_id="op", receiver_id="0000f00d", body="while it holds the name")
@@ -961,15 +966,7 @@ def test_a_name_taken_while_a_write_waits_for_the_store_lock_fences_that_write(p
         conn.execute(f"ALTER DATABASE \"{database}\" SET default_transaction_isolation = '{isolation}'")
     store = Store(pg_url)
     try:
-        add_terminal_row(store, "0000f00d")
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO host (name, instance, machine, url, version, schema_version, pid, started_at, "
-                "heartbeat_at, lease_until, state) VALUES ('h', 'mine', 'm', 'http://h:9889', '0', 14, 1, 0, "
-                "extract(epoch from now()), extract(epoch from now()) + 600, 'up')"
-            )
-            conn.execute("UPDATE terminal SET host = 'h'")
-        store.host, store.host_instance = "h", "mine"
+        _held_by(store, pg_url)
         store.on_host_lost = lambda: None
         with psycopg.connect(pg_url, autocommit=True) as taker:  # register_host's shape
             taker.execute("BEGIN")
